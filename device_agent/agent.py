@@ -1,0 +1,310 @@
+"""The agent's run loop: connect, resume, heartbeat, receive batches, run them one at a time.
+
+Connections come and go; the `Session` (sequencing) lives across them so a reconnect can
+resume, and the `Ledger` (durable) lives across agent restarts. Batches run in a task of their
+own, independent of the connection: results land in the ledger's outbox first and go out on
+whatever connection exists, now or later (SPEC section 4, Guarantees).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_random_exponential
+
+from device_agent import __version__
+from device_agent.config import AgentConfig
+from device_agent.ledger import Ledger, Receipt, namespace_of, skipped
+from device_agent.router import Router
+from device_agent.transport import Closed, Refused, Transport
+from protocol.codec import encode
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import (
+    SUPPORTED_VERSIONS,
+    BatchAccepted,
+    Cancel,
+    CommandBatch,
+    DeviceInfo,
+    Error,
+    ErrorInfo,
+    Heartbeat,
+    Hello,
+    Message,
+    Result,
+    ResultBatch,
+    Resume,
+    ToolsChanged,
+    Welcome,
+)
+from protocol.session import Channel, Role, Session
+
+log = logging.getLogger("orrery.agent")
+
+# SPEC section 4: reconnect with capped exponential backoff and full jitter, 0.5 s doubling to 30 s.
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 30.0
+WELCOME_TIMEOUT_S = 15.0
+STABLE_SESSION_S = 10.0  # a session this long resets the backoff
+RETRYABLE = (OSError, Refused, Closed, TimeoutError, ProtocolError, ConnectionError)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, router: Router, ledger: Ledger, info: dict[str, Any]) -> None:
+        self.config = config
+        self.router = router
+        self.ledger = ledger
+        self.info = info
+        self.device_id = config.identity()
+        self.session: Session | None = None
+        self.transport: Transport | None = None
+        self.pending_acks: dict[int, str] = {}  # seq of a result_batch -> its batch id
+        self.work: asyncio.Queue[CommandBatch] = asyncio.Queue()
+        self.queued: set[str] = set()
+        self.current: CommandBatch | None = None
+        self.cancelling: set[str] = set()
+        self.heartbeat_interval_s = 10.0
+        self.heartbeat_timeout_s = 50.0
+        self.last_server_frame = time.monotonic()
+        self.connected = asyncio.Event()
+        self.sessions_opened = 0
+        self._lock = asyncio.Lock()
+
+    # ================================================================ top level
+
+    async def run(self) -> None:
+        await self.router.start()
+        closed = self.ledger.recover()
+        if closed:
+            log.warning("closed %d batch(es) interrupted by the last stop: %s", len(closed), closed)
+        executor = asyncio.create_task(self._executor(), name="agent-executor")
+        try:
+            await self._connect_forever()
+        finally:
+            executor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await executor
+            await self.router.stop()
+
+    async def _connect_forever(self) -> None:
+        urls = self.config.server_urls()
+        turn = 0
+        while True:
+            retrying = AsyncRetrying(
+                wait=wait_random_exponential(multiplier=BACKOFF_BASE_S, max=BACKOFF_MAX_S),
+                stop=stop_never,
+                retry=retry_if_exception_type(RETRYABLE),
+                before_sleep=lambda rs: log.warning(
+                    "connection failed (%s); retrying in %.1fs",
+                    rs.outcome.exception() if rs.outcome else "?",
+                    rs.next_action.sleep if rs.next_action else 0,
+                ),
+            )
+            async for attempt in retrying:
+                with attempt:
+                    url = urls[turn % len(urls)]
+                    turn += 1
+                    await self._session(url)
+
+    # ================================================================ one connection
+
+    async def _session(self, url: str) -> None:
+        """Run one connection. Returns after a long-lived session (backoff resets), raises otherwise."""
+        async with Transport(url, self.config.token, self.config.max_frame_bytes, self.config.ca_file) as t:
+            channel = Channel(Role.AGENT, self.config.max_frame_bytes)
+            await t.send(channel.send(self._hello()))
+            data = await asyncio.wait_for(t.recv(), WELCOME_TIMEOUT_S)
+            first = channel.receive(data)
+            if isinstance(first, Error):
+                raise Closed(None, f"server refused hello: {first.code}: {first.message}")
+            assert isinstance(first, Welcome)
+            resend = self._open(channel, first)
+            self.heartbeat_interval_s = first.heartbeat_interval_s
+            self.heartbeat_timeout_s = first.heartbeat_timeout_s
+            opened = time.monotonic()
+            self.last_server_frame = opened
+            async with self._lock:
+                self.transport = t
+                for frame in resend:
+                    await t.send(frame)
+            self.sessions_opened += 1
+            self.connected.set()
+            log.info("connected to %s (session %s, resumed=%s)", url, first.session_id, first.resumed)
+            beat = asyncio.create_task(self._heartbeats(t), name="agent-heartbeat")
+            try:
+                await self._read(t, channel)
+            except Closed as exc:
+                if time.monotonic() - opened < STABLE_SESSION_S:
+                    raise
+                log.warning("%s; reconnecting", exc)
+            finally:
+                self.connected.clear()
+                self.transport = None
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
+
+    def _hello(self) -> Hello:
+        resume = None
+        if self.session is not None:
+            resume = Resume(session_id=self.session.session_id, last_seq=self.session.confirmed_seq)
+        return Hello(
+            device_id=self.device_id,
+            agent_version=__version__,
+            versions=list(SUPPORTED_VERSIONS),
+            info=DeviceInfo(**{**self.info, "agent_version": __version__}),
+            labels=self.config.labels,
+            tools=self.router.catalogue(),
+            resume=resume,
+        )
+
+    def _open(self, channel: Channel, welcome: Welcome) -> list[str]:
+        """Bind the session the server chose; return frames to send right after the welcome."""
+        if welcome.resumed and self.session is not None and self.session.session_id == welcome.session_id:
+            return channel.open_agent(welcome, self.session)
+        # A new session: nothing of the old one carries over except what is durable. Every
+        # result still in the outbox goes again; the server de-duplicates by batch id.
+        self.session = Session(welcome.session_id, welcome.version)
+        channel.open_agent(welcome, self.session)
+        self.pending_acks = {}
+        frames = []
+        for entry in self.ledger.outbox():
+            stamped = self.session.stamp(ResultBatch(batch_id=entry.batch_id, fence=entry.fence, results=entry.results))
+            self.pending_acks[stamped.seq] = entry.batch_id
+            frames.append(encode(stamped))
+        return frames
+
+    async def _read(self, t: Transport, channel: Channel) -> None:
+        while True:
+            data = await t.recv()
+            self.last_server_frame = time.monotonic()
+            msg = channel.receive(data)
+            self._settle_acks()
+            if msg is None:
+                continue
+            if isinstance(msg, CommandBatch):
+                await self._on_batch(msg)
+            elif isinstance(msg, Cancel):
+                self._on_cancel(msg)
+                assert self.session is not None
+                self.session.confirm(msg.seq)
+            elif isinstance(msg, Error):
+                log.warning("server says %s: %s", msg.code, msg.message)
+
+    async def _heartbeats(self, t: Transport) -> None:
+        """Heartbeat every interval; a server silent past the timeout is treated as gone."""
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            if time.monotonic() - self.last_server_frame > self.heartbeat_timeout_s:
+                log.warning("no frame from the server for %.0fs; reconnecting", self.heartbeat_timeout_s)
+                await t.close(1001, "server silent")
+                return
+            batch = self.current.batch_id if self.current else None
+            await self._send(Heartbeat(state="busy" if batch else "idle", batch_id=batch))
+
+    def _settle_acks(self) -> None:
+        """Outbox entries the server acknowledged are durable there: let them go here."""
+        if self.session is None:
+            return
+        for seq in [s for s in self.pending_acks if s <= self.session.peer_ack]:
+            self.ledger.acknowledged(self.pending_acks.pop(seq))
+
+    async def _send(self, message: Message) -> None:
+        """Stamp and send. Reliable frames stamped while disconnected wait in the session."""
+        async with self._lock:
+            if self.session is None:
+                return
+            stamped = self.session.stamp(message)
+            if isinstance(stamped, ResultBatch):
+                self.pending_acks[stamped.seq] = stamped.batch_id
+            if self.transport is not None:
+                with contextlib.suppress(Closed, OSError):
+                    await self.transport.send(encode(stamped))
+
+    # ================================================================ batches
+
+    async def _on_batch(self, batch: CommandBatch) -> None:
+        receipt = self.ledger.receive(batch)  # durable before we acknowledge it
+        assert self.session is not None
+        self.session.confirm(batch.seq)
+        if receipt is Receipt.STALE:
+            await self._send(
+                Error(
+                    code=ErrorCode.STALE_FENCE,
+                    message=f"batch {batch.batch_id} has fence {batch.fence}, older than "
+                    f"{self.ledger.max_fence} already seen; refused",
+                )
+            )
+            return
+        if receipt is Receipt.DONE:
+            results = self.ledger.results(batch.batch_id) or []
+            await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
+            return
+        await self._send(BatchAccepted(batch_id=batch.batch_id))
+        running = self.current is not None and self.current.batch_id == batch.batch_id
+        if not running and batch.batch_id not in self.queued:
+            self.queued.add(batch.batch_id)
+            self.work.put_nowait(batch)
+
+    def _on_cancel(self, msg: Cancel) -> None:
+        self.cancelling.add(msg.batch_id)
+        if self.current is not None and self.current.batch_id == msg.batch_id:
+            killed = self.router.kill_running()
+            log.info("cancel %s: stopping after the current command (%d process group(s) killed)", msg.batch_id, killed)
+
+    async def _executor(self) -> None:
+        while True:
+            batch = await self.work.get()
+            self.queued.discard(batch.batch_id)
+            if self.ledger.results(batch.batch_id) is not None:
+                continue  # finished meanwhile (a redelivery raced with the first copy)
+            self.current = batch
+            try:
+                results = await self._run(batch)
+                self.ledger.finish_batch(batch.batch_id, batch.fence, results)
+            finally:
+                self.current = None
+                self.cancelling.discard(batch.batch_id)
+            await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
+
+    async def _run(self, batch: CommandBatch) -> list[Result]:
+        """Commands in order; after a failure (early exit) or a cancel the rest are skipped."""
+        results: list[Result] = []
+        stop: str | None = None
+        for cmd in batch.commands:
+            if stop is None and batch.batch_id in self.cancelling:
+                stop = "the batch was cancelled before this command started"
+            if stop is not None:
+                results.append(skipped(cmd.call_id, cmd.tool, stop))
+                continue
+            self.ledger.start_call(batch.batch_id, cmd.call_id)
+            result = await self.router.call(cmd, batch.batch_id, self._timeout(cmd.timeout_s, batch))
+            if batch.batch_id in self.cancelling and result.status != "success":
+                result = Result(
+                    call_id=cmd.call_id,
+                    status="failure",
+                    result=result.result,
+                    error=ErrorInfo(code=ErrorCode.CANCELLED, message="stopped by a cancel from the orchestrator"),
+                    namespace=namespace_of(cmd.tool),
+                    duration_ms=result.duration_ms,
+                )
+            self.ledger.finish_call(batch.batch_id, result)
+            results.append(result)
+            if batch.batch_id in self.cancelling:
+                stop = "the batch was cancelled"
+            elif result.status != "success" and batch.early_exit:
+                stop = f"command {cmd.call_id} ({cmd.tool}) failed, so the rest of the batch was skipped"
+        return results
+
+    @staticmethod
+    def _timeout(timeout_s: float, batch: CommandBatch) -> float:
+        if batch.deadline is None:
+            return timeout_s
+        left = batch.deadline.timestamp() - time.time()
+        return max(0.1, min(timeout_s, left))
+
+    async def tools_changed(self) -> None:
+        await self._send(ToolsChanged(tools=self.router.catalogue()))

@@ -1,0 +1,72 @@
+"""`orrery agent`: flags over `ORRERY_AGENT_*` variables over the TOML file (SPEC section 5)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from device_agent import config as agent_config
+from device_agent.logs import setup_logging
+
+app = typer.Typer(add_completion=False)
+
+
+def parse_labels(values: list[str] | None) -> dict[str, str] | None:
+    if not values:
+        return None
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"labels are KEY=VALUE, got '{item}'")
+        out[key] = value
+    return out
+
+
+def agent(
+    server: Annotated[str | None, typer.Option(help="orchestrator base URL (http(s) or ws(s))")] = None,
+    token: Annotated[str | None, typer.Option(help="device token from 'orrery devices enroll'")] = None,
+    device_id: Annotated[str | None, typer.Option(help="must match the token's device")] = None,
+    label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE, repeatable")] = None,
+    workspace: Annotated[Path | None, typer.Option(help="directory the tools work in")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="ledger, audit log, screenshots")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file with [agent] settings")] = None,
+    also_server: Annotated[list[str] | None, typer.Option("--also-server", help="failover URLs")] = None,
+    ca_file: Annotated[Path | None, typer.Option(help="CA bundle to verify an https server")] = None,
+    toolset: Annotated[list[str] | None, typer.Option(help="built-in toolsets (default system, shell, files)")] = None,
+    unattended: Annotated[bool | None, typer.Option("--unattended", help="allow tools that need approval")] = None,
+    log_format: Annotated[str | None, typer.Option(help="text or json")] = None,
+) -> None:
+    """Run a device agent: connect to the orchestrator and serve this machine's MCP tools."""
+    overrides: dict[str, Any] = {
+        "server": server,
+        "token": token,
+        "device_id": device_id,
+        "labels": parse_labels(label),
+        "workspace": workspace,
+        "data_dir": data_dir,
+        "servers": also_server,
+        "ca_file": ca_file,
+        "toolsets": toolset,
+        "unattended": unattended,
+        "log_format": log_format,
+    }
+    cfg = agent_config.load(config, overrides)
+    setup_logging(cfg.log_format)
+    from device_agent.runner import ConfigError, main
+
+    try:
+        main(cfg)
+    except ConfigError as exc:
+        logging.getLogger("orrery.agent").error("%s", exc)
+        raise typer.Exit(2) from None
+
+
+app.command()(agent)
+
+
+def main() -> None:
+    app()

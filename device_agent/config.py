@@ -1,0 +1,108 @@
+"""Agent settings from flags, `ORRERY_AGENT_*` variables and an optional TOML file (SPEC section 5)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from device_agent.policy import Policy
+
+TOKEN_PREFIX = "orrd_"
+
+
+class McpServerConfig(BaseModel):
+    """A third-party MCP server: stdio (`command`, `args`, `env`) or streamable HTTP (`url`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    read_only_tools: list[str] = Field(default_factory=list)
+
+
+class AgentConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ORRERY_AGENT_", extra="ignore")
+
+    server: str = "http://127.0.0.1:8765"
+    servers: list[str] = Field(default_factory=list, description="more URLs to fail over to")
+    token: str = ""
+    device_id: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    data_dir: Path = Path(".orrery-agent")
+    workspace: Path | None = None
+    ca_file: Path | None = None
+    toolsets: list[str] = Field(default_factory=lambda: ["system", "shell", "files"])
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+
+    shell_allow: list[str] | None = None
+    shell_deny: list[str] = Field(default_factory=list)
+    approval_required: list[str] = Field(default_factory=lambda: ["gui.*"])
+    unattended: bool = False
+    kill_switch: bool = False
+    max_output_bytes: int = Field(default=1_000_000, ge=1024)
+    max_result_bytes: int = Field(default=256 * 1024, ge=1024)
+    max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("token")
+    @classmethod
+    def _strip(cls, v: str) -> str:
+        return v.strip()
+
+    @property
+    def resolved_workspace(self) -> Path:
+        return (self.workspace or self.data_dir / "workspace").resolve()
+
+    def token_device_id(self) -> str | None:
+        """The device id a token names (`orrd_<device id>.<secret>`), if it has that shape."""
+        if not self.token.startswith(TOKEN_PREFIX) or "." not in self.token:
+            return None
+        return self.token[len(TOKEN_PREFIX) :].rsplit(".", 1)[0] or None
+
+    def identity(self) -> str:
+        return self.device_id or self.token_device_id() or ""
+
+    def server_urls(self) -> list[str]:
+        return [agent_url(u) for u in [self.server, *self.servers]]
+
+    def policy(self) -> Policy:
+        return Policy(
+            shell_allow=tuple(self.shell_allow) if self.shell_allow is not None else None,
+            shell_deny=tuple(self.shell_deny),
+            max_output_bytes=self.max_output_bytes,
+            unattended=self.unattended,
+            kill_switch=self.kill_switch,
+        )
+
+
+def agent_url(server: str) -> str:
+    """`--server` takes the orchestrator's http(s) or ws(s) base URL; return its `/v1/agent` URL."""
+    parts = urlsplit(server if "://" in server else f"http://{server}")
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None:
+        raise ValueError(f"--server must be an http(s) or ws(s) URL, got '{server}'")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1/agent"):
+        path += "/v1/agent"
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def load(config_file: Path | None, overrides: dict[str, Any]) -> AgentConfig:
+    """Precedence: flags, then environment, then the TOML file, then defaults."""
+    file_values: dict[str, Any] = {}
+    if config_file is not None:
+        with config_file.open("rb") as fh:
+            file_values = tomllib.load(fh)
+        file_values = file_values.get("agent", file_values)
+    env_values = AgentConfig().model_dump(exclude_unset=True)
+    merged = {**file_values, **env_values, **{k: v for k, v in overrides.items() if v is not None}}
+    return AgentConfig(**merged)

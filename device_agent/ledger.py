@@ -1,0 +1,238 @@
+"""The device's durable memory: batch receipts, per-command progress and the result outbox.
+
+SPEC section 4 guarantees rest here:
+- a `batch_id` is recorded (with its fence) before its first command runs, and a redelivered
+  batch gets the recorded results back instead of a second run;
+- results sit in the outbox until the server acknowledges them, so an agent killed with
+  SIGKILL delivers them after it restarts;
+- a command that was running when the agent died is reported `uncertain`, never re-run.
+
+One SQLite file in WAL mode, written synchronously from the agent's single event loop: every
+write is a short transaction, so the loop is held for well under a millisecond.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from protocol.messages import CommandBatch, ErrorInfo, Result
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id TEXT PRIMARY KEY,
+    fence INTEGER NOT NULL,
+    frame TEXT NOT NULL,
+    state TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    finished_at REAL,
+    results TEXT
+);
+CREATE TABLE IF NOT EXISTS calls (
+    batch_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    result TEXT,
+    PRIMARY KEY (batch_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    batch_id TEXT PRIMARY KEY,
+    fence INTEGER NOT NULL,
+    results TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
+KEEP_FINISHED_BATCHES = 10_000
+
+
+class Receipt(StrEnum):
+    NEW = "new"  # recorded now: run it
+    PENDING = "pending"  # recorded earlier, not finished: it is queued or running
+    DONE = "done"  # finished earlier: send the recorded results again
+    STALE = "stale"  # older than a fence already seen: refuse
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    batch_id: str
+    fence: int
+    results: list[Result]
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a killed process (not a power cut) at a fraction of FULL's cost.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------------ batches
+
+    @property
+    def max_fence(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key='max_fence'").fetchone()
+        return int(row[0]) if row else 0
+
+    def receive(self, batch: CommandBatch) -> Receipt:
+        """Record a delivered batch before anything of it runs."""
+        with self._tx():
+            row = self._db.execute("SELECT state FROM batches WHERE batch_id=?", (batch.batch_id,)).fetchone()
+            if row is not None:
+                return Receipt.DONE if row[0] == "done" else Receipt.PENDING
+            if batch.fence < self.max_fence:
+                return Receipt.STALE
+            self._db.execute(
+                "INSERT INTO batches (batch_id, fence, frame, state, received_at) VALUES (?,?,?,?,?)",
+                (batch.batch_id, batch.fence, batch.model_dump_json(), "received", time.time()),
+            )
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES ('max_fence', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (str(batch.fence),),
+            )
+            return Receipt.NEW
+
+    def pending_batches(self) -> list[CommandBatch]:
+        """Batches recorded but not started, oldest first (run again only if redelivered)."""
+        rows = self._db.execute("SELECT frame FROM batches WHERE state='received' ORDER BY received_at").fetchall()
+        return [CommandBatch.model_validate_json(r[0]) for r in rows]
+
+    def start_call(self, batch_id: str, call_id: str) -> None:
+        with self._tx():
+            self._db.execute("UPDATE batches SET state='running' WHERE batch_id=? AND state='received'", (batch_id,))
+            self._db.execute(
+                "INSERT OR REPLACE INTO calls (batch_id, call_id, state) VALUES (?,?,'started')",
+                (batch_id, call_id),
+            )
+
+    def finish_call(self, batch_id: str, result: Result) -> None:
+        self._db.execute(
+            "UPDATE calls SET state='done', result=? WHERE batch_id=? AND call_id=?",
+            (result.model_dump_json(), batch_id, result.call_id),
+        )
+
+    def finish_batch(self, batch_id: str, fence: int, results: list[Result]) -> None:
+        """Results become final and enter the outbox in one transaction."""
+        payload = json.dumps([r.model_dump(mode="json") for r in results])
+        now = time.time()
+        with self._tx():
+            self._db.execute(
+                "UPDATE batches SET state='done', finished_at=?, results=? WHERE batch_id=?",
+                (now, payload, batch_id),
+            )
+            self._db.execute(
+                "INSERT OR REPLACE INTO outbox (batch_id, fence, results, created_at) VALUES (?,?,?,?)",
+                (batch_id, fence, payload, now),
+            )
+            self._db.execute("DELETE FROM calls WHERE batch_id=?", (batch_id,))
+
+    def results(self, batch_id: str) -> list[Result] | None:
+        row = self._db.execute("SELECT results FROM batches WHERE batch_id=? AND state='done'", (batch_id,)).fetchone()
+        return _results(row[0]) if row else None
+
+    def fence_of(self, batch_id: str) -> int | None:
+        row = self._db.execute("SELECT fence FROM batches WHERE batch_id=?", (batch_id,)).fetchone()
+        return int(row[0]) if row else None
+
+    # ------------------------------------------------------------------ outbox
+
+    def outbox(self) -> list[OutboxEntry]:
+        rows = self._db.execute("SELECT batch_id, fence, results FROM outbox ORDER BY created_at").fetchall()
+        return [OutboxEntry(r[0], int(r[1]), _results(r[2])) for r in rows]
+
+    def acknowledged(self, batch_id: str) -> None:
+        self._db.execute("DELETE FROM outbox WHERE batch_id=?", (batch_id,))
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> list[str]:
+        """After a crash: close every batch that was running. Commands that finished keep their
+        results; the one that was running is `uncertain`; the rest are `skipped`."""
+        closed = []
+        rows = self._db.execute("SELECT batch_id, fence, frame FROM batches WHERE state='running'").fetchall()
+        for batch_id, fence, frame in rows:
+            batch = CommandBatch.model_validate_json(frame)
+            calls = {
+                c: (s, r)
+                for c, s, r in self._db.execute(
+                    "SELECT call_id, state, result FROM calls WHERE batch_id=?", (batch_id,)
+                ).fetchall()
+            }
+            results: list[Result] = []
+            for cmd in batch.commands:
+                state, raw = calls.get(cmd.call_id, (None, None))
+                if state == "done" and raw:
+                    results.append(Result.model_validate_json(raw))
+                elif state == "started":
+                    results.append(uncertain(cmd.call_id, cmd.tool))
+                else:
+                    results.append(skipped(cmd.call_id, cmd.tool, "an earlier command did not finish"))
+            self.finish_batch(batch_id, int(fence), results)
+            closed.append(batch_id)
+        self._prune()
+        return closed
+
+    def _prune(self) -> None:
+        self._db.execute(
+            "DELETE FROM batches WHERE state='done' AND batch_id NOT IN "
+            "(SELECT batch_id FROM batches WHERE state='done' ORDER BY finished_at DESC LIMIT ?)",
+            (KEEP_FINISHED_BATCHES,),
+        )
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _results(raw: str) -> list[Result]:
+    data: list[dict[str, Any]] = json.loads(raw)
+    return [Result.model_validate(r) for r in data]
+
+
+def namespace_of(tool: str) -> str:
+    return tool.split(".", 1)[0]
+
+
+def skipped(call_id: str, tool: str, why: str) -> Result:
+    return Result(
+        call_id=call_id,
+        status="skipped",
+        namespace=namespace_of(tool),
+        error=ErrorInfo(code="skipped", message=why),
+    )
+
+
+def uncertain(call_id: str, tool: str) -> Result:
+    return Result(
+        call_id=call_id,
+        status="uncertain",
+        namespace=namespace_of(tool),
+        error=ErrorInfo(
+            code="uncertain",
+            message="the agent stopped while this command was running, so it may or may not have "
+            "taken effect; check the device's state before running it again",
+        ),
+    )

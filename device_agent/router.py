@@ -1,0 +1,301 @@
+"""Namespaced tool catalogue and the MCP clients that reach each toolset.
+
+Every toolset, built-in or third-party, is an MCP server reached through the official SDK's
+`Client`. A `ToolsetHost` owns one client inside one task (the SDK's anyio cancel scopes
+require that open and close happen in the same task) and runs calls sent to it through a
+queue. A third-party server that dies is restarted; the call it was running fails cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mcp import Client, StdioServerParameters
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, ImageContent, TextContent, Tool
+
+from device_agent.audit import AuditLog
+from device_agent.policy import Policy
+from protocol.errors import ErrorCode
+from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolSpec
+
+log = logging.getLogger("orrery.agent.router")
+
+KNOWN_CODES = frozenset(c.value for c in ErrorCode) | {"stale_observation", "id_conflict", "busy", "stopped"}
+Target = MCPServer | StdioServerParameters | str
+
+
+class ToolsetUnavailable(Exception):
+    pass
+
+
+@dataclass
+class _Call:
+    tool: str
+    arguments: dict[str, Any]
+    timeout_s: float
+    future: asyncio.Future[CallToolResult]
+
+
+class ToolsetHost:
+    def __init__(self, namespace: str, target: Target, read_only_tools: frozenset[str] = frozenset()) -> None:
+        self.namespace = namespace
+        self.target = target
+        self.read_only_tools = read_only_tools
+        self.tools: list[Tool] = []
+        self._queue: asyncio.Queue[_Call | None] = asyncio.Queue()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self.restarts = 0
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        self._task = asyncio.create_task(self._serve(), name=f"toolset-{self.namespace}")
+        async with asyncio.timeout(timeout_s):
+            await self._ready.wait()
+        if not self.tools and self._failure is not None:
+            raise ToolsetUnavailable(f"toolset '{self.namespace}' failed to start: {self._failure}")
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._queue.put_nowait(None)
+        try:
+            async with asyncio.timeout(5):
+                await self._task
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
+        fut: asyncio.Future[CallToolResult] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Call(tool, arguments, timeout_s, fut))
+        return await fut
+
+    async def _serve(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                async with Client(self.target) as client:
+                    self.tools = list((await client.list_tools()).tools)
+                    self._ready.set()
+                    backoff = 0.5
+                    while True:
+                        item = await self._queue.get()
+                        if item is None:
+                            return
+                        await self._run(client, item)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the server died or could not start
+                self._failure = exc
+                self._ready.set()
+                self.restarts += 1
+                log.warning("toolset %s failed (%s); restarting in %.1fs", self.namespace, exc, backoff)
+                self._fail_pending(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def _run(self, client: Client, item: _Call) -> None:
+        try:
+            async with asyncio.timeout(item.timeout_s):
+                result = await client.call_tool(item.tool, item.arguments)
+        except TimeoutError:
+            item.future.set_result(
+                _error("timeout", f"{self.namespace}.{item.tool} did not finish within {item.timeout_s:g}s")
+            )
+            return
+        except BaseException as exc:
+            if not item.future.done():
+                item.future.set_exception(ToolsetUnavailable(f"toolset '{self.namespace}' failed: {exc}"))
+            raise
+        item.future.set_result(result)
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None and not item.future.done():
+                item.future.set_exception(ToolsetUnavailable(f"toolset '{self.namespace}' failed: {exc}"))
+
+    def catalogue(self) -> list[ToolSpec]:
+        return [tool_spec(self.namespace, t, t.name in self.read_only_tools) for t in self.tools]
+
+
+def tool_spec(namespace: str, tool: Tool, force_read_only: bool = False) -> ToolSpec:
+    """MCP tool -> catalogue entry. MCP's hint defaults: not read-only, destructive, not idempotent."""
+    ann = tool.annotations
+    read_only = force_read_only or bool(ann and ann.read_only_hint)
+    idempotent = bool(ann and ann.idempotent_hint) or read_only
+    destructive = (not read_only) and (ann is None or ann.destructive_hint is not False)
+    return ToolSpec(
+        name=f"{namespace}.{tool.name}",
+        namespace=namespace,
+        description=tool.description or "",
+        input_schema=dict(tool.input_schema or {}),
+        annotations=ToolAnnotations(read_only=read_only, idempotent=idempotent, destructive=destructive),
+        tool_type="data_collection" if read_only else "action",
+    )
+
+
+class Router:
+    """Routes `namespace.tool` commands to toolset hosts, applying the device policy."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        audit: AuditLog,
+        approval_required: list[str],
+        max_result_bytes: int,
+        on_kill: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.policy = policy
+        self.audit = audit
+        self.approval_required = approval_required
+        self.max_result_bytes = max_result_bytes
+        self.hosts: dict[str, ToolsetHost] = {}
+        self.kill_running = on_kill
+
+    def add(self, host: ToolsetHost) -> None:
+        if host.namespace in self.hosts:
+            raise ValueError(f"toolset namespace '{host.namespace}' is configured twice")
+        self.hosts[host.namespace] = host
+
+    async def start(self) -> None:
+        for host in self.hosts.values():
+            try:
+                await host.start()
+            except (ToolsetUnavailable, TimeoutError) as exc:
+                log.error("%s", exc)
+        names = [t.name for h in self.hosts.values() for t in h.catalogue()]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"duplicate tool names: {sorted(dupes)}")
+
+    async def stop(self) -> None:
+        for host in self.hosts.values():
+            await host.stop()
+
+    def catalogue(self) -> list[ToolSpec]:
+        return [spec for host in self.hosts.values() for spec in host.catalogue()]
+
+    async def call(self, cmd: Command, batch_id: str, timeout_s: float) -> Result:
+        started = time.monotonic()
+        namespace, _, name = cmd.tool.partition(".")
+        host = self.hosts.get(namespace)
+        spec = next((t for t in host.catalogue() if t.name == cmd.tool), None) if host else None
+        audit = {"batch_id": batch_id, "call_id": cmd.call_id, "tool": cmd.tool}
+        if host is None or spec is None:
+            known = ", ".join(sorted(t.name for h in self.hosts.values() for t in h.catalogue())[:40])
+            return self._finish(
+                cmd,
+                namespace,
+                started,
+                audit,
+                "denied",
+                _error("unknown_tool", f"this device has no tool '{cmd.tool}'; it has: {known}"),
+            )
+        denial = self._policy_denial(cmd.tool, spec)
+        if denial:
+            return self._finish(cmd, namespace, started, audit, "denied", _error("policy_denied", denial))
+        try:
+            raw = await host.call(name, cmd.arguments, timeout_s)
+        except ToolsetUnavailable as exc:
+            raw = _error("tool_error", f"{exc}; the toolset is being restarted, so the call may be retried")
+        return self._finish(cmd, namespace, started, audit, "allowed", raw)
+
+    def _policy_denial(self, tool: str, spec: ToolSpec) -> str | None:
+        if self.policy.kill_switch and not spec.annotations.read_only:
+            return (
+                f"the device owner has switched off action tools (kill switch), so '{tool}' is refused; "
+                "only read-only tools may run"
+            )
+        if not self.policy.unattended and any(fnmatch.fnmatch(tool, p) for p in self.approval_required):
+            return (
+                f"'{tool}' needs the device owner's approval, and this agent is not running unattended; "
+                "ask the owner to start it with --unattended or use another tool"
+            )
+        return None
+
+    def _finish(
+        self, cmd: Command, namespace: str, started: float, audit: dict[str, Any], decision: str, raw: CallToolResult
+    ) -> Result:
+        duration = round((time.monotonic() - started) * 1000, 3)
+        result = self._convert(cmd.call_id, namespace, raw, duration)
+        self.audit.record(
+            **audit,
+            decision=decision,
+            status=result.status,
+            error_code=result.error.code if result.error else None,
+            duration_ms=duration,
+        )
+        return result
+
+    def _convert(self, call_id: str, namespace: str, raw: CallToolResult, duration_ms: float) -> Result:
+        value = _value(raw)
+        value = self._cap(value)
+        if raw.is_error:
+            detail = raw.structured_content if isinstance(raw.structured_content, dict) else {}
+            message = str(detail.get("message") or _text(raw) or "the tool failed")
+            # The SDK reports arguments that fail the input schema as untyped error text.
+            default = "invalid_arguments" if "validation error" in message else "tool_error"
+            code = str(detail.get("code") or default)
+            extra = {k: v for k, v in detail.items() if k not in ("code", "message")}
+            return Result(
+                call_id=call_id,
+                status="failure",
+                result=self._cap(extra) if extra else None,
+                error=ErrorInfo(code=code if code in KNOWN_CODES else "tool_error", message=message[:4000]),
+                namespace=namespace,
+                duration_ms=duration_ms,
+            )
+        return Result(call_id=call_id, status="success", result=value, namespace=namespace, duration_ms=duration_ms)
+
+    def _cap(self, value: Any) -> Any:
+        """SPEC section 5 output caps: oversized results are truncated with a marker, never dropped."""
+        size = len(json.dumps(value, default=str))
+        if size <= self.max_result_bytes:
+            return value
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        keep = self.max_result_bytes // 2
+        return {"truncated": True, "original_bytes": size, "preview": text[:keep]}
+
+
+def _error(code: str, message: str) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=message)],
+        structured_content={"code": code, "message": message},
+        is_error=True,
+    )
+
+
+def _text(raw: CallToolResult) -> str:
+    return "\n".join(c.text for c in raw.content if isinstance(c, TextContent))
+
+
+def _value(raw: CallToolResult) -> Any:
+    """Structured content when the tool gives it; else its text; images as base64 parts."""
+    if raw.structured_content is not None and not raw.is_error:
+        return raw.structured_content
+    parts: list[Any] = []
+    for c in raw.content:
+        if isinstance(c, TextContent):
+            parts.append(c.text)
+        elif isinstance(c, ImageContent):
+            parts.append({"type": "image", "mime_type": c.mime_type, "data": c.data})
+        else:
+            parts.append(c.model_dump(mode="json"))
+    if len(parts) == 1 and isinstance(parts[0], str):
+        return parts[0]
+    return parts or None
+
+
+__all__ = ["Router", "ToolsetHost"]

@@ -1,0 +1,90 @@
+"""Assemble and run an agent from its config: toolsets, ledger, audit log, router."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+from urllib.parse import urlsplit
+
+from mcp import StdioServerParameters
+
+from device_agent.agent import Agent
+from device_agent.audit import AuditLog
+from device_agent.config import AgentConfig
+from device_agent.ledger import Ledger
+from device_agent.router import Router, ToolsetHost
+from device_agent.toolsets import files, shell, system
+from device_agent.toolsets.base import ToolsetContext
+
+log = logging.getLogger("orrery.agent")
+
+BUILTIN = {"system": system.build, "shell": shell.build, "files": files.build}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def build(config: AgentConfig) -> Agent:
+    if not config.token:
+        raise ConfigError("a device token is required: --token or ORRERY_AGENT_TOKEN ('orrery devices enroll')")
+    if not config.identity():
+        raise ConfigError("cannot tell the device id from this token; pass --device-id")
+    token_id = config.token_device_id()
+    if config.device_id and token_id and config.device_id != token_id:
+        raise ConfigError(f"--device-id {config.device_id} does not match the token's device ({token_id})")
+    for url in config.server_urls():
+        host = urlsplit(url).hostname or ""
+        if url.startswith("ws://") and host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(
+                "connecting to %s over plain ws://: the token and all traffic are unencrypted; "
+                "use https:// (wss) for anything but loopback",
+                url,
+            )
+    data_dir = config.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    workspace = config.resolved_workspace
+    workspace.mkdir(parents=True, exist_ok=True)
+    ctx = ToolsetContext(workspace=workspace, policy=config.policy(), data_dir=data_dir)
+    audit = AuditLog(data_dir / "audit.jsonl")
+    router = Router(ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all)
+    for name in config.toolsets:
+        factory = BUILTIN.get(name)
+        if factory is None:
+            raise ConfigError(f"unknown toolset '{name}'; built-in ones are {sorted(BUILTIN)}")
+        router.add(ToolsetHost(name, factory(ctx)))
+    for server in config.mcp_servers:
+        target: Any
+        if server.url:
+            target = server.url
+        elif server.command:
+            target = StdioServerParameters(command=server.command, args=server.args, env=server.env or None)
+        else:
+            raise ConfigError(f"MCP server '{server.namespace}' needs a 'command' or a 'url'")
+        router.add(ToolsetHost(server.namespace, target, frozenset(server.read_only_tools)))
+    ledger = Ledger(data_dir / "ledger.sqlite3")
+    return Agent(config, router, ledger, system.device_info())
+
+
+async def serve(config: AgentConfig) -> None:
+    agent = build(config)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, task.cancel)
+    try:
+        await agent.run()
+    except asyncio.CancelledError:
+        log.info("agent stopping")
+    finally:
+        agent.ledger.close()
+        agent.router.audit.close()
+
+
+def main(config: AgentConfig) -> None:
+    asyncio.run(serve(config))

@@ -1,0 +1,87 @@
+"""The agent's WebSocket client: the only module on this side that imports `websockets`."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from types import TracebackType
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+PING_INTERVAL_S = 20.0
+
+
+class Refused(Exception):
+    """The server refused the upgrade (HTTP status) before any frame."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"server refused the connection with HTTP {status}: {body[:200]}")
+        self.status = status
+
+
+class Closed(Exception):
+    def __init__(self, code: int | None, reason: str) -> None:
+        super().__init__(f"connection closed ({code}): {reason}")
+        self.code = code
+        self.reason = reason
+
+
+def ssl_context(url: str, ca_file: Path | None) -> ssl.SSLContext | None:
+    if not url.startswith("wss://"):
+        return None
+    ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    return ctx
+
+
+class Transport:
+    def __init__(self, url: str, token: str, max_frame_bytes: int, ca_file: Path | None = None) -> None:
+        self.url = url
+        self.token = token
+        self.max_frame_bytes = max_frame_bytes
+        self.ca_file = ca_file
+        self._conn: ClientConnection | None = None
+
+    async def __aenter__(self) -> Transport:
+        try:
+            self._conn = await connect(
+                self.url,
+                additional_headers={"Authorization": f"Bearer {self.token}"},
+                # The server refuses frames over its limit with 4413; let them reach it to say so.
+                max_size=self.max_frame_bytes * 2,
+                open_timeout=10,
+                ping_interval=PING_INTERVAL_S,
+                ping_timeout=PING_INTERVAL_S,
+                close_timeout=5,
+                ssl=ssl_context(self.url, self.ca_file),
+                user_agent_header="orrery-agent",
+                compression=None,
+            )
+        except InvalidStatus as exc:
+            body = exc.response.body.decode("utf-8", "replace") if exc.response.body else ""
+            raise Refused(exc.response.status_code, body) from None
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def send(self, text: str) -> None:
+        assert self._conn is not None
+        try:
+            await self._conn.send(text)
+        except ConnectionClosed as exc:
+            raise Closed(exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "") from None
+
+    async def recv(self) -> str | bytes:
+        assert self._conn is not None
+        try:
+            return await self._conn.recv()
+        except ConnectionClosed as exc:
+            raise Closed(exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "") from None
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        if self._conn is not None:
+            await self._conn.close(code, reason)

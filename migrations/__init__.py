@@ -1,0 +1,1 @@
+"""Alembic migrations; `orchestrator.store.migrate` runs them."""

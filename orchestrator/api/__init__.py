@@ -1,0 +1,1 @@
+"""REST API (SPEC section 3): one router per resource."""

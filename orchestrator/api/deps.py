@@ -1,0 +1,83 @@
+"""Shared dependencies: the component container and role-checked principals."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, Request
+
+from orchestrator.api.errors import ApiError
+from orchestrator.config import Settings
+from orchestrator.domain.model import Role
+from orchestrator.gateway.limits import RateLimiter
+from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
+from orchestrator.store.repo import Store
+
+if TYPE_CHECKING:
+    from orchestrator.bus.local import LocalBus
+    from orchestrator.engine.core import Engine
+    from orchestrator.gateway.hub import Gateway
+
+
+@dataclass
+class Components:
+    settings: Settings
+    store: Store
+    hasher: Hasher
+    engine: Engine
+    gateway: Gateway
+    bus: LocalBus
+    auth_failures: RateLimiter
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str
+    role: Role
+
+
+def components(request: Request) -> Components:
+    comp: Components = request.app.state.components
+    return comp
+
+
+Comp = Annotated[Components, Depends(components)]
+
+
+def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
+    """A dependency that admits API keys whose role is at least `role` (SPEC section 3)."""
+
+    async def _check(request: Request) -> Principal:
+        comp = components(request)
+        client = request.client.host if request.client else "?"
+        if comp.auth_failures.exceeded(client):
+            raise ApiError(429, "rate_limited", "too many failed authentications from this address; wait a minute")
+        token = bearer(request.headers.get("authorization"))
+        if token is None:
+            comp.auth_failures.allow(client)
+            raise ApiError(401, "unauthorized", "send an API key as 'Authorization: Bearer <key>'")
+        if token.startswith(DEVICE_TOKEN_PREFIX + "_"):
+            comp.auth_failures.allow(client)
+            raise ApiError(401, "unauthorized", "a device token is not an API key; it only opens /v1/agent")
+        key = await comp.store.find_api_key(comp.hasher.digest(token))
+        if key is None:
+            comp.auth_failures.allow(client)
+            raise ApiError(401, "unauthorized", "the API key is unknown or revoked")
+        principal = Principal(key.id, Role(key.role))
+        if not principal.role.allows(role):
+            raise ApiError(403, "forbidden", f"this route needs the '{role.value}' role; the key has '{key.role}'")
+        request.state.principal = principal
+        return principal
+
+    return _check
+
+
+Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
+Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
+Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
+
+
+def page(items: list[Any], next_cursor: str | None) -> dict[str, Any]:
+    return {"items": items, "next_cursor": next_cursor}

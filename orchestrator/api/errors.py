@@ -1,0 +1,108 @@
+"""The one place errors become HTTP problems (RFC 9457, `application/problem+json`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orchestrator.domain.problems import DomainError
+
+log = logging.getLogger("orrery.api")
+
+PROBLEM = "application/problem+json"
+
+_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Payload too large",
+    415: "Unsupported media type",
+    422: "Unprocessable request",
+    429: "Too many requests",
+    500: "Internal error",
+    503: "Service unavailable",
+}
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "rate_limited",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """An error with a stable `code`, raised anywhere in the API layer."""
+
+    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.extra = extra
+
+
+def problem_body(status: int, code: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": f"https://orrery.dev/problems/{code}",
+        "title": _TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+        "code": code,
+        **extra,
+    }
+
+
+def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(problem_body(status, code, detail, **extra), status, media_type=PROBLEM, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
+        return problem_response(exc.status, exc.code, exc.detail, **exc.extra)
+
+    @app.exception_handler(DomainError)
+    async def _domain_error(_req: Request, exc: DomainError) -> JSONResponse:
+        return problem_response(
+            exc.status, exc.code, exc.problems[0].message, problems=[p.as_dict() for p in exc.problems]
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {
+                "code": "validation_error",
+                "message": f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}",
+                "loc": [str(p) for p in e.get("loc", ())],
+            }
+            for e in exc.errors()[:50]
+        ]
+        detail = str(problems[0]["message"]) if problems else "the request is not valid"
+        return problem_response(422, "validation_error", detail, problems=problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        return problem_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", req.method, req.url.path)
+        return problem_response(500, "internal_error", "the server failed to handle this request; see its log")

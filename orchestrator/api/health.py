@@ -1,0 +1,31 @@
+"""Liveness and readiness probes (no auth)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from orchestrator import __version__
+from orchestrator.api.deps import Comp
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, Any]:
+    return {"status": "ok", "version": __version__}
+
+
+@router.get("/readyz")
+async def readyz(comp: Comp) -> JSONResponse:
+    checks: dict[str, str] = {}
+    try:
+        await comp.store.ping()
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {type(exc).__name__}"
+    checks["engine"] = "ok" if comp.engine.ready_event.is_set() else "starting"
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503)

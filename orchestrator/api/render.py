@@ -1,0 +1,103 @@
+"""Store rows to API response models."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from orchestrator.api.schemas import AttemptOut, DeviceOut, EdgeOut, NodeOut, TaskOut
+from orchestrator.domain.lifecycle import device_state
+from orchestrator.domain.model import AdminState, Liveness
+from orchestrator.store.models import Device, Task
+from orchestrator.store.repo import TaskBundle
+
+
+def task_out(task: Task, counts: dict[str, int] | None = None) -> TaskOut:
+    return TaskOut(
+        id=task.id,
+        name=task.name,
+        state=task.state,
+        priority=task.priority,
+        labels=task.labels or {},
+        request=task.request,
+        created_at=task.created_at,
+        finished_at=task.finished_at,
+        error=task.error,
+        dag_version=task.dag_version,
+        node_counts=counts or {},
+    )
+
+
+def task_detail(bundle: TaskBundle) -> TaskOut:
+    out = task_out(bundle.task, _counts(bundle))
+    by_node: dict[str, list[AttemptOut]] = {}
+    for a in bundle.attempts:
+        by_node.setdefault(a.node_id, []).append(
+            AttemptOut(
+                n=a.n,
+                device_id=a.device_id,
+                batch_id=a.batch_id,
+                status=a.status,
+                started_at=a.started_at,
+                accepted_at=a.accepted_at,
+                ended_at=a.ended_at,
+                commands=a.commands or [],
+                results=a.results or [],
+                error=a.error,
+            )
+        )
+    nodes = []
+    for n in bundle.nodes:
+        spec: dict[str, Any] = n.spec
+        nodes.append(
+            NodeOut(
+                id=n.id,
+                kind=n.kind,
+                state=n.state,
+                placement=spec.get("placement", {}),
+                commands=spec.get("commands", []),
+                instruction=spec.get("instruction"),
+                retry=spec.get("retry", {}),
+                priority=spec.get("priority", 0),
+                queue_timeout_s=spec.get("queue_timeout_s"),
+                timeout_s=spec.get("timeout_s"),
+                queued_on=n.queued_on,
+                attempts=by_node.get(n.id, []),
+                output=n.output,
+                error=n.error,
+                started_at=n.started_at,
+                finished_at=n.finished_at,
+            )
+        )
+    out.nodes = nodes
+    out.edges = [EdgeOut(source=e.source, target=e.target, on=e.on) for e in bundle.edges]
+    return out
+
+
+def _counts(bundle: TaskBundle) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in bundle.nodes:
+        counts[n.state] = counts.get(n.state, 0) + 1
+    return counts
+
+
+def device_out(row: Device, queue_length: int, connected: bool, last_frame_mono: float | None) -> DeviceOut:
+    last_seen = row.last_seen
+    if last_frame_mono is not None:
+        last_seen = datetime.fromtimestamp(time.time() - (time.monotonic() - last_frame_mono), UTC)
+    state = device_state(AdminState(row.admin_state), Liveness(row.liveness), row.current_batch_id is not None)
+    return DeviceOut(
+        id=row.id,
+        name=row.name,
+        state=state.value,
+        labels={**(row.reported_labels or {}), **(row.labels or {})},
+        platform=row.platform,
+        info=row.info or {},
+        tools=row.tools or [],
+        current_batch=row.current_batch_id,
+        queue_length=queue_length,
+        last_seen=last_seen,
+        connected=connected,
+        created_at=row.created_at,
+    )

@@ -1,0 +1,128 @@
+"""Request and response bodies of the REST API (separate from wire models and tables)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchestrator.domain.model import DagSpec, Role
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskCreate(_In):
+    name: str | None = Field(default=None, max_length=200)
+    request: str | None = Field(default=None, min_length=1, max_length=20_000)
+    dag: DagSpec | None = None
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    labels: dict[str, str] = Field(default_factory=dict)
+    replan: bool = False
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TaskCreate:
+        if (self.request is None) == (self.dag is None):
+            raise ValueError("give exactly one of 'request' (plain text, needs an LLM) or 'dag' ({nodes, edges})")
+        return self
+
+
+class DeviceEnroll(_In):
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class DeviceEnrolled(BaseModel):
+    id: str
+    name: str
+    token: str
+
+
+class ApiKeyCreate(_In):
+    role: Role
+    name: str = Field(default="", max_length=200)
+
+
+class ApiKeyCreated(BaseModel):
+    id: str
+    role: Role
+    key: str
+    name: str = ""
+
+
+class AttemptOut(BaseModel):
+    n: int
+    device_id: str
+    batch_id: str
+    status: str
+    started_at: datetime
+    accepted_at: datetime | None = None
+    ended_at: datetime | None = None
+    commands: list[dict[str, Any]] = Field(default_factory=list)
+    results: list[dict[str, Any]] = Field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+
+class NodeOut(BaseModel):
+    id: str
+    kind: str
+    state: str
+    placement: dict[str, Any]
+    commands: list[dict[str, Any]] = Field(default_factory=list)
+    instruction: str | None = None
+    retry: dict[str, Any]
+    priority: int = 0
+    queue_timeout_s: float | None = None
+    timeout_s: float | None = None
+    queued_on: str | None = None
+    attempts: list[AttemptOut] = Field(default_factory=list)
+    output: Any = None
+    error: dict[str, Any] | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class EdgeOut(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    source: str = Field(alias="from")
+    target: str = Field(alias="to")
+    on: str
+
+
+class TaskOut(BaseModel):
+    id: str
+    name: str
+    state: str
+    priority: int
+    labels: dict[str, str]
+    request: str | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+    error: dict[str, Any] | None = None
+    dag_version: int = 1
+    node_counts: dict[str, int] = Field(default_factory=dict)
+    nodes: list[NodeOut] | None = None
+    edges: list[EdgeOut] | None = None
+
+
+class DeviceOut(BaseModel):
+    id: str
+    name: str
+    state: str
+    labels: dict[str, str]
+    platform: str
+    info: dict[str, Any]
+    tools: list[dict[str, Any]]
+    current_batch: str | None = None
+    queue_length: int = 0
+    last_seen: datetime | None = None
+    connected: bool = False
+    created_at: datetime
+
+
+class Page(BaseModel):
+    items: list[Any]
+    next_cursor: str | None = None

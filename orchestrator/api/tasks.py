@@ -1,0 +1,141 @@
+"""`/v1/tasks`: submit, list, get, cancel, and the event stream (SPEC section 3)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from orchestrator.api.deps import Comp, Operator, Viewer
+from orchestrator.api.errors import ApiError
+from orchestrator.api.render import task_detail, task_out
+from orchestrator.api.schemas import Page, TaskCreate, TaskOut
+from orchestrator.api.submission import create_task
+from orchestrator.domain.model import TaskState
+from orchestrator.engine.records import CancelTask
+from orchestrator.store.repo import BadCursor
+
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+SSE_KEEPALIVE_S = 15.0
+
+
+@router.post("", status_code=201, response_model=TaskOut)
+async def submit(
+    body: TaskCreate,
+    comp: Comp,
+    _p: Operator,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> TaskOut:
+    task_id, created = await create_task(comp.store, comp.engine, comp.settings, body, idempotency_key)
+    if not created:
+        response.status_code = 200
+    return await _detail(comp, task_id)
+
+
+@router.get("", response_model=Page)
+async def list_tasks(
+    comp: Comp,
+    _p: Viewer,
+    state: TaskState | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> Page:
+    try:
+        rows, nxt = await comp.store.list_tasks(state.value if state else None, limit, cursor)
+    except BadCursor as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    counts = await comp.store.task_node_counts([t.id for t in rows])
+    return Page(items=[task_out(t, counts.get(t.id)) for t in rows], next_cursor=nxt)
+
+
+@router.get("/{task_id}", response_model=TaskOut)
+async def get_task(task_id: str, comp: Comp, _p: Viewer) -> TaskOut:
+    return await _detail(comp, task_id)
+
+
+@router.post("/{task_id}/cancel", status_code=202)
+async def cancel(task_id: str, comp: Comp, _p: Operator) -> dict[str, Any]:
+    bundle = await comp.store.get_task(task_id)
+    if bundle is None:
+        raise ApiError(404, "not_found", f"no task '{task_id}'")
+    if TaskState(bundle.task.state).terminal:
+        raise ApiError(409, "conflict", f"task '{task_id}' already ended as {bundle.task.state}")
+    await comp.engine.submit(CancelTask(task_id))
+    return {"task_id": task_id, "state": "cancelling"}
+
+
+@router.get("/{task_id}/events")
+async def events(
+    task_id: str,
+    request: Request,
+    comp: Comp,
+    _p: Viewer,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=40)] = None,
+) -> StreamingResponse:
+    bundle = await comp.store.get_task(task_id)
+    if bundle is None:
+        raise ApiError(404, "not_found", f"no task '{task_id}'")
+    start = after if after is not None else _int(last_event_id)
+    return StreamingResponse(
+        _stream(comp, request, task_id, start),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream(comp: Any, request: Request, task_id: str, after: int) -> AsyncIterator[str]:
+    """Stored events after `after`, then live ones. One engine writes a task's events and
+    publishes them after commit in id order, and we subscribe before reading the store, so
+    nothing is missed at the switch and nothing is sent twice."""
+    last = after
+    async with comp.bus.subscribe(task_id) as live:
+        while True:
+            batch = await comp.store.events_after(task_id, last)
+            for ev in batch:
+                last = ev.id
+                yield _frame(ev.id, ev.type, ev.data)
+                if _ends(ev.type, ev.data):
+                    return
+            if len(batch) < 1000:
+                break
+        while not await request.is_disconnected():
+            try:
+                ev = await asyncio.wait_for(live.get(), SSE_KEEPALIVE_S)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+                continue
+            if ev["id"] <= last:
+                continue  # already sent from the store
+            last = ev["id"]
+            yield _frame(ev["id"], ev["type"], ev["data"])
+            if _ends(ev["type"], ev["data"]):
+                return
+
+
+def _frame(event_id: int, type_: str, data: dict[str, Any]) -> str:
+    return f"id: {event_id}\nevent: {type_}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _ends(type_: str, data: dict[str, Any]) -> bool:
+    return type_ == "task.state" and data.get("state") in ("succeeded", "failed", "cancelled")
+
+
+def _int(value: str | None) -> int:
+    try:
+        return max(0, int(value)) if value else 0
+    except ValueError:
+        return 0
+
+
+async def _detail(comp: Any, task_id: str) -> TaskOut:
+    bundle = await comp.store.get_task(task_id)
+    if bundle is None:
+        raise ApiError(404, "not_found", f"no task '{task_id}'")
+    return task_detail(bundle)

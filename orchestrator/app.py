@@ -1,0 +1,159 @@
+"""The FastAPI application: components wired once at start-up, torn down at shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, WebSocket
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orchestrator import __version__
+from orchestrator.api import devices, errors, health, keys, tasks
+from orchestrator.api.deps import Components
+from orchestrator.api.errors import problem_response
+from orchestrator.bus.local import LocalBus
+from orchestrator.config import Settings
+from orchestrator.domain.model import Role
+from orchestrator.engine.core import Engine, utc
+from orchestrator.gateway.hub import Gateway
+from orchestrator.gateway.limits import RateLimiter
+from orchestrator.ids import new_id, new_secret
+from orchestrator.security import API_KEY_PREFIX, Hasher, load_secret_key, write_private
+from orchestrator.store.migrate import upgrade_async
+from orchestrator.store.models import ApiKey
+from orchestrator.store.repo import Store
+
+log = logging.getLogger("orrery")
+
+
+def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        comp = await start_components(settings, migrate)
+        app.state.components = comp
+        try:
+            yield
+        finally:
+            await stop_components(comp)
+
+    app = FastAPI(
+        title="Orrery",
+        version=__version__,
+        description="Control plane for fleets of devices: multi-device DAGs over MCP tools.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    for module in (health, tasks, devices, keys):
+        app.include_router(module.router)
+
+    @app.websocket("/v1/agent")
+    async def agent_socket(ws: WebSocket) -> None:
+        comp: Components = ws.app.state.components
+        await comp.gateway.serve(ws)
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    return app
+
+
+async def start_components(settings: Settings, migrate: bool) -> Components:
+    data_dir = settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)
+    url = settings.resolved_database_url
+    if migrate:
+        await upgrade_async(url)
+    store = Store(url)
+    hasher = Hasher(load_secret_key(settings.secret_key, data_dir))
+    await bootstrap_admin_key(store, hasher, data_dir)
+    bus = LocalBus()
+    engine = Engine(settings, store, bus)
+    gateway = Gateway(settings, store, engine, hasher)
+    await engine.start()
+    await gateway.start()
+    return Components(
+        settings=settings,
+        store=store,
+        hasher=hasher,
+        engine=engine,
+        gateway=gateway,
+        bus=bus,
+        auth_failures=RateLimiter(settings.auth_failures_per_minute, 60.0),
+    )
+
+
+async def stop_components(comp: Components) -> None:
+    await comp.gateway.stop()
+    await comp.engine.stop()
+    await comp.bus.close()
+    await comp.store.close()
+
+
+async def bootstrap_admin_key(store: Store, hasher: Hasher, data_dir: Path) -> None:
+    """First start with an empty store: create an admin key in `<data-dir>/admin.key` (0600)."""
+    if await store.count_api_keys() > 0:
+        return
+    key = new_secret(API_KEY_PREFIX)
+    await store.add(
+        ApiKey(
+            id=new_id("key"),
+            name="bootstrap admin",
+            role=Role.ADMIN.value,
+            key_hash=hasher.digest(key),
+            created_at=utc(time.time()),
+        )
+    )
+    path = data_dir / "admin.key"
+    write_private(path, key + "\n")
+    log.warning("created an admin API key; it is in %s (mode 0600)", path.resolve())
+
+
+class BodyLimit:
+    """Refuse request bodies over `max_bytes` with 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problem_response(
+            413, "payload_too_large", f"the request body is over the limit of {self.max_bytes} bytes"
+        )
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def describe(settings: Settings) -> dict[str, Any]:
+    return {"host": settings.host, "port": settings.port, "data_dir": str(settings.data_dir)}

@@ -1,0 +1,148 @@
+"""A small synchronous REST client for the CLI and scripts (SPEC section 3, client CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class ClientError(Exception):
+    """An API problem (problem+json) or a connection failure, with a stable code."""
+
+    def __init__(self, status: int, code: str, detail: str, body: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.body = body or {}
+
+
+def default_server() -> str:
+    if os.environ.get("ORRERY_URL"):
+        return os.environ["ORRERY_URL"]
+    host = os.environ.get("ORRERY_HOST", "127.0.0.1")
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://{host}:{os.environ.get('ORRERY_PORT', '8765')}"
+
+
+def default_api_key(data_dir: Path | None = None) -> str | None:
+    if os.environ.get("ORRERY_API_KEY"):
+        return os.environ["ORRERY_API_KEY"]
+    base = data_dir or Path(os.environ.get("ORRERY_DATA_DIR", ".orrery"))
+    path = base / "admin.key"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+class Client:
+    def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 30.0) -> None:
+        self.server = (server or default_server()).rstrip("/")
+        self.api_key = api_key or default_api_key()
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ClientError(0, "unreachable", f"cannot reach {self.server}: {exc}") from None
+        if resp.status_code >= 400:
+            raise _problem(resp)
+        return resp.json() if resp.content else None
+
+    # ------------------------------------------------------------------ resources
+
+    def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        result: dict[str, Any] = self.request("POST", "/v1/tasks", json=body, headers=headers)
+        return result
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/v1/tasks/{task_id}")
+        return result
+
+    def tasks(self, state: str | None = None, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        if cursor:
+            params["cursor"] = cursor
+        result: dict[str, Any] = self.request("GET", "/v1/tasks", params=params)
+        return result
+
+    def cancel(self, task_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("POST", f"/v1/tasks/{task_id}/cancel")
+        return result
+
+    def devices(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.request("GET", "/v1/devices")["items"]
+        return result
+
+    def device(self, device_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/v1/devices/{device_id}")
+        return result
+
+    def enroll(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("POST", "/v1/devices", json={"name": name, "labels": labels or {}})
+        return result
+
+    def device_action(self, device_id: str, action: str) -> dict[str, Any]:
+        if action == "revoke":
+            result: dict[str, Any] = self.request("DELETE", f"/v1/devices/{device_id}")
+        else:
+            result = self.request("POST", f"/v1/devices/{device_id}/{action}")
+        return result
+
+    def create_api_key(self, role: str, name: str = "") -> dict[str, Any]:
+        result: dict[str, Any] = self.request("POST", "/v1/api-keys", json={"role": role, "name": name})
+        return result
+
+    def revoke_api_key(self, key_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("DELETE", f"/v1/api-keys/{key_id}")
+        return result
+
+    def events(self, task_id: str, after: int = 0) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """Server-sent events of a task: (id, type, data), until the task ends."""
+        params = {"after": after}
+        with self._http.stream("GET", f"/v1/tasks/{task_id}/events", params=params, timeout=None) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise _problem(resp)
+            event_id, event_type, data = 0, "", ""
+            for line in resp.iter_lines():
+                if line.startswith("id:"):
+                    event_id = int(line[3:].strip())
+                elif line.startswith("event:"):
+                    event_type = line[6:].strip()
+                elif line.startswith("data:"):
+                    data += line[5:].strip()
+                elif line == "" and event_type:
+                    yield event_id, event_type, json.loads(data or "{}")
+                    event_type, data = "", ""
+
+
+def _problem(resp: httpx.Response) -> ClientError:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    return ClientError(
+        resp.status_code, str(body.get("code", "http_error")), str(body.get("detail", resp.text[:200])), body
+    )

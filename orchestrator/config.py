@@ -1,0 +1,57 @@
+"""Settings, built once at start-up from flags and `ORRERY_*` variables (SPEC section 8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Every orchestrator setting. Each has an `ORRERY_<NAME>` variable and a flag on `serve`."""
+
+    model_config = SettingsConfigDict(env_prefix="ORRERY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    data_dir: Path = Path(".orrery")
+    database_url: str | None = None
+    redis_url: str | None = None
+    secret_key: str | None = Field(default=None, description="HMAC key for token hashes (else a file)")
+
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=50.0, gt=0)
+    hello_timeout_s: float = Field(default=10.0, gt=0)
+    batch_accept_timeout_s: float = Field(default=30.0, gt=0)
+    queue_timeout_s: float = Field(default=300.0, gt=0)
+    max_frame_bytes: int = Field(default=4 * MiB, ge=1024)
+    max_request_bytes: int = Field(default=2 * MiB, ge=1024)
+    max_nodes_per_task: int = Field(default=1000, ge=1)
+    max_argument_bytes: int = Field(default=64 * 1024, ge=64)
+    max_result_bytes: int = Field(default=256 * 1024, ge=1024)
+    handshakes_per_minute: int = Field(default=120, ge=1)
+    auth_failures_per_minute: int = Field(default=30, ge=1)
+
+    llm_base_url: str | None = None
+    llm_api_key: str | None = None
+    llm_model: str | None = None
+
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    log_format: str = "text"
+    log_level: str = "info"
+    replica_id: str | None = None
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{(self.data_dir / 'orrery.db').resolve()}"
+
+    @property
+    def suspect_after_s(self) -> float:
+        """SPEC section 4: no frame for two heartbeat intervals makes a device suspect."""
+        return 2 * self.heartbeat_interval_s

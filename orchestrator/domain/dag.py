@@ -1,0 +1,289 @@
+"""DAG validation at submission and progress while it runs (SPEC sections 2 and 3).
+
+Validation reports every problem it finds, most fundamental first, so the caller (a person or
+an LLM planner) can fix them in one round. Progress is a pure function of node states: which
+pending nodes become ready, which are skipped (and skipping propagates), so every DAG ends.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from orchestrator.domain import templates
+from orchestrator.domain.model import DagSpec, EdgeCondition, EdgeSpec, NodeKind, NodeState
+from orchestrator.domain.problems import Problem
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_nodes: int = 1000
+    max_argument_bytes: int = 64 * 1024
+    max_commands_per_node: int = 100
+
+
+# ---------------------------------------------------------------- structure
+
+
+@dataclass
+class Graph:
+    """Adjacency of a DAG by node id; edges keep their conditions."""
+
+    nodes: list[str]
+    incoming: dict[str, list[EdgeSpec]] = field(default_factory=dict)
+    outgoing: dict[str, list[EdgeSpec]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, nodes: Iterable[str], edges: Iterable[EdgeSpec]) -> Graph:
+        ids = list(nodes)
+        incoming: dict[str, list[EdgeSpec]] = {n: [] for n in ids}
+        outgoing: dict[str, list[EdgeSpec]] = {n: [] for n in ids}
+        for e in edges:
+            incoming[e.target].append(e)
+            outgoing[e.source].append(e)
+        return cls(ids, incoming, outgoing)
+
+    def ancestors(self, node: str) -> set[str]:
+        seen: set[str] = set()
+        stack = [e.source for e in self.incoming.get(node, [])]
+        while stack:
+            n = stack.pop()
+            if n not in seen:
+                seen.add(n)
+                stack.extend(e.source for e in self.incoming.get(n, []))
+        return seen
+
+    def roots(self) -> list[str]:
+        return [n for n in self.nodes if not self.incoming[n]]
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate(spec: DagSpec, known_tools: Collection[str], limits: Limits = Limits()) -> list[Problem]:
+    """Every problem with `spec`; an empty list means it may be stored and run."""
+    problems: list[Problem] = []
+    if len(spec.nodes) > limits.max_nodes:
+        problems.append(
+            Problem(
+                "limit_exceeded",
+                f"the DAG has {len(spec.nodes)} nodes; at most {limits.max_nodes} are allowed per task",
+                {"limit": "nodes_per_task", "max": limits.max_nodes},
+            )
+        )
+        if len(spec.nodes) > 10 * limits.max_nodes:
+            return problems  # far too big to be worth examining further
+    structural = _check_ids_and_edges(spec)
+    if structural:
+        return problems + structural
+    graph = Graph.build([n.id for n in spec.nodes], spec.edges)
+    cycle = find_cycle(spec)
+    if cycle:
+        return [
+            Problem(
+                "dag_cycle",
+                "the edges form a cycle: " + " -> ".join([*cycle, cycle[0]]),
+                {"cycle": cycle},
+            )
+        ]
+    problems += _check_sizes(spec, limits)
+    problems += _check_references(spec, graph)
+    problems += _check_tools(spec, known_tools)
+    return problems
+
+
+def find_cycle(spec: DagSpec) -> list[str]:
+    g = nx.DiGraph()
+    g.add_nodes_from(n.id for n in spec.nodes)
+    g.add_edges_from((e.source, e.target) for e in spec.edges)
+    try:
+        edges = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        return []
+    return [str(u) for u, _v in edges]
+
+
+def _check_ids_and_edges(spec: DagSpec) -> list[Problem]:
+    problems = []
+    seen: set[str] = set()
+    for n in spec.nodes:
+        if n.id in seen:
+            problems.append(Problem("duplicate_node", f"node id '{n.id}' is used twice", {"node": n.id}))
+        seen.add(n.id)
+    pairs: set[tuple[str, str]] = set()
+    for e in spec.edges:
+        for end in (e.source, e.target):
+            if end not in seen:
+                problems.append(
+                    Problem(
+                        "unknown_node",
+                        f"edge {e.source} -> {e.target} names node '{end}', which is not in the DAG"
+                        + _nearest_hint(end, seen),
+                        {"node": end, "edge": {"from": e.source, "to": e.target}},
+                    )
+                )
+        if (e.source, e.target) in pairs:
+            problems.append(
+                Problem(
+                    "duplicate_edge",
+                    f"edge {e.source} -> {e.target} is given twice; keep one",
+                    {"edge": {"from": e.source, "to": e.target}},
+                )
+            )
+        pairs.add((e.source, e.target))
+    return problems
+
+
+def _check_sizes(spec: DagSpec, limits: Limits) -> list[Problem]:
+    problems = []
+    for n in spec.nodes:
+        if len(n.commands) > limits.max_commands_per_node:
+            problems.append(
+                Problem(
+                    "limit_exceeded",
+                    f"node '{n.id}' has {len(n.commands)} commands; at most {limits.max_commands_per_node} are allowed",
+                    {"node": n.id, "limit": "commands_per_node", "max": limits.max_commands_per_node},
+                )
+            )
+        for i, c in enumerate(n.commands):
+            size = len(json.dumps(c.arguments).encode())
+            if size > limits.max_argument_bytes:
+                problems.append(
+                    Problem(
+                        "limit_exceeded",
+                        f"node '{n.id}' command {i} ({c.tool}) has {size} bytes of arguments; at most "
+                        f"{limits.max_argument_bytes} are allowed",
+                        {"node": n.id, "command": i, "limit": "argument_bytes", "max": limits.max_argument_bytes},
+                    )
+                )
+        if n.instruction and len(n.instruction.encode()) > limits.max_argument_bytes:
+            problems.append(
+                Problem(
+                    "limit_exceeded",
+                    f"node '{n.id}' has an instruction over {limits.max_argument_bytes} bytes",
+                    {"node": n.id, "limit": "argument_bytes", "max": limits.max_argument_bytes},
+                )
+            )
+    return problems
+
+
+def _check_references(spec: DagSpec, graph: Graph) -> list[Problem]:
+    problems = []
+    ids = set(graph.nodes)
+    for n in spec.nodes:
+        args = [c.arguments for c in n.commands]
+        for bad in templates.malformed(args):
+            problems.append(
+                Problem(
+                    "invalid_reference",
+                    f"node '{n.id}': '{bad}' is not a valid reference; write ${{nodes.<id>.output}} or "
+                    "${nodes.<id>.results[<i>].result}, optionally followed by .key or [index]",
+                    {"node": n.id, "reference": bad},
+                )
+            )
+        refs = templates.references(args)
+        if not refs:
+            continue
+        ancestors = graph.ancestors(n.id)
+        for ref in sorted(refs):
+            if ref not in ids:
+                problems.append(
+                    Problem(
+                        "unknown_node",
+                        f"node '{n.id}' references node '{ref}', which is not in the DAG" + _nearest_hint(ref, ids),
+                        {"node": n.id, "reference": ref},
+                    )
+                )
+            elif ref not in ancestors:
+                problems.append(
+                    Problem(
+                        "invalid_reference",
+                        f"node '{n.id}' references node '{ref}', which is not an ancestor, so its output "
+                        f"may not exist yet; add an edge {ref} -> {n.id}",
+                        {"node": n.id, "reference": ref},
+                    )
+                )
+    return problems
+
+
+def _check_tools(spec: DagSpec, known_tools: Collection[str]) -> list[Problem]:
+    problems = []
+    known = list(known_tools)
+    for n in spec.nodes:
+        if n.kind is NodeKind.AGENT:
+            continue
+        for c in n.commands:
+            if c.tool not in known_tools:
+                nearest = difflib.get_close_matches(c.tool, known, n=3, cutoff=0.5)
+                hint = f"; did you mean {', '.join(nearest)}?" if nearest else ""
+                problems.append(
+                    Problem(
+                        "unknown_tool",
+                        f"node '{n.id}' uses tool '{c.tool}', which no enrolled device offers{hint}",
+                        {"node": n.id, "tool": c.tool, "nearest": nearest},
+                    )
+                )
+    return problems
+
+
+def _nearest_hint(name: str, names: Collection[str]) -> str:
+    nearest = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return f"; did you mean '{nearest[0]}'?" if nearest else ""
+
+
+# ---------------------------------------------------------------- progress
+
+
+def edge_status(edge: EdgeSpec, source_state: NodeState) -> bool | None:
+    """True: satisfied; False: can never be satisfied; None: source not finished yet."""
+    if not source_state.terminal:
+        return None
+    if edge.on is EdgeCondition.SUCCESS:
+        return source_state is NodeState.SUCCEEDED
+    if edge.on is EdgeCondition.FAILURE:
+        return source_state is NodeState.FAILED
+    return source_state is not NodeState.CANCELLED  # always: any outcome but a cancellation
+
+
+def advance(graph: Graph, states: Mapping[str, NodeState], changed: Iterable[str]) -> dict[str, NodeState]:
+    """Pending nodes that become READY or SKIPPED after `changed` nodes changed state.
+
+    Skips propagate: a skipped node's successors are examined in turn. Returns only changes.
+    """
+    result: dict[str, NodeState] = {}
+    work = list(dict.fromkeys(e.target for c in changed for e in graph.outgoing.get(c, [])))
+    while work:
+        node = work.pop()
+        current = result.get(node, states[node])
+        if current is not NodeState.PENDING:
+            continue
+        verdicts = [edge_status(e, result.get(e.source, states[e.source])) for e in graph.incoming[node]]
+        if any(v is False for v in verdicts):
+            result[node] = NodeState.SKIPPED
+            work.extend(e.target for e in graph.outgoing[node])
+        elif all(v is True for v in verdicts):
+            result[node] = NodeState.READY
+    return result
+
+
+def initial_states(graph: Graph) -> dict[str, NodeState]:
+    """Roots start READY, every other node PENDING."""
+    roots = set(graph.roots())
+    return {n: (NodeState.READY if n in roots else NodeState.PENDING) for n in graph.nodes}
+
+
+def failure_handled(graph: Graph, node: str) -> bool:
+    return any(e.on is EdgeCondition.FAILURE for e in graph.outgoing.get(node, []))
+
+
+def dependents(graph: Graph) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for n in graph.nodes:
+        for e in graph.outgoing[n]:
+            out[n].add(e.target)
+    return out

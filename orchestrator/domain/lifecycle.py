@@ -1,0 +1,59 @@
+"""Node, task and device state rules (SPEC section 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from orchestrator.domain.dag import Graph, failure_handled
+from orchestrator.domain.model import AdminState, DeviceState, Liveness, NodeState, TaskState
+
+_ALLOWED: dict[NodeState, frozenset[NodeState]] = {
+    NodeState.PENDING: frozenset({NodeState.READY, NodeState.SKIPPED, NodeState.CANCELLED}),
+    NodeState.READY: frozenset(
+        {NodeState.QUEUED, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED, NodeState.SKIPPED}
+    ),
+    NodeState.QUEUED: frozenset({NodeState.READY, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED}),
+    NodeState.RUNNING: frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}),
+}
+
+
+class IllegalTransition(ValueError):
+    pass
+
+
+def check_transition(current: NodeState, new: NodeState) -> None:
+    """Refuse a node transition the lifecycle does not allow (terminal states are final)."""
+    if new not in _ALLOWED.get(current, frozenset()):
+        raise IllegalTransition(f"node cannot go from {current} to {new}")
+
+
+def task_outcome(graph: Graph, states: Mapping[str, NodeState], cancel_requested: bool) -> TaskState | None:
+    """The task's final state once every node is terminal, else None.
+
+    Succeeded when every failed node's failure was handled by an outgoing `failure` edge.
+    """
+    if not all(s.terminal for s in states.values()):
+        return None
+    if cancel_requested:
+        return TaskState.CANCELLED
+    for node, state in states.items():
+        if state is NodeState.FAILED and not failure_handled(graph, node):
+            return TaskState.FAILED
+    return TaskState.SUCCEEDED
+
+
+def device_state(admin: AdminState, liveness: Liveness, busy: bool) -> DeviceState:
+    """The single state shown for a device, from what operators asked and what liveness says."""
+    if admin is AdminState.REVOKED:
+        return DeviceState.REVOKED
+    if liveness is Liveness.ENROLLED:
+        return DeviceState.ENROLLED
+    if liveness is Liveness.OFFLINE:
+        return DeviceState.OFFLINE
+    if liveness is Liveness.SUSPECT:
+        return DeviceState.SUSPECT
+    if admin is AdminState.DRAINING:
+        return DeviceState.DRAINING
+    if admin is AdminState.CORDONED:
+        return DeviceState.CORDONED
+    return DeviceState.BUSY if busy else DeviceState.IDLE

@@ -1,0 +1,163 @@
+"""Domain vocabulary: identifiers, closed state sets and the DAG specification (SPEC section 2)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal, NewType
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TaskId = NewType("TaskId", str)
+NodeId = NewType("NodeId", str)
+DeviceId = NewType("DeviceId", str)
+BatchId = NewType("BatchId", str)
+
+SLUG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
+class TaskState(StrEnum):
+    PLANNING = "planning"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL_TASK
+
+
+_TERMINAL_TASK = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED}
+
+
+class NodeState(StrEnum):
+    PENDING = "pending"  # waiting on its edges
+    READY = "ready"  # edges satisfied, waiting for a device to queue on
+    QUEUED = "queued"  # in a device's queue
+    RUNNING = "running"  # a batch is assigned to a device
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_NODE_STATES
+
+
+TERMINAL_NODE_STATES = frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.SKIPPED, NodeState.CANCELLED})
+
+
+class DeviceState(StrEnum):
+    ENROLLED = "enrolled"
+    IDLE = "idle"
+    BUSY = "busy"
+    SUSPECT = "suspect"
+    OFFLINE = "offline"
+    DRAINING = "draining"
+    CORDONED = "cordoned"
+    REVOKED = "revoked"
+
+
+class AdminState(StrEnum):
+    """What an operator asked of a device; combined with liveness into `DeviceState`."""
+
+    ACTIVE = "active"
+    DRAINING = "draining"
+    CORDONED = "cordoned"
+    REVOKED = "revoked"
+
+
+class Liveness(StrEnum):
+    ENROLLED = "enrolled"  # never connected
+    ONLINE = "online"
+    SUSPECT = "suspect"
+    OFFLINE = "offline"
+
+
+class EdgeCondition(StrEnum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    ALWAYS = "always"
+
+
+class NodeKind(StrEnum):
+    TOOL = "tool"
+    AGENT = "agent"
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    OPERATOR = "operator"
+    VIEWER = "viewer"
+
+    def allows(self, needed: Role) -> bool:
+        order = [Role.VIEWER, Role.OPERATOR, Role.ADMIN]
+        return order.index(self) >= order.index(needed)
+
+
+Platform = Literal["linux", "windows", "macos", "android", "ios", "other"]
+
+
+# ---------------------------------------------------------------- DAG specification
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Placement(_Spec):
+    device: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    platform: Platform | None = None
+
+
+class RetryPolicy(_Spec):
+    max_attempts: int = Field(default=1, ge=1, le=100)
+    backoff_s: float = Field(default=1.0, ge=0, le=3600)
+    backoff_max_s: float = Field(default=60.0, ge=0, le=86400)
+
+
+class CommandSpec(_Spec):
+    tool: str = Field(min_length=3, max_length=200)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = Field(default=60.0, gt=0, le=86400)
+
+
+class NodeSpec(_Spec):
+    id: Annotated[str, Field(pattern=SLUG_PATTERN)]
+    kind: NodeKind = NodeKind.TOOL
+    placement: Placement = Placement()
+    commands: list[CommandSpec] = Field(default_factory=list)
+    instruction: str | None = None
+    max_steps: int = Field(default=20, ge=1, le=200)
+    retry: RetryPolicy = RetryPolicy()
+    queue_timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> NodeSpec:
+        if self.kind is NodeKind.TOOL and not self.commands:
+            raise ValueError("a 'tool' node needs at least one command")
+        if self.kind is NodeKind.AGENT and not self.instruction:
+            raise ValueError("an 'agent' node needs an 'instruction'")
+        if self.kind is NodeKind.AGENT and self.commands:
+            raise ValueError("an 'agent' node has an 'instruction' instead of 'commands'")
+        return self
+
+    def tools(self) -> list[str]:
+        return [c.tool for c in self.commands]
+
+
+class EdgeSpec(_Spec):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    source: str = Field(alias="from")
+    target: str = Field(alias="to")
+    on: EdgeCondition = EdgeCondition.SUCCESS
+
+
+class DagSpec(_Spec):
+    nodes: list[NodeSpec] = Field(min_length=1)
+    edges: list[EdgeSpec] = Field(default_factory=list)

@@ -1,0 +1,189 @@
+"""The pure state machine of one running task: node transitions, retries, cancellation.
+
+The engine feeds it what happened (a node's attempt ended, a cancel was asked) and persists the
+`Transition`s it returns. Nothing here knows about devices, sockets or the store, which is what
+lets a property test drive thousands of random runs through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.domain import dag, retry
+from orchestrator.domain.lifecycle import check_transition, task_outcome
+from orchestrator.domain.model import EdgeSpec, NodeSpec, NodeState, TaskState
+
+
+@dataclass(frozen=True)
+class Transition:
+    node_id: str | None  # None: the task itself
+    old: str
+    new: str
+
+
+@dataclass
+class NodeRecord:
+    spec: NodeSpec
+    state: NodeState = NodeState.PENDING
+    attempts: int = 0
+    output: Any = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, str] | None = None
+    ready_since: float | None = None  # when it last became READY (queue timeout, FIFO order)
+    not_before: float | None = None  # retry backoff: not dispatched before this time
+    queued_on: str | None = None  # device whose queue holds it
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    succeeded: bool
+    output: Any = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    error_code: str = ""
+    error_message: str = ""
+    started: bool = True  # False: the attempt never ran on the device
+    tool_hints: tuple[tuple[bool, bool], ...] = ()  # (read_only, idempotent) per tool used
+    cancelled: bool = False
+
+
+class TaskRun:
+    """Nodes of one task and the rules that move them. Single-threaded by contract."""
+
+    def __init__(
+        self,
+        task_id: str,
+        nodes: list[NodeSpec],
+        edges: list[EdgeSpec],
+        state: TaskState = TaskState.RUNNING,
+        priority: int = 0,
+    ) -> None:
+        self.id = task_id
+        self.priority = priority
+        self.state = state
+        self.cancel_requested = state is TaskState.CANCELLED
+        self.edges = list(edges)
+        self.graph = dag.Graph.build([n.id for n in nodes], edges)
+        self.nodes: dict[str, NodeRecord] = {n.id: NodeRecord(n) for n in nodes}
+
+    # ---------------------------------------------------------------- queries
+
+    def states(self) -> dict[str, NodeState]:
+        return {k: r.state for k, r in self.nodes.items()}
+
+    def outcome_of(self, node_id: str) -> dict[str, Any] | None:
+        """What `${nodes.<id>...}` references see: output and results of a succeeded node."""
+        rec = self.nodes.get(node_id)
+        if rec is None or rec.state is not NodeState.SUCCEEDED:
+            return None
+        return {"output": rec.output, "results": rec.results}
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+    # ---------------------------------------------------------------- changes
+
+    def start(self, now: float) -> list[Transition]:
+        """Roots become READY, and so does any pending node whose edges are already decided
+        (after a restart or a DAG edit). Idempotent."""
+        out: list[Transition] = []
+        for node_id, state in dag.initial_states(self.graph).items():
+            if state is NodeState.READY and self.nodes[node_id].state is NodeState.PENDING:
+                out += self._set(node_id, NodeState.READY, now)
+        finished = [n for n, r in self.nodes.items() if r.state.terminal]
+        for node_id, state in dag.advance(self.graph, self.states(), finished).items():
+            out += self._set(node_id, state, now)
+        return out + self._maybe_finish()
+
+    def mark_queued(self, node_id: str, device_id: str) -> list[Transition]:
+        rec = self.nodes[node_id]
+        rec.queued_on = device_id
+        if rec.state is NodeState.QUEUED:
+            return []
+        return self._set(node_id, NodeState.QUEUED, None)
+
+    def unqueue(self, node_id: str) -> list[Transition]:
+        """Back to READY (its device stopped taking work), keeping its place in time."""
+        rec = self.nodes[node_id]
+        rec.queued_on = None
+        if rec.state is not NodeState.QUEUED:
+            return []
+        since = rec.ready_since
+        out = self._set(node_id, NodeState.READY, since)
+        return out
+
+    def mark_running(self, node_id: str) -> list[Transition]:
+        rec = self.nodes[node_id]
+        rec.queued_on = None
+        rec.attempts += 1
+        rec.not_before = None
+        return self._set(node_id, NodeState.RUNNING, None)
+
+    def attempt_ended(self, node_id: str, outcome: AttemptOutcome, now: float, jitter: float) -> list[Transition]:
+        """Apply an attempt's end: success, a retry after backoff, or failure for good."""
+        rec = self.nodes[node_id]
+        if rec.state.terminal:
+            return []
+        if outcome.succeeded:
+            rec.output, rec.results, rec.error = outcome.output, outcome.results, None
+            return self._set(node_id, NodeState.SUCCEEDED, now) + self._progress(node_id, now)
+        rec.results = outcome.results
+        rec.error = {"code": outcome.error_code, "message": outcome.error_message}
+        if self.cancel_requested or outcome.cancelled:
+            return self._set(node_id, NodeState.CANCELLED, now) + self._progress(node_id, now)
+        safe = retry.retry_safe(outcome.error_code, outcome.started, outcome.tool_hints)
+        if retry.should_retry(rec.attempts, rec.spec.retry, safe):
+            rec.not_before = now + retry.backoff_s(rec.attempts, rec.spec.retry, jitter)
+            rec.queued_on = None
+            return self._set(node_id, NodeState.READY, now)
+        return self._set(node_id, NodeState.FAILED, now) + self._progress(node_id, now)
+
+    def fail(self, node_id: str, code: str, message: str, now: float) -> list[Transition]:
+        """Fail a node that has no attempt in flight (queue timeout, template error, ...)."""
+        rec = self.nodes[node_id]
+        if rec.state.terminal:
+            return []
+        rec.error = {"code": code, "message": message}
+        rec.queued_on = None
+        return self._set(node_id, NodeState.FAILED, now) + self._progress(node_id, now)
+
+    def cancel(self, now: float) -> list[Transition]:
+        """Cancel: every node not yet running is cancelled; running ones end when their device
+        reports (the engine sends `cancel` to those devices)."""
+        if self.state.terminal:
+            return []
+        self.cancel_requested = True
+        out: list[Transition] = []
+        for node_id, rec in self.nodes.items():
+            if rec.state in (NodeState.PENDING, NodeState.READY, NodeState.QUEUED):
+                rec.queued_on = None
+                out += self._set(node_id, NodeState.CANCELLED, now)
+        return out + self._maybe_finish()
+
+    # ---------------------------------------------------------------- internals
+
+    def _set(self, node_id: str, new: NodeState, now: float | None) -> list[Transition]:
+        rec = self.nodes[node_id]
+        old = rec.state
+        check_transition(old, new)
+        rec.state = new
+        if new is NodeState.READY:
+            rec.ready_since = now if now is not None else rec.ready_since
+        return [Transition(node_id, old.value, new.value)]
+
+    def _progress(self, node_id: str, now: float) -> list[Transition]:
+        out: list[Transition] = []
+        changes = dag.advance(self.graph, self.states(), [node_id])
+        for n, state in changes.items():
+            cancelled = self.cancel_requested and state is NodeState.READY
+            out += self._set(n, NodeState.CANCELLED if cancelled else state, now)
+        return out + self._maybe_finish()
+
+    def _maybe_finish(self) -> list[Transition]:
+        final = task_outcome(self.graph, self.states(), self.cancel_requested)
+        if final is None or self.state is final:
+            return []
+        old = self.state
+        self.state = final
+        return [Transition(None, old.value, final.value)]

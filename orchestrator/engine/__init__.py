@@ -1,0 +1,1 @@
+"""Applies domain decisions: the scheduler loop, device queues, timeouts and recovery."""

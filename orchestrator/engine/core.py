@@ -1,0 +1,772 @@
+"""The engine: one loop that owns task and device runtime state.
+
+Each step drains the inbox, applies every input to the in-memory model through the pure domain
+functions, schedules ready nodes onto free devices, writes all resulting changes in ONE
+transaction (group commit), and only then performs the effects: frames to devices, events to
+subscribers, replies to waiting callers. State is in the store before anything is said about
+it, so a restarted orchestrator rebuilds exactly what it promised (DESIGN, data flow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import logging
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
+
+from orchestrator.config import Settings
+from orchestrator.domain import placement, templates
+from orchestrator.domain.model import AdminState, Liveness, NodeKind, NodeSpec, NodeState, TaskState
+from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
+from orchestrator.engine.records import (
+    AttemptRun,
+    CancelTask,
+    DeviceChanged,
+    DeviceHello,
+    DeviceRun,
+    FrameIn,
+    Input,
+    LivenessChanged,
+    NodeKey,
+    TaskCreated,
+    Wake,
+)
+from orchestrator.engine.restore import attempt_from_row, device_from_row, task_from_bundle
+from orchestrator.ids import new_id
+from orchestrator.store.models import Attempt, Device, Node, Task
+from orchestrator.store.repo import ChangeSet, Store
+from protocol.errors import CloseCode, ErrorCode
+from protocol.messages import (
+    BatchAccepted,
+    Cancel,
+    Command,
+    CommandBatch,
+    Error,
+    Hello,
+    Message,
+    Result,
+    ResultBatch,
+    ToolsChanged,
+)
+
+log = logging.getLogger("orrery.engine")
+
+
+class DeviceLinks(Protocol):
+    """What the engine needs from the gateway."""
+
+    def send(self, device_id: str, message: Message) -> bool: ...
+
+    def close(self, device_id: str, code: int, reason: str) -> None: ...
+
+
+class EventSink(Protocol):
+    async def publish(self, events: list[dict[str, Any]]) -> None: ...
+
+
+def utc(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+def iso(ts: float) -> str:
+    return utc(ts).isoformat()
+
+
+class Engine:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        bus: EventSink,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        self.rng = rng
+        self.links: DeviceLinks | None = None
+        self.tasks: dict[str, TaskRun] = {}
+        self.devices: dict[str, DeviceRun] = {}
+        self.attempts: dict[str, AttemptRun] = {}  # open attempts by batch id
+        self.ready: dict[NodeKey, None] = {}  # READY nodes not yet in a queue
+        self.queued_at: dict[NodeKey, str] = {}  # QUEUED node -> device
+        self.inbox: asyncio.Queue[Input] = asyncio.Queue()
+        self._timers: list[tuple[float, int, str, Any]] = []
+        self._timer_seq = 0
+        self._changes = ChangeSet()
+        self._effects: list[Callable[[], None]] = []
+        self._events: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.ready_event = asyncio.Event()
+
+    # ================================================================ lifecycle
+
+    async def start(self) -> None:
+        await self._recover()
+        self._task = asyncio.create_task(self._loop(), name="orrery-engine")
+        self.ready_event.set()
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def submit(self, item: Input) -> asyncio.Future[Any]:
+        """Queue an input; the future resolves after its changes are committed."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        item.done = fut
+        self.inbox.put_nowait(item)
+        return fut
+
+    def notify(self, item: Input) -> None:
+        self.inbox.put_nowait(item)
+
+    # ================================================================ the loop
+
+    async def _loop(self) -> None:
+        while True:
+            items = await self._next_inputs()
+            now = self.clock()
+            replies: list[tuple[asyncio.Future[Any], Any]] = []
+            for item in items:
+                try:
+                    reply = await self._handle(item, now)
+                except Exception as exc:  # a bad input must not stop the engine
+                    log.exception("engine input %s failed", type(item).__name__)
+                    if item.done and not item.done.done():
+                        item.done.set_exception(exc)
+                    continue
+                if item.done:
+                    replies.append((item.done, reply))
+            self._fire_timers(now)
+            self._schedule(now)
+            await self._commit()
+            for fut, value in replies:
+                if not fut.done():
+                    fut.set_result(value)
+
+    async def _next_inputs(self) -> list[Input]:
+        timeout = None
+        if self._timers:
+            timeout = max(0.0, self._timers[0][0] - self.clock())
+        try:
+            first = await asyncio.wait_for(self.inbox.get(), timeout)
+        except TimeoutError:
+            return []
+        items = [first]
+        while not self.inbox.empty() and len(items) < 2000:
+            items.append(self.inbox.get_nowait())
+        return items
+
+    async def _commit(self) -> None:
+        changes, effects, events = self._changes, self._effects, self._events
+        self._changes, self._effects, self._events = ChangeSet(), [], []
+        if changes:
+            for ev in events:
+                changes.event(ev)
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(5), wait=wait_exponential(multiplier=0.1, max=2), reraise=True
+            ):
+                with attempt:
+                    ids = await self.store.write(changes)
+            for ev, event_id in zip(events, ids, strict=True):
+                ev["id"] = event_id
+        for effect in effects:
+            try:
+                effect()
+            except Exception:
+                log.exception("engine effect failed")
+        if events:
+            await self.bus.publish(events)
+
+    # ================================================================ inputs
+
+    async def _handle(self, item: Input, now: float) -> Any:
+        if isinstance(item, FrameIn):
+            return await self._on_frame(item.device_id, item.message, now)
+        if isinstance(item, TaskCreated):
+            return await self._on_task_created(item.task_id, now)
+        if isinstance(item, CancelTask):
+            return self._on_cancel(item.task_id, now)
+        if isinstance(item, DeviceHello):
+            return self._on_hello(item, now)
+        if isinstance(item, LivenessChanged):
+            return self._on_liveness(item.device_id, item.liveness, now)
+        if isinstance(item, DeviceChanged):
+            return await self._on_device_changed(item.device_id, now)
+        if isinstance(item, Wake):
+            return None
+        raise TypeError(f"unknown engine input {item!r}")
+
+    async def _on_task_created(self, task_id: str, now: float) -> None:
+        if task_id in self.tasks:
+            return
+        bundle = await self.store.get_task(task_id)
+        if bundle is None or TaskState(bundle.task.state).terminal:
+            return
+        run = task_from_bundle(bundle)
+        self.tasks[task_id] = run
+        self._apply(run, run.start(now), now)
+
+    def _on_cancel(self, task_id: str, now: float) -> bool:
+        run = self.tasks.get(task_id)
+        if run is None or run.terminal:
+            return False
+        for att in list(self.attempts.values()):
+            if att.task_id == task_id:
+                self._send_cancel(att, "cancelled")
+        self._changes.update(Task, (task_id,), cancel_requested=True)
+        self._apply(run, run.cancel(now), now)
+        return True
+
+    def _on_hello(self, item: DeviceHello, now: float) -> None:
+        dev = self.devices.get(item.device_id)
+        hello = item.hello
+        if dev is None or not isinstance(hello, Hello):
+            return
+        dev.reported_labels = dict(hello.labels)
+        dev.platform = hello.info.platform
+        dev.tools = {t.name: t.model_dump() for t in hello.tools}
+        dev.liveness = Liveness.ONLINE
+        self._changes.update(
+            Device,
+            (dev.id,),
+            reported_labels=dev.reported_labels,
+            platform=dev.platform,
+            info=hello.info.model_dump(),
+            tools=list(dev.tools.values()),
+            liveness=dev.liveness.value,
+            last_seen=utc(now),
+        )
+        if not item.resumed:
+            # A new session knows nothing of earlier frames: re-send every open attempt from the
+            # store's truth. The agent's ledger answers a batch it already ran with its results.
+            for att in self.attempts.values():
+                if att.device_id == dev.id:
+                    self._effects.append(functools.partial(self._dispatch, att))
+                    if att.cancel_reason:
+                        self._effects.append(functools.partial(self._send_cancel_frame, att))
+
+    def _on_liveness(self, device_id: str, liveness: Liveness, now: float) -> None:
+        dev = self.devices.get(device_id)
+        if dev is None or dev.liveness is liveness:
+            return
+        dev.liveness = liveness
+        self._changes.update(Device, (dev.id,), liveness=liveness.value, last_seen=utc(now))
+        if liveness in (Liveness.SUSPECT, Liveness.OFFLINE):
+            self._unqueue_all(dev, now)
+        if liveness is Liveness.OFFLINE:
+            for att in [a for a in self.attempts.values() if a.device_id == device_id]:
+                self._end_attempt(
+                    att,
+                    AttemptOutcome(
+                        succeeded=False,
+                        error_code=ErrorCode.DEVICE_LOST,
+                        error_message=f"device '{dev.name}' went offline while running this batch; "
+                        "it was re-placed if retry-safe",
+                        started=att.sent,
+                        tool_hints=tuple(dev.hints(c["tool"]) for c in att.commands),
+                    ),
+                    now,
+                )
+            self._set_current(dev, None)
+
+    async def _on_device_changed(self, device_id: str, now: float) -> None:
+        row = await self.store.get_device(device_id)
+        if row is None:
+            return
+        dev = self.devices.get(device_id)
+        if dev is None:
+            self.devices[device_id] = device_from_row(row)
+            return
+        old_admin = dev.admin
+        dev.admin = AdminState(row.admin_state)
+        dev.labels = dict(row.labels or {})
+        dev.name = row.name
+        if dev.admin is not AdminState.ACTIVE and old_admin is AdminState.ACTIVE:
+            self._unqueue_all(dev, now)
+        if dev.admin is AdminState.REVOKED:
+            links = self.links
+            if links is not None:
+                self._effects.append(lambda: links.close(device_id, CloseCode.UNAUTHORIZED, "device token revoked"))
+            self._on_liveness(device_id, Liveness.OFFLINE, now)
+            # A revoked device will never run anything: nodes that only it could run fail now.
+            for key in list(self.ready):
+                self._maybe_fail_unplaceable(key, now)
+
+    # ---------------------------------------------------------------- frames
+
+    async def _on_frame(self, device_id: str, msg: Message, now: float) -> None:
+        dev = self.devices.get(device_id)
+        if dev is None:
+            return
+        if isinstance(msg, ResultBatch):
+            await self._on_results(dev, msg, now)
+        elif isinstance(msg, BatchAccepted):
+            att = self.attempts.get(msg.batch_id)
+            if att is not None and att.device_id == device_id and not att.accepted:
+                att.accepted = True
+                self._changes.update(Attempt, (att.batch_id,), status="accepted", accepted_at=utc(now))
+        elif isinstance(msg, ToolsChanged):
+            dev.tools = {t.name: t.model_dump() for t in msg.tools}
+            self._changes.update(Device, (dev.id,), tools=list(dev.tools.values()))
+
+    async def _on_results(self, dev: DeviceRun, msg: ResultBatch, now: float) -> None:
+        att = self.attempts.get(msg.batch_id)
+        if att is None or att.device_id != dev.id or att.fence != msg.fence:
+            await self._refuse_results(dev, msg)
+            return
+        if dev.current_batch == att.batch_id:
+            self._set_current(dev, None)
+        self._end_attempt(att, self._outcome(att, dev, msg.results), now, msg.results)
+
+    async def _refuse_results(self, dev: DeviceRun, msg: ResultBatch) -> None:
+        """Results for a batch that is not open on this device with this fence.
+
+        A duplicate of results already recorded is acknowledged silently; anything else gets a
+        non-fatal error frame. Either way nothing changes (SPEC section 4: fencing).
+        """
+        if dev.current_batch == msg.batch_id:
+            self._set_current(dev, None)  # the device finished work we had already given up on
+        row = self.attempts.get(msg.batch_id) or await self.store.find_attempt(msg.batch_id)
+        if row is not None and row.device_id == dev.id and row.fence == msg.fence:
+            return
+        if row is None or row.device_id != dev.id:
+            code, text = ErrorCode.UNKNOWN_BATCH, f"batch {msg.batch_id} was not sent to this device"
+        else:
+            code = ErrorCode.STALE_FENCE
+            text = f"batch {msg.batch_id} carries fence {msg.fence}, but its fence is {row.fence}"
+        log.warning("refused results from %s: %s", dev.id, text)
+        self._send(dev.id, Error(code=code, message=text))
+
+    def _outcome(self, att: AttemptRun, dev: DeviceRun, results: list[Result]) -> AttemptOutcome:
+        by_call = {r.call_id: r for r in results}
+        ordered = [by_call.get(c["call_id"]) for c in att.commands]
+        ran = [(c, r) for c, r in zip(att.commands, ordered, strict=True) if r and r.status != "skipped"]
+        hints = tuple(dev.hints(c["tool"]) for c, _ in ran)
+        dumped = [r.model_dump(mode="json") for r in results]
+        if all(r is not None and r.status == "success" for r in ordered):
+            last = ordered[-1]
+            return AttemptOutcome(True, output=last.result if last else None, results=dumped, tool_hints=hints)
+        bad = next((r for r in ordered if r is not None and r.status in ("failure", "uncertain")), None)
+        if bad is None:
+            code, message = ErrorCode.CANCELLED.value, "the batch was stopped before its commands ran"
+            if att.cancel_reason is None:
+                code, message = ErrorCode.TOOL_ERROR.value, "the device returned no result for some commands"
+        elif bad.status == "uncertain":
+            code = ErrorCode.UNCERTAIN.value
+            message = bad.error.message if bad.error else "the command may or may not have run"
+        else:
+            code = bad.error.code if bad.error else ErrorCode.TOOL_ERROR.value
+            message = bad.error.message if bad.error else "the command failed"
+        if att.cancel_reason == "timeout":
+            code, message = ErrorCode.TIMEOUT.value, f"the attempt ran past its timeout_s; {message}"
+        cancelled = att.cancel_reason == "cancelled"
+        return AttemptOutcome(
+            False,
+            results=dumped,
+            error_code=code,
+            error_message=message,
+            started=bool(ran),
+            tool_hints=hints,
+            cancelled=cancelled,
+        )
+
+    # ================================================================ attempts
+
+    def _end_attempt(
+        self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: list[Result] | None = None
+    ) -> None:
+        self.attempts.pop(att.batch_id, None)
+        status = "succeeded" if outcome.succeeded else "failed"
+        error = None if outcome.succeeded else {"code": outcome.error_code, "message": outcome.error_message}
+        self._changes.update(
+            Attempt,
+            (att.batch_id,),
+            status=status,
+            ended_at=utc(now),
+            results=[r.model_dump(mode="json") for r in results] if results is not None else None,
+            error=error,
+        )
+        self._event(
+            "node.attempt",
+            att.task_id,
+            att.node_id,
+            now,
+            state=status,
+            attempt=att.n,
+            batch_id=att.batch_id,
+            device_id=att.device_id,
+            error=error,
+        )
+        run = self.tasks.get(att.task_id)
+        if run is not None:
+            self._apply(run, run.attempt_ended(att.node_id, outcome, now, self.rng()), now)
+
+    def _assign(self, dev: DeviceRun, key: NodeKey, now: float) -> None:
+        run = self.tasks[key[0]]
+        rec = run.nodes[key[1]]
+        try:
+            commands = [
+                {
+                    "call_id": f"c{i + 1}",
+                    "tool": c.tool,
+                    "tool_type": dev.tools.get(c.tool, {}).get("tool_type", "action"),
+                    "arguments": templates.resolve(c.arguments, run.outcome_of),
+                    "timeout_s": c.timeout_s,
+                }
+                for i, c in enumerate(rec.spec.commands)
+            ]
+        except templates.TemplateError as exc:
+            self._apply(run, run.fail(key[1], ErrorCode.TEMPLATE_ERROR, str(exc), now), now)
+            return
+        dev.fence += 1
+        timeout = rec.spec.timeout_s
+        att = AttemptRun(
+            batch_id=new_id("b"),
+            task_id=key[0],
+            node_id=key[1],
+            n=rec.attempts + 1,
+            device_id=dev.id,
+            fence=dev.fence,
+            commands=commands,
+            deadline=now + timeout if timeout else None,
+        )
+        self.attempts[att.batch_id] = att
+        self._set_current(dev, att.batch_id)
+        self._changes.update(Device, (dev.id,), fence=dev.fence)
+        self._changes.insert(
+            Attempt,
+            {
+                "batch_id": att.batch_id,
+                "task_id": att.task_id,
+                "node_id": att.node_id,
+                "n": att.n,
+                "device_id": dev.id,
+                "fence": att.fence,
+                "commands": commands,
+                "status": "dispatched",
+                "deadline": utc(att.deadline) if att.deadline else None,
+                "started_at": utc(now),
+            },
+        )
+        self._apply(run, run.mark_running(key[1]), now)
+        if att.n == 1:
+            self._changes.update(Node, key, started_at=utc(now))
+        self._event(
+            "node.attempt",
+            att.task_id,
+            att.node_id,
+            now,
+            state="dispatched",
+            attempt=att.n,
+            batch_id=att.batch_id,
+            device_id=dev.id,
+        )
+        if att.deadline:
+            self._timer(att.deadline, "attempt_deadline", att.batch_id)
+        self._timer(now + self.settings.batch_accept_timeout_s, "accept_deadline", att.batch_id)
+        self._effects.append(lambda: self._dispatch(att))
+
+    def _dispatch(self, att: AttemptRun) -> None:
+        if att.batch_id not in self.attempts:
+            return
+        frame = CommandBatch(
+            batch_id=att.batch_id,
+            task_id=att.task_id,
+            node_id=att.node_id,
+            attempt=att.n,
+            fence=att.fence,
+            deadline=utc(att.deadline) if att.deadline else None,
+            commands=[Command(**c) for c in att.commands],
+        )
+        att.sent = self._send(att.device_id, frame) or att.sent
+
+    def _send_cancel(self, att: AttemptRun, reason: str) -> None:
+        if att.cancel_reason is None:
+            att.cancel_reason = reason
+            self._changes.update(Attempt, (att.batch_id,), cancel_reason=reason)
+            self._effects.append(lambda: self._send_cancel_frame(att))
+
+    def _send_cancel_frame(self, att: AttemptRun) -> None:
+        self._send(att.device_id, Cancel(batch_id=att.batch_id, reason=att.cancel_reason or "cancelled"))
+
+    def _send(self, device_id: str, message: Message) -> bool:
+        return self.links.send(device_id, message) if self.links else False
+
+    # ================================================================ scheduling
+
+    def _schedule(self, now: float) -> None:
+        """Queue READY nodes on capable devices, then give every free device its next node."""
+        if self.ready:
+            views = {d.id: d.view() for d in self.devices.values()}
+            for key in list(self.ready):
+                run = self.tasks[key[0]]
+                rec = run.nodes[key[1]]
+                if rec.not_before and rec.not_before > now:
+                    continue
+                if rec.spec.kind is NodeKind.AGENT:
+                    continue  # agent nodes are driven by the planner's step loop
+                choice = placement.choose_queue(rec.spec, views.values())
+                if choice is None:
+                    self._maybe_fail_unplaceable(key, now)
+                    continue
+                views[choice.id] = _with_queue(choice, choice.queue_length + 1)
+                self._enqueue(key, self.devices[choice.id], now)
+        for dev in self.devices.values():
+            if dev.current_batch is None and dev.admin is AdminState.ACTIVE and dev.liveness is Liveness.ONLINE:
+                picked = self._next_for(dev)
+                if picked is not None:
+                    self._take_from_queue(picked)
+                    self._assign(dev, picked, now)
+
+    def _next_for(self, dev: DeviceRun) -> NodeKey | None:
+        """Its own queue first (priority, then age); else steal a node it can run elsewhere."""
+        if dev.queue:
+            return min(dev.queue, key=self._queue_order)
+        view = dev.view()
+        stealable = [k for k in self.queued_at if placement.capable(self.tasks[k[0]].nodes[k[1]].spec, view)]
+        return min(stealable, key=self._queue_order) if stealable else None
+
+    def _queue_order(self, key: NodeKey) -> tuple[int, float]:
+        run = self.tasks[key[0]]
+        rec = run.nodes[key[1]]
+        return (-(run.priority + rec.spec.priority), rec.ready_since or 0.0)
+
+    def _enqueue(self, key: NodeKey, dev: DeviceRun, now: float) -> None:
+        self.ready.pop(key, None)
+        dev.queue[key] = None
+        self.queued_at[key] = dev.id
+        run = self.tasks[key[0]]
+        self._apply(run, run.mark_queued(key[1], dev.id), now)
+
+    def _take_from_queue(self, key: NodeKey) -> None:
+        device_id = self.queued_at.pop(key, None)
+        if device_id is not None:
+            self.devices[device_id].queue.pop(key, None)
+
+    def _unqueue_all(self, dev: DeviceRun, now: float) -> None:
+        for key in list(dev.queue):
+            self._take_from_queue(key)
+            run = self.tasks[key[0]]
+            self._apply(run, run.unqueue(key[1]), now)
+
+    def _maybe_fail_unplaceable(self, key: NodeKey, now: float) -> None:
+        run = self.tasks[key[0]]
+        spec = run.nodes[key[1]].spec
+        views = [d.view() for d in self.devices.values()]
+        if not placement.could_ever_run(spec, views):
+            problem = placement.no_capable_device(spec, views)
+            self._apply(run, run.fail(key[1], ErrorCode.NO_CAPABLE_DEVICE, problem.message, now), now)
+
+    def _set_current(self, dev: DeviceRun, batch_id: str | None) -> None:
+        if dev.current_batch != batch_id:
+            dev.current_batch = batch_id
+            self._changes.update(Device, (dev.id,), current_batch_id=batch_id)
+
+    # ================================================================ timers
+
+    def _timer(self, when: float, kind: str, key: Any) -> None:
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (when, self._timer_seq, kind, key))
+
+    def _fire_timers(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            when, _, kind, key = heapq.heappop(self._timers)
+            if kind == "queue_timeout":
+                self._queue_timeout(key[0], key[1], when, now)
+            elif kind == "attempt_deadline":
+                att = self.attempts.get(key)
+                if att is not None:
+                    self._timeout_attempt(
+                        att,
+                        "the attempt did not finish within the node's timeout_s; the device was told "
+                        "to stop. Raise timeout_s if the work needs longer.",
+                        now,
+                    )
+            elif kind == "accept_deadline":
+                att = self.attempts.get(key)
+                if att is not None and not att.accepted:
+                    dev = self.devices.get(att.device_id)
+                    if dev is not None and dev.liveness is Liveness.ONLINE:
+                        limit = self.settings.batch_accept_timeout_s
+                        self._timeout_attempt(att, f"the device did not accept the batch within {limit:g}s", now)
+            # "wake" timers only make the loop run a scheduling pass
+
+    def _queue_timeout(self, key: NodeKey, due_since: float, fired: float, now: float) -> None:
+        run = self.tasks.get(key[0])
+        if run is None:
+            return
+        rec = run.nodes[key[1]]
+        if rec.state not in (NodeState.READY, NodeState.QUEUED) or rec.ready_since != due_since:
+            return
+        limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
+        self._take_from_queue(key)
+        self._apply(
+            run,
+            run.fail(
+                key[1],
+                ErrorCode.QUEUE_TIMEOUT,
+                f"no capable device took this node within queue_timeout_s={limit:g}; check that a "
+                "matching device is connected and in service, or raise queue_timeout_s",
+                now,
+            ),
+            now,
+        )
+
+    def _timeout_attempt(self, att: AttemptRun, message: str, now: float) -> None:
+        self._send_cancel(att, "timeout")
+        dev = self.devices.get(att.device_id)
+        self._end_attempt(
+            att,
+            AttemptOutcome(
+                succeeded=False,
+                error_code=ErrorCode.TIMEOUT,
+                error_message=message,
+                started=att.sent,
+                tool_hints=tuple(dev.hints(c["tool"]) for c in att.commands) if dev else (),
+            ),
+            now,
+        )
+
+    # ================================================================ recording
+
+    def _apply(self, run: TaskRun, transitions: list[Transition], now: float) -> None:
+        """Persist transitions, emit their events and keep the ready/queue indexes true."""
+        for t in transitions:
+            if t.node_id is None:
+                self._task_transition(run, t, now)
+                continue
+            key = (run.id, t.node_id)
+            rec = run.nodes[t.node_id]
+            new = NodeState(t.new)
+            if t.old == NodeState.QUEUED and new is not NodeState.QUEUED:
+                self._take_from_queue(key)
+            if new is NodeState.READY:
+                self.ready[key] = None
+                limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
+                if rec.ready_since is not None:
+                    self._timer(rec.ready_since + limit, "queue_timeout", (key, rec.ready_since))
+                if rec.not_before:
+                    self._timer(rec.not_before, "wake", None)
+            else:
+                self.ready.pop(key, None)
+            values: dict[str, Any] = {
+                "state": new.value,
+                "attempts": rec.attempts,
+                "queued_on": rec.queued_on,
+                "ready_since": utc(rec.ready_since) if rec.ready_since else None,
+                "not_before": utc(rec.not_before) if rec.not_before else None,
+            }
+            if new.terminal:
+                values.update(output=rec.output, results=rec.results, error=rec.error, finished_at=utc(now))
+            self._changes.update(Node, key, **values)
+            extra: dict[str, Any] = {}
+            if rec.error and new in (NodeState.FAILED, NodeState.READY, NodeState.CANCELLED):
+                extra["error"] = rec.error
+            self._event("node.state", run.id, t.node_id, now, state=new.value, **extra)
+
+    def _task_transition(self, run: TaskRun, t: Transition, now: float) -> None:
+        values: dict[str, Any] = {"state": t.new}
+        if TaskState(t.new).terminal:
+            values["finished_at"] = utc(now)
+            self._effects.append(lambda: self._forget(run.id))
+        self._changes.update(Task, (run.id,), **values)
+        self._event("task.state", run.id, None, now, state=t.new)
+
+    def _forget(self, task_id: str) -> None:
+        run = self.tasks.pop(task_id, None)
+        if run is None:
+            return
+        for node_id in run.nodes:
+            self.ready.pop((task_id, node_id), None)
+            self._take_from_queue((task_id, node_id))
+
+    def _event(self, type_: str, task_id: str, node_id: str | None, now: float, **data: Any) -> None:
+        body = {"task_id": task_id, "at": iso(now), **data}
+        if node_id is not None:
+            body["node_id"] = node_id
+        self._events.append({"task_id": task_id, "type": type_, "node_id": node_id, "data": body, "at": utc(now)})
+
+    # ================================================================ recovery
+
+    async def _recover(self) -> None:
+        """Rebuild runtime state from the store after a start or a crash (SPEC section 4)."""
+        snap = await self.store.load_runtime()
+        now = self.clock()
+        for row in snap.devices:
+            dev = device_from_row(row)
+            if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
+                # Nobody is connected yet: take no new work until the agent comes back, and let
+                # the gateway's grace period decide whether it is lost (peers.md: restart grace).
+                dev.liveness = Liveness.SUSPECT
+            self.devices[dev.id] = dev
+        for bundle in snap.tasks:
+            run = task_from_bundle(bundle)
+            self.tasks[run.id] = run
+            for a in bundle.attempts:
+                if a.ended_at is None:
+                    self.attempts[a.batch_id] = attempt_from_row(a)
+            for node_id, rec in run.nodes.items():
+                key = (run.id, node_id)
+                if rec.state is NodeState.READY:
+                    self.ready[key] = None
+                elif rec.state is NodeState.QUEUED:
+                    holder = self.devices.get(rec.queued_on or "")
+                    if holder is None:
+                        self._apply(run, run.unqueue(node_id), now)
+                    else:
+                        holder.queue[key] = None
+                        self.queued_at[key] = holder.id
+                if rec.state in (NodeState.READY, NodeState.QUEUED) and rec.ready_since:
+                    limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
+                    self._timer(rec.ready_since + limit, "queue_timeout", (key, rec.ready_since))
+                if rec.not_before:
+                    self._timer(rec.not_before, "wake", None)
+            # A crash between a node's end and its successors' update leaves them pending.
+            self._apply(run, run.start(now), now)
+        for att in self.attempts.values():
+            att.sent = True  # it may have reached the device before the crash
+            if att.deadline:
+                self._timer(att.deadline, "attempt_deadline", att.batch_id)
+        await self._commit()
+        log.info(
+            "engine recovered %d tasks, %d open attempts, %d devices",
+            len(self.tasks),
+            len(self.attempts),
+            len(self.devices),
+        )
+
+    # ================================================================ read side
+
+    def known_tools(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for dev in self.devices.values():
+            if dev.admin is not AdminState.REVOKED:
+                out.update(dev.tools)
+        return out
+
+    def device_views(self) -> list[placement.DeviceView]:
+        return [d.view() for d in self.devices.values()]
+
+    def node_spec(self, task_id: str, node_id: str) -> NodeSpec | None:
+        run = self.tasks.get(task_id)
+        return run.nodes[node_id].spec if run and node_id in run.nodes else None
+
+
+def _with_queue(view: placement.DeviceView, n: int) -> placement.DeviceView:
+    from dataclasses import replace
+
+    return replace(view, queue_length=n, busy=True)

@@ -1,0 +1,117 @@
+"""Engine-side mutable records of devices and attempts, and the inputs the engine accepts."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.domain.model import AdminState, Liveness
+from orchestrator.domain.placement import DeviceView
+from protocol.messages import Message
+
+NodeKey = tuple[str, str]  # (task_id, node_id)
+
+
+@dataclass
+class DeviceRun:
+    id: str
+    name: str
+    labels: dict[str, str]  # enrollment labels
+    reported_labels: dict[str, str]
+    platform: str
+    tools: dict[str, dict[str, Any]]  # name -> ToolSpec as dict
+    admin: AdminState
+    liveness: Liveness
+    fence: int
+    current_batch: str | None
+    queue: dict[NodeKey, None] = field(default_factory=dict)  # insertion-ordered set
+
+    def merged_labels(self) -> dict[str, str]:
+        """SPEC section 2: enrollment labels win over what the agent reports."""
+        return {**self.reported_labels, **self.labels}
+
+    def view(self) -> DeviceView:
+        return DeviceView(
+            id=self.id,
+            name=self.name,
+            labels=self.merged_labels(),
+            platform=self.platform,
+            tools=frozenset(self.tools),
+            admin=self.admin,
+            liveness=self.liveness,
+            busy=self.current_batch is not None,
+            queue_length=len(self.queue),
+        )
+
+    def hints(self, tool: str) -> tuple[bool, bool]:
+        ann = self.tools.get(tool, {}).get("annotations") or {}
+        return bool(ann.get("read_only")), bool(ann.get("idempotent"))
+
+
+@dataclass
+class AttemptRun:
+    batch_id: str
+    task_id: str
+    node_id: str
+    n: int
+    device_id: str
+    fence: int
+    commands: list[dict[str, Any]]
+    deadline: float | None
+    accepted: bool = False
+    sent: bool = False
+    cancel_reason: str | None = None
+
+    @property
+    def key(self) -> NodeKey:
+        return (self.task_id, self.node_id)
+
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass
+class Input:
+    done: asyncio.Future[Any] | None = field(default=None, kw_only=True)
+
+
+@dataclass
+class TaskCreated(Input):
+    task_id: str
+
+
+@dataclass
+class CancelTask(Input):
+    task_id: str
+
+
+@dataclass
+class DeviceChanged(Input):
+    """A device row was created or changed by the API (enrolled, drained, revoked, ...)."""
+
+    device_id: str
+
+
+@dataclass
+class DeviceHello(Input):
+    device_id: str
+    hello: Message
+    resumed: bool
+
+
+@dataclass
+class LivenessChanged(Input):
+    device_id: str
+    liveness: Liveness
+
+
+@dataclass
+class FrameIn(Input):
+    device_id: str
+    message: Message
+
+
+@dataclass
+class Wake(Input):
+    pass

@@ -1,0 +1,1 @@
+"""Device WebSocket endpoint and the live session registry."""

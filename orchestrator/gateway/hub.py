@@ -1,0 +1,297 @@
+"""The device gateway: `/v1/agent` WebSocket endpoint, live sessions and liveness (SPEC section 4).
+
+One `Link` per device outlives its connections: it holds the protocol `Session` (so a
+reconnecting agent can resume) and the time of the last frame, read from a monotonic clock.
+Each connection has a reader (frames in, one at a time, in order) and a writer (a FIFO of
+already-stamped frames), so the engine's `send` never blocks on a slow socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from orchestrator.config import Settings
+from orchestrator.domain.model import AdminState, Liveness
+from orchestrator.engine.core import Engine
+from orchestrator.engine.records import DeviceHello, FrameIn, LivenessChanged
+from orchestrator.gateway.limits import RateLimiter
+from orchestrator.ids import new_id
+from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
+from orchestrator.store.repo import Store
+from protocol.codec import encode
+from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from protocol.messages import SUPPORTED_VERSIONS, Error, Heartbeat, Hello, Message, Welcome, is_reliable
+from protocol.session import Channel, Role, Session, negotiate_version
+
+log = logging.getLogger("orrery.gateway")
+
+
+@dataclass
+class Connection:
+    ws: WebSocket
+    channel: Channel
+    outbox: asyncio.Queue[str | tuple[int, str]] = field(default_factory=asyncio.Queue)
+    closed: bool = False
+
+    def push(self, text: str) -> None:
+        if not self.closed:
+            self.outbox.put_nowait(text)
+
+    def close(self, code: int, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.outbox.put_nowait((code, reason))
+
+
+@dataclass
+class Link:
+    device_id: str
+    session: Session | None = None
+    conn: Connection | None = None
+    last_frame: float = field(default_factory=time.monotonic)
+    liveness: Liveness = Liveness.ONLINE
+
+
+class Gateway:
+    def __init__(self, settings: Settings, store: Store, engine: Engine, hasher: Hasher) -> None:
+        self.settings = settings
+        self.store = store
+        self.engine = engine
+        self.hasher = hasher
+        self.links: dict[str, Link] = {}
+        self.handshakes = RateLimiter(settings.handshakes_per_minute, 60.0)
+        self._monitor: asyncio.Task[None] | None = None
+        engine.links = self
+
+    # ================================================================ lifecycle
+
+    async def start(self) -> None:
+        # Restart grace: devices that were connected before get a full timeout to come back.
+        for dev in self.engine.devices.values():
+            if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
+                self.links[dev.id] = Link(dev.id, liveness=Liveness.SUSPECT)
+        self._monitor = asyncio.create_task(self._watch_liveness(), name="orrery-liveness")
+
+    async def stop(self) -> None:
+        if self._monitor:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        for link in self.links.values():
+            if link.conn:
+                link.conn.close(CloseCode.GOING_AWAY, "server shutting down")
+
+    # ================================================================ engine-facing
+
+    def send(self, device_id: str, message: Message) -> bool:
+        """Stamp and queue a frame. Reliable frames stay in the session until acknowledged, so
+        one sent while the device is away goes out when it resumes. True if a socket took it."""
+        link = self.links.get(device_id)
+        if link is None or link.session is None:
+            return False
+        stamped = link.session.stamp(message)
+        if link.conn is None or link.conn.closed:
+            return False
+        link.conn.push(encode(stamped))
+        return True
+
+    def close(self, device_id: str, code: int, reason: str) -> None:
+        link = self.links.pop(device_id, None)
+        if link and link.conn:
+            link.conn.close(code, reason)
+
+    def is_connected(self, device_id: str) -> bool:
+        link = self.links.get(device_id)
+        return bool(link and link.conn and not link.conn.closed)
+
+    def last_seen_monotonic(self, device_id: str) -> float | None:
+        link = self.links.get(device_id)
+        return link.last_frame if link else None
+
+    # ================================================================ the endpoint
+
+    async def serve(self, ws: WebSocket) -> None:
+        client = ws.client.host if ws.client else "?"
+        if not self.handshakes.allow(client):
+            await _deny(ws, 429, "rate_limited", "too many handshakes from this address; retry in a minute")
+            return
+        token = bearer(ws.headers.get("authorization"))
+        device = None
+        if token and token.startswith(DEVICE_TOKEN_PREFIX + "_"):
+            device = await self.store.find_device_by_token(self.hasher.digest(token))
+        if device is None or device.admin_state == AdminState.REVOKED:
+            await _deny(ws, 401, "unauthorized", "a valid device token is required (Authorization: Bearer ...)")
+            return
+        await ws.accept()
+        channel = Channel(Role.SERVER, self.settings.max_frame_bytes)
+        conn = Connection(ws, channel)
+        writer = asyncio.create_task(self._write(conn), name=f"ws-writer-{device.id}")
+        try:
+            hello = await self._handshake(conn, device.id)
+            if hello is not None:
+                await self._read(conn, device.id)
+        except ProtocolError as exc:
+            conn.push(encode(Error(code=exc.code, message=exc.message)))
+            conn.close(exc.close_code, exc.code.value)
+        except WebSocketDisconnect:
+            conn.closed = True
+        finally:
+            conn.close(CloseCode.NORMAL, "")
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer, 5)
+            link = self.links.get(device.id)
+            if link is not None and link.conn is conn:
+                link.conn = None
+
+    async def _handshake(self, conn: Connection, device_id: str) -> Hello | None:
+        try:
+            data = await asyncio.wait_for(_receive(conn.ws), self.settings.hello_timeout_s)
+        except TimeoutError:
+            conn.push(encode(Error(code=ErrorCode.HELLO_TIMEOUT, message="no hello within the deadline")))
+            conn.close(CloseCode.HELLO_TIMEOUT, "hello timeout")
+            return None
+        if data is None:
+            return None
+        hello = conn.channel.receive(data)
+        assert isinstance(hello, Hello)
+        if hello.device_id != device_id:
+            conn.push(encode(Error(code=ErrorCode.FORBIDDEN, message="device_id does not match the token's device")))
+            conn.close(CloseCode.FORBIDDEN, "device id mismatch")
+            return None
+        version = negotiate_version(hello.versions)
+        link = self.links.get(device_id)
+        if link is not None and link.conn is not None and link.conn is not conn:
+            link.conn.close(CloseCode.SUPERSEDED, "superseded by a newer connection")
+        resumed = (
+            link is not None
+            and link.session is not None
+            and hello.resume is not None
+            and hello.resume.session_id == link.session.session_id
+            and hello.resume.last_seq <= link.session.sent_seq
+        )
+        if not resumed or link is None or link.session is None:
+            link = Link(device_id, Session(new_id("s"), version))
+            self.links[device_id] = link
+        session = link.session
+        assert session is not None
+        link.conn = conn
+        self._touch(link)
+        welcome = Welcome(
+            session_id=session.session_id,
+            version=version,
+            heartbeat_interval_s=self.settings.heartbeat_interval_s,
+            heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+            max_frame_bytes=self.settings.max_frame_bytes,
+            resumed=resumed,
+        )
+        text, resend = conn.channel.accept(hello, session, welcome)
+        conn.push(text)
+        for frame in resend:
+            conn.push(frame)
+        await self.engine.submit(DeviceHello(device_id, hello, resumed))
+        log.info("device %s connected (session %s, resumed=%s)", device_id, session.session_id, resumed)
+        return hello
+
+    async def _read(self, conn: Connection, device_id: str) -> None:
+        while not conn.closed:
+            data = await _receive(conn.ws)
+            if data is None:
+                return
+            link = self.links.get(device_id)
+            if link is None or link.conn is not conn:
+                return  # superseded or revoked while we waited
+            msg = conn.channel.receive(data)
+            self._touch(link)
+            if msg is None:
+                continue
+            if isinstance(msg, Heartbeat):
+                self._heartbeat_reply(link, conn)
+                continue
+            if isinstance(msg, Error):
+                log.warning("device %s reported %s: %s", device_id, msg.code, msg.message)
+                continue
+            if is_reliable(msg):
+                await self.engine.submit(FrameIn(device_id, msg))
+                assert link.session is not None
+                link.session.confirm(msg.seq)
+                # Acknowledge at once: the agent's outbox can let go of what is now durable here.
+                self._heartbeat_reply(link, conn)
+
+    def _heartbeat_reply(self, link: Link, conn: Connection) -> None:
+        dev = self.engine.devices.get(link.device_id)
+        busy = dev is not None and dev.current_batch is not None
+        batch = dev.current_batch if dev else None
+        conn.push(conn.channel.send(Heartbeat(state="busy" if busy else "idle", batch_id=batch)))
+
+    async def _write(self, conn: Connection) -> None:
+        try:
+            while True:
+                item = await conn.outbox.get()
+                if isinstance(item, tuple):
+                    code, reason = item
+                    if conn.ws.application_state == WebSocketState.CONNECTED:
+                        await conn.ws.close(code, reason)
+                    return
+                await conn.ws.send_text(item)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            conn.closed = True
+
+    # ================================================================ liveness
+
+    def _touch(self, link: Link) -> None:
+        link.last_frame = time.monotonic()
+        if link.liveness is not Liveness.ONLINE:
+            link.liveness = Liveness.ONLINE
+            self.engine.notify(LivenessChanged(link.device_id, Liveness.ONLINE))
+
+    async def _watch_liveness(self) -> None:
+        """SPEC section 4: suspect after two silent intervals, offline after the timeout."""
+        period = max(0.05, min(1.0, self.settings.heartbeat_interval_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for link in list(self.links.values()):
+                silent = now - link.last_frame
+                if silent > self.settings.heartbeat_timeout_s:
+                    self._go_offline(link)
+                elif silent > self.settings.suspect_after_s and link.liveness is Liveness.ONLINE:
+                    link.liveness = Liveness.SUSPECT
+                    self.engine.notify(LivenessChanged(link.device_id, Liveness.SUSPECT))
+
+    def _go_offline(self, link: Link) -> None:
+        """The session ends with the device: a later hello starts afresh and is fenced."""
+        if self.links.get(link.device_id) is link:
+            del self.links[link.device_id]
+        if link.conn:
+            link.conn.close(CloseCode.GOING_AWAY, "heartbeat timeout")
+        log.warning("device %s is offline (no frame for %.1fs)", link.device_id, time.monotonic() - link.last_frame)
+        self.engine.notify(LivenessChanged(link.device_id, Liveness.OFFLINE))
+
+
+async def _receive(ws: WebSocket) -> str | bytes | None:
+    """One data frame, or None when the peer went away."""
+    msg = await ws.receive()
+    if msg["type"] == "websocket.disconnect":
+        return None
+    if msg.get("text") is not None:
+        return str(msg["text"])
+    return bytes(msg.get("bytes") or b"")
+
+
+async def _deny(ws: WebSocket, status: int, code: str, detail: str) -> None:
+    """Refuse the upgrade with an HTTP response, before any frame (SPEC section 4)."""
+    from orchestrator.api.errors import problem_response
+
+    try:
+        await ws.send_denial_response(problem_response(status, code, detail))
+    except RuntimeError:
+        await ws.close(CloseCode.UNAUTHORIZED if status == 401 else CloseCode.MALFORMED)
+
+
+__all__ = ["SUPPORTED_VERSIONS", "Gateway"]

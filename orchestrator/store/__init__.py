@@ -1,0 +1,1 @@
+"""Durable state: SQLAlchemy 2 async models and repository functions (SQLite or Postgres)."""

@@ -1,0 +1,154 @@
+"""Tables. ORM classes here are the schema only; API schemas and wire models live elsewhere."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite hands back naive ones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONType = JSON().with_variant(JSON(none_as_null=True), "postgresql")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON, Any: JSON}
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    role: Mapped[str] = mapped_column(String(20))
+    key_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # set at enrollment
+    reported_labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # from hello
+    platform: Mapped[str] = mapped_column(String(20), default="other")
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    tools: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    admin_state: Mapped[str] = mapped_column(String(20), default="active")
+    liveness: Mapped[str] = mapped_column(String(20), default="enrolled")
+    fence: Mapped[int] = mapped_column(BigInteger, default=0)
+    current_batch_id: Mapped[str | None] = mapped_column(String(40))
+    created_at: Mapped[datetime]
+    last_seen: Mapped[datetime | None]
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    state: Mapped[str] = mapped_column(String(20), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    request: Mapped[str | None] = mapped_column(Text)
+    replan: Mapped[bool] = mapped_column(default=False)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    body_hash: Mapped[str | None] = mapped_column(String(64))
+    dag_version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(10))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(20))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    output: Mapped[Any | None] = mapped_column(JSON)
+    results: Mapped[list[Any] | None] = mapped_column(JSON)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    ready_since: Mapped[datetime | None]
+    not_before: Mapped[datetime | None]
+    queued_on: Mapped[str | None] = mapped_column(String(40))
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class Edge(Base):
+    __tablename__ = "edges"
+
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    source: Mapped[str] = mapped_column(String(64), primary_key=True)
+    target: Mapped[str] = mapped_column(String(64), primary_key=True)
+    on: Mapped[str] = mapped_column(String(10), default="success")
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    __table_args__ = (
+        Index("ix_attempts_node", "task_id", "node_id"),
+        Index("ix_attempts_open", "device_id", "ended_at"),
+    )
+
+    batch_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    node_id: Mapped[str] = mapped_column(String(64))
+    n: Mapped[int] = mapped_column(Integer)
+    device_id: Mapped[str] = mapped_column(String(40))
+    fence: Mapped[int] = mapped_column(BigInteger)
+    commands: Mapped[list[Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(20))  # dispatched accepted succeeded failed
+    deadline: Mapped[datetime | None]
+    started_at: Mapped[datetime]
+    accepted_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    results: Mapped[list[Any] | None] = mapped_column(JSON)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    cancel_reason: Mapped[str | None] = mapped_column(String(200))
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_task", "task_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(40))
+    type: Mapped[str] = mapped_column(String(40))
+    node_id: Mapped[str | None] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    at: Mapped[datetime]
+
+
+__all__ = ["ApiKey", "Attempt", "Base", "Device", "Edge", "Event", "Node", "Task", "Text"]

@@ -1,0 +1,246 @@
+"""Repository: every query the orchestrator makes, and the engine's group commit."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from orchestrator.store.db import make_engine, make_sessionmaker
+from orchestrator.store.models import ApiKey, Attempt, Base, Device, Edge, Event, Node, Task
+
+ACTIVE_TASK_STATES = ("planning", "running")
+
+
+@dataclass
+class ChangeSet:
+    """Everything one engine step changes, written in one transaction."""
+
+    inserts: dict[type[Base], list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    updates: dict[type[Base], dict[tuple[Any, ...], dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def insert(self, model: type[Base], row: dict[str, Any]) -> None:
+        self.inserts[model].append(row)
+
+    def update(self, model: type[Base], key: tuple[Any, ...], **values: Any) -> None:
+        """Merge `values` into the pending update of the row with primary key `key`."""
+        self.updates[model].setdefault(key, {}).update(values)
+
+    def event(self, row: dict[str, Any]) -> None:
+        self.events.append(row)
+
+    def __bool__(self) -> bool:
+        return bool(self.inserts or self.updates or self.events)
+
+
+_INSERT_ORDER: tuple[type[Base], ...] = (ApiKey, Device, Task, Node, Edge, Attempt)
+
+
+@dataclass
+class TaskBundle:
+    task: Task
+    nodes: list[Node]
+    edges: list[Edge]
+    attempts: list[Attempt]
+
+
+@dataclass
+class RuntimeSnapshot:
+    devices: list[Device]
+    tasks: list[TaskBundle]
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine: AsyncEngine = make_engine(url)
+        self.sessions = make_sessionmaker(self.engine)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def ping(self) -> None:
+        async with self.engine.connect() as conn:
+            await conn.execute(select(1))
+
+    # ------------------------------------------------------------------ group commit
+
+    async def write(self, changes: ChangeSet) -> list[int]:
+        """Apply a change set atomically; returns the ids given to its events, in order."""
+        async with self.sessions() as s, s.begin():
+            for model in _INSERT_ORDER:
+                rows = changes.inserts.get(model)
+                if rows:
+                    await s.execute(insert(model), rows)
+            for model, by_key in changes.updates.items():
+                pk = [str(c.key) for c in model.__mapper__.primary_key]
+                rows = [dict(zip(pk, key, strict=True)) | values for key, values in by_key.items()]
+                for group in _group_by_columns(rows):
+                    await s.execute(update(model), group)
+            if not changes.events:
+                return []
+            result = await s.execute(insert(Event).returning(Event.id, sort_by_parameter_order=True), changes.events)
+            return list(result.scalars().all())
+
+    # ------------------------------------------------------------------ auth
+
+    async def find_api_key(self, key_hash: str) -> ApiKey | None:
+        async with self.sessions() as s:
+            return await s.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)))
+
+    async def count_api_keys(self) -> int:
+        async with self.sessions() as s:
+            return int((await s.execute(select(func.count()).select_from(ApiKey))).scalar_one())
+
+    async def add(self, row: Base) -> None:
+        async with self.sessions() as s, s.begin():
+            s.add(row)
+
+    async def revoke_api_key(self, key_id: str, at: datetime) -> bool:
+        async with self.sessions() as s, s.begin():
+            res = await s.execute(
+                update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=at)
+            )
+            return bool(getattr(res, "rowcount", 0))
+
+    # ------------------------------------------------------------------ devices
+
+    async def find_device_by_token(self, token_hash: str) -> Device | None:
+        async with self.sessions() as s:
+            return await s.scalar(select(Device).where(Device.token_hash == token_hash))
+
+    async def get_device(self, device_id: str) -> Device | None:
+        async with self.sessions() as s:
+            return await s.get(Device, device_id)
+
+    async def find_device_by_name(self, name: str) -> Device | None:
+        async with self.sessions() as s:
+            return await s.scalar(select(Device).where(Device.name == name))
+
+    async def list_devices(self) -> list[Device]:
+        async with self.sessions() as s:
+            return list((await s.execute(select(Device).order_by(Device.name))).scalars().all())
+
+    async def queue_lengths(self) -> dict[str, int]:
+        async with self.sessions() as s:
+            rows = await s.execute(
+                select(Node.queued_on, func.count())
+                .where(Node.state == "queued", Node.queued_on.is_not(None))
+                .group_by(Node.queued_on)
+            )
+            return {str(d): int(n) for d, n in rows.all()}
+
+    # ------------------------------------------------------------------ tasks
+
+    async def get_task(self, task_id: str) -> TaskBundle | None:
+        async with self.sessions() as s:
+            task = await s.get(Task, task_id)
+            if task is None:
+                return None
+            nodes = (await s.execute(select(Node).where(Node.task_id == task_id).order_by(Node.position))).scalars()
+            edges = (await s.execute(select(Edge).where(Edge.task_id == task_id))).scalars()
+            attempts = (
+                await s.execute(select(Attempt).where(Attempt.task_id == task_id).order_by(Attempt.n))
+            ).scalars()
+            return TaskBundle(task, list(nodes), list(edges), list(attempts))
+
+    async def find_task_by_idempotency_key(self, key: str) -> Task | None:
+        async with self.sessions() as s:
+            return await s.scalar(select(Task).where(Task.idempotency_key == key))
+
+    async def list_tasks(self, state: str | None, limit: int, cursor: str | None) -> tuple[list[Task], str | None]:
+        """Newest first, keyset-paginated on (created_at, id)."""
+        q = select(Task).order_by(Task.created_at.desc(), Task.id.desc()).limit(limit + 1)
+        if state:
+            q = q.where(Task.state == state)
+        if cursor:
+            at, tid = decode_cursor(cursor)
+            q = q.where((Task.created_at < at) | ((Task.created_at == at) & (Task.id < tid)))
+        async with self.sessions() as s:
+            rows = list((await s.execute(q)).scalars().all())
+        nxt = encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
+        return rows[:limit], nxt
+
+    async def task_node_counts(self, task_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        if not task_ids:
+            return {}
+        async with self.sessions() as s:
+            rows = await s.execute(
+                select(Node.task_id, Node.state, func.count())
+                .where(Node.task_id.in_(task_ids))
+                .group_by(Node.task_id, Node.state)
+            )
+            out: dict[str, dict[str, int]] = defaultdict(dict)
+            for tid, st, n in rows.all():
+                out[str(tid)][str(st)] = int(n)
+            return out
+
+    async def events_after(self, task_id: str, after: int, limit: int = 1000) -> list[Event]:
+        async with self.sessions() as s:
+            q = select(Event).where(Event.task_id == task_id, Event.id > after).order_by(Event.id).limit(limit)
+            return list((await s.execute(q)).scalars().all())
+
+    async def find_attempt(self, batch_id: str) -> Attempt | None:
+        async with self.sessions() as s:
+            return await s.get(Attempt, batch_id)
+
+    # ------------------------------------------------------------------ recovery
+
+    async def load_runtime(self) -> RuntimeSnapshot:
+        """Everything the engine needs after a (re)start: devices, unfinished tasks, their attempts."""
+        async with self.sessions() as s:
+            devices = list((await s.execute(select(Device))).scalars().all())
+            tasks = list((await s.execute(select(Task).where(Task.state.in_(ACTIVE_TASK_STATES)))).scalars())
+            ids = [t.id for t in tasks]
+            nodes: dict[str, list[Node]] = defaultdict(list)
+            edges: dict[str, list[Edge]] = defaultdict(list)
+            attempts: dict[str, list[Attempt]] = defaultdict(list)
+            for chunk in _chunks(ids, 500):
+                for n in (
+                    await s.execute(select(Node).where(Node.task_id.in_(chunk)).order_by(Node.position))
+                ).scalars():
+                    nodes[n.task_id].append(n)
+                for e in (await s.execute(select(Edge).where(Edge.task_id.in_(chunk)))).scalars():
+                    edges[e.task_id].append(e)
+                q = select(Attempt).where(Attempt.task_id.in_(chunk)).order_by(Attempt.n)
+                for a in (await s.execute(q)).scalars():
+                    attempts[a.task_id].append(a)
+            bundles = [TaskBundle(t, nodes[t.id], edges[t.id], attempts[t.id]) for t in tasks]
+            return RuntimeSnapshot(devices, bundles)
+
+
+def _group_by_columns(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    groups: dict[frozenset[str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[frozenset(r)].append(r)
+    return list(groups.values())
+
+
+def _chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)] or []
+
+
+def encode_cursor(at: datetime, task_id: str) -> str:
+    raw = json.dumps([at.isoformat(), task_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+class BadCursor(ValueError):
+    pass
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, tid = json.loads(raw)
+        return datetime.fromisoformat(at), str(tid)
+    except (ValueError, TypeError) as exc:
+        raise BadCursor("the cursor is not one this server issued; start again without it") from exc

@@ -1,0 +1,55 @@
+"""The only place where wire text becomes typed frames, and back.
+
+`decode` checks size before parsing, then JSON shape, then the frame schema, and raises a
+`ProtocolError` whose close code says how the connection ends (SPEC section 4, close codes).
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import TypeAdapter, ValidationError
+
+from protocol.errors import FrameTooLarge, MalformedFrame
+from protocol.messages import Message
+
+DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
+
+_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+def decode(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message:
+    """Parse one frame. Raises `FrameTooLarge` (4413) or `MalformedFrame` (4400)."""
+    size = len(data) if isinstance(data, bytes) else _utf8_len(data)
+    if size > max_bytes:
+        raise FrameTooLarge(f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedFrame(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise MalformedFrame("a frame must be a JSON object")
+    if "type" not in raw:
+        raise MalformedFrame("frame has no 'type'")
+    try:
+        return _ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        raise MalformedFrame(_describe(exc, raw.get("type"))) from None
+
+
+def encode(message: Message) -> str:
+    """Serialise a frame to compact JSON text (nulls kept: the shape is the contract)."""
+    return message.model_dump_json()
+
+
+def _utf8_len(text: str) -> int:
+    # ASCII fast path: most frames are pure ASCII and len() is then the byte length.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _describe(exc: ValidationError, frame_type: object) -> str:
+    problems = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err["loc"])
+        problems.append(f"{loc}: {err['msg']}")
+    return f"invalid '{frame_type}' frame: " + "; ".join(problems)

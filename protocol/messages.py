@@ -1,0 +1,178 @@
+"""Every frame of the device protocol as a frozen pydantic model (SPEC section 4).
+
+One discriminated union, `Message`, keyed by `type`. Reliable frames (numbered by `seq`) are
+listed in `RELIABLE_TYPES`; the others carry `seq: 0`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
+
+Identifier = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Frame(_Model):
+    v: int = Field(default=PROTOCOL_VERSION, ge=1)
+    seq: int = Field(default=0, ge=0)
+    ack: int = Field(default=0, ge=0)
+
+
+# ---------------------------------------------------------------- payload parts
+
+
+class ToolAnnotations(_Model):
+    read_only: bool = False
+    idempotent: bool = False
+    destructive: bool = False
+
+
+class ToolSpec(_Model):
+    """One entry of a device's tool catalogue (SPEC section 2, Tool)."""
+
+    name: Identifier  # namespace.tool
+    namespace: Identifier
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+    annotations: ToolAnnotations = ToolAnnotations()
+    tool_type: Literal["data_collection", "action"] = "action"
+
+
+class DeviceInfo(_Model):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    platform: Literal["linux", "windows", "macos", "android", "ios", "other"] = "other"
+    os: str = ""
+    version: str = ""
+    hostname: str = ""
+    cpu_count: int = 0
+    memory_mb: int = 0
+    agent_version: str = ""
+
+
+class Resume(_Model):
+    session_id: Identifier
+    last_seq: int = Field(ge=0)
+
+
+class Command(_Model):
+    call_id: Identifier
+    tool: Identifier
+    tool_type: Literal["data_collection", "action"] = "action"
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
+class ErrorInfo(_Model):
+    code: str
+    message: str
+
+
+ResultStatus = Literal["success", "failure", "skipped", "uncertain"]
+
+
+class Result(_Model):
+    call_id: Identifier
+    status: ResultStatus
+    result: Any = None
+    error: ErrorInfo | None = None
+    namespace: str = ""
+    duration_ms: float = 0.0
+
+
+# ---------------------------------------------------------------- frames
+
+
+class Hello(_Frame):
+    type: Literal["hello"] = "hello"
+    device_id: Identifier
+    agent_version: str = ""
+    versions: list[int] = Field(min_length=1, max_length=16)
+    info: DeviceInfo = DeviceInfo()
+    labels: dict[str, str] = Field(default_factory=dict)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    resume: Resume | None = None
+
+
+class Welcome(_Frame):
+    type: Literal["welcome"] = "welcome"
+    session_id: Identifier
+    version: int
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    max_frame_bytes: int
+    resumed: bool
+
+
+class Heartbeat(_Frame):
+    """Agent to server every heartbeat interval. The server answers each with a heartbeat of
+    its own, which carries its `ack` (so the agent can trim its outbox) and proves the server
+    alive; `state` there is the device state the server holds."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    state: Literal["idle", "busy"]
+    batch_id: str | None = None
+
+
+class CommandBatch(_Frame):
+    type: Literal["command_batch"] = "command_batch"
+    batch_id: Identifier
+    task_id: Identifier
+    node_id: Identifier
+    attempt: int = Field(ge=1)
+    fence: int = Field(ge=1)
+    deadline: datetime | None = None
+    early_exit: bool = True
+    commands: list[Command] = Field(min_length=1)
+
+
+class BatchAccepted(_Frame):
+    type: Literal["batch_accepted"] = "batch_accepted"
+    batch_id: Identifier
+
+
+class ResultBatch(_Frame):
+    type: Literal["result_batch"] = "result_batch"
+    batch_id: Identifier
+    fence: int = Field(ge=1)
+    results: list[Result]
+
+
+class Cancel(_Frame):
+    type: Literal["cancel"] = "cancel"
+    batch_id: Identifier
+    reason: str = ""
+
+
+class ToolsChanged(_Frame):
+    type: Literal["tools_changed"] = "tools_changed"
+    tools: list[ToolSpec]
+
+
+class Error(_Frame):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+Message = Annotated[
+    Hello | Welcome | Heartbeat | CommandBatch | BatchAccepted | ResultBatch | Cancel | ToolsChanged | Error,
+    Field(discriminator="type"),
+]
+
+RELIABLE_TYPES = frozenset({"command_batch", "cancel", "batch_accepted", "result_batch", "tools_changed"})
+SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "error"})
+AGENT_TO_SERVER = frozenset({"hello", "heartbeat", "batch_accepted", "result_batch", "tools_changed", "error"})
+
+
+def is_reliable(message: Message) -> bool:
+    return message.type in RELIABLE_TYPES

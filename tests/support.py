@@ -1,0 +1,284 @@
+"""Test support: real orchestrator and agent processes on loopback, and bounded waits."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], T], timeout: float = 30.0, what: str = "condition", interval: float = 0.05) -> T:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Server:
+    data_dir: Path
+    port: int
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.data_dir.parent / f"server-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_key(self) -> str:
+        return (self.data_dir / "admin.key").read_text().strip()
+
+    def start(self) -> Server:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "orchestrator.cli",
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--data-dir",
+                    str(self.data_dir),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        wait_until(self._ready, 60, f"server on port {self.port} to be ready ({self.log_path})")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key or self.api_key}"}, timeout=30)
+
+
+@dataclass
+class Agent:
+    name: str
+    device_id: str
+    token: str
+    data_dir: Path
+    server_url: str
+    labels: dict[str, str]
+    env: dict[str, str]
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "agent.log"
+
+    @property
+    def workspace(self) -> Path:
+        return self.data_dir / "workspace"
+
+    def start(self) -> Agent:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            sys.executable,
+            "-m",
+            "device_agent",
+            "--server",
+            self.server_url,
+            "--token",
+            self.token,
+            "--data-dir",
+            str(self.data_dir),
+            *self.extra_args,
+        ]
+        for k, v in self.labels.items():
+            args += ["--label", f"{k}={v}"]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT, start_new_session=True
+            )
+        return self
+
+    def signal(self, sig: int) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Fleet:
+    """A server plus agents for one test; everything is stopped at the end."""
+
+    def __init__(self, tmp: Path, **server_env: str) -> None:
+        self.tmp = tmp
+        env = child_env(**{f"ORRERY_{k.upper()}": v for k, v in server_env.items()})
+        self.server = Server(tmp / "server", free_port(), env)
+        self.agents: list[Agent] = []
+
+    def __enter__(self) -> Fleet:
+        self.server.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for a in self.agents:
+            a.stop()
+        self.server.stop()
+
+    def enroll(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        with self.server.client() as c:
+            r = c.post("/v1/devices", json={"name": name, "labels": labels or {}})
+            assert r.status_code == 201, r.text
+            result: dict[str, Any] = r.json()
+            return result
+
+    def agent(
+        self,
+        name: str,
+        labels: dict[str, str] | None = None,
+        start: bool = True,
+        extra_args: list[str] | None = None,
+        wait: bool = True,
+        **env: str,
+    ) -> Agent:
+        enrolled = self.enroll(name, labels)
+        agent = Agent(
+            name,
+            enrolled["id"],
+            enrolled["token"],
+            self.tmp / "agents" / name,
+            self.server.url,
+            labels or {},
+            child_env(**env),
+            extra_args or [],
+        )
+        self.agents.append(agent)
+        if start:
+            agent.start()
+            if wait:
+                self.wait_device(agent.device_id, "idle")
+        return agent
+
+    def device(self, device_id: str) -> dict[str, Any]:
+        with self.server.client() as c:
+            result: dict[str, Any] = c.get(f"/v1/devices/{device_id}").json()
+            return result
+
+    def wait_device(self, device_id: str, state: str, timeout: float = 60) -> dict[str, Any]:
+        return wait_until(
+            lambda: (d := self.device(device_id))["state"] == state and d,
+            timeout,
+            f"device {device_id} to be {state}",
+        )
+
+    def submit(self, dag: dict[str, Any], expect: int = 201, **body: Any) -> dict[str, Any]:
+        with self.server.client() as c:
+            r = c.post("/v1/tasks", json={"dag": dag, **body})
+            assert r.status_code == expect, r.text
+            result: dict[str, Any] = r.json()
+            return result
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        with self.server.client() as c:
+            result: dict[str, Any] = c.get(f"/v1/tasks/{task_id}").json()
+            return result
+
+    def wait_task(
+        self, task_id: str, timeout: float = 60, states: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+    ) -> dict[str, Any]:
+        """Follow the task's event stream until it reaches one of `states` (bounded)."""
+        deadline = time.monotonic() + timeout
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            self.server.client() as c,
+            c.stream("GET", f"/v1/tasks/{task_id}/events", timeout=httpx.Timeout(timeout, connect=5)) as resp,
+        ):
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    data = json.loads(line[5:])
+                    if data.get("node_id") is None and data.get("state") in states:
+                        break
+                if time.monotonic() > deadline:
+                    break
+        return wait_until(lambda: (t := self.task(task_id))["state"] in states and t, 10, f"task {task_id} to end")
+
+    def node(self, task: dict[str, Any], node_id: str) -> dict[str, Any]:
+        return next(n for n in task["nodes"] if n["id"] == node_id)
+
+
+def shell(argv: list[str], **kw: Any) -> dict[str, Any]:
+    return {"tool": "shell.run", "arguments": {"argv": argv, **kw}}
+
+
+@contextlib.contextmanager
+def fleet(tmp: Path, **server_env: str) -> Iterator[Fleet]:
+    with Fleet(tmp, **server_env) as f:
+        yield f

@@ -1,0 +1,116 @@
+"""The codec turns every frame into a typed model and back, and refuses bad input with a code."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from protocol.codec import decode, encode
+from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from protocol.messages import (
+    BatchAccepted,
+    Cancel,
+    Command,
+    CommandBatch,
+    DeviceInfo,
+    Error,
+    Heartbeat,
+    Hello,
+    Result,
+    ResultBatch,
+    Resume,
+    ToolsChanged,
+    ToolSpec,
+    Welcome,
+)
+
+EVERY_MESSAGE = [
+    Hello(
+        device_id="dev_1",
+        agent_version="0.1",
+        versions=[1],
+        info=DeviceInfo(platform="linux", hostname="h", cpu_count=2, memory_mb=100),
+        labels={"role": "web"},
+        tools=[ToolSpec(name="shell.run", namespace="shell", input_schema={"type": "object"})],
+        resume=Resume(session_id="s_1", last_seq=3),
+    ),
+    Welcome(
+        session_id="s_1",
+        version=1,
+        heartbeat_interval_s=10,
+        heartbeat_timeout_s=50,
+        max_frame_bytes=4096,
+        resumed=False,
+    ),
+    Heartbeat(state="busy", batch_id="b_1"),
+    CommandBatch(
+        seq=1,
+        batch_id="b_1",
+        task_id="t",
+        node_id="n",
+        attempt=1,
+        fence=7,
+        deadline=datetime(2026, 1, 1, tzinfo=UTC),
+        commands=[Command(call_id="c1", tool="shell.run", arguments={"argv": ["ls"]}, timeout_s=5)],
+    ),
+    BatchAccepted(seq=2, ack=1, batch_id="b_1"),
+    ResultBatch(
+        seq=3,
+        batch_id="b_1",
+        fence=7,
+        results=[Result(call_id="c1", status="success", result={"exit_code": 0}, namespace="shell")],
+    ),
+    Cancel(seq=4, batch_id="b_1", reason="cancelled"),
+    ToolsChanged(seq=5, tools=[]),
+    Error(code="stale_fence", message="old"),
+]
+
+
+@pytest.mark.parametrize("message", EVERY_MESSAGE, ids=lambda m: m.type)
+def test_every_message_round_trips(message: object) -> None:
+    text = encode(message)  # type: ignore[arg-type]
+    assert decode(text) == message
+    assert json.loads(text)["v"] == 1
+
+
+def _code(data: str | bytes, **kw: int) -> tuple[ErrorCode, CloseCode]:
+    with pytest.raises(ProtocolError) as info:
+        decode(data, **kw)
+    return info.value.code, info.value.close_code
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "not json",
+        "[1, 2]",
+        "{}",
+        '{"type": "nope"}',
+        '{"type": "heartbeat", "state": "asleep"}',
+        '{"type": "command_batch", "batch_id": "b"}',
+        '{"type": "heartbeat", "state": "idle", "extra": 1}',
+        '{"type": "heartbeat", "state": "idle", "seq": -1}',
+        b"\xff\xfe",
+    ],
+)
+def test_malformed_frames_are_refused_with_4400(raw: str | bytes) -> None:
+    assert _code(raw) == (ErrorCode.MALFORMED_FRAME, CloseCode.MALFORMED)
+
+
+def test_an_oversize_frame_is_refused_with_4413_before_parsing() -> None:
+    frame = encode(Error(code="x", message="y" * 5000))
+    assert _code(frame, max_bytes=4096) == (ErrorCode.FRAME_TOO_LARGE, CloseCode.TOO_LARGE)
+
+
+def test_size_is_counted_in_utf8_bytes_not_characters() -> None:
+    frame = encode(Error(code="x", message="é" * 3000))  # 3000 chars, 6000 bytes
+    assert len(frame) < 4096
+    assert _code(frame, max_bytes=4096)[1] is CloseCode.TOO_LARGE
+
+
+def test_an_error_message_names_the_bad_field() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode('{"type": "heartbeat", "state": "asleep"}')
+    assert "state" in info.value.message
