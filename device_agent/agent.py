@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_random_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_random_exponential
 
 from device_agent import __version__
 from device_agent.config import AgentConfig
@@ -49,7 +49,8 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
 WELCOME_TIMEOUT_S = 15.0
 STABLE_SESSION_S = 10.0  # a session this long resets the backoff
-RETRYABLE = (OSError, Refused, Closed, TimeoutError, ProtocolError, ConnectionError)
+# Everything short of cancellation is retried: an agent never gives up (SPEC section 4).
+RETRYABLE = (Exception,)
 
 
 class Agent:
@@ -97,11 +98,7 @@ class Agent:
                 wait=wait_random_exponential(multiplier=BACKOFF_BASE_S, max=BACKOFF_MAX_S),
                 stop=stop_never,
                 retry=retry_if_exception_type(RETRYABLE),
-                before_sleep=lambda rs: log.warning(
-                    "connection failed (%s); retrying in %.1fs",
-                    rs.outcome.exception() if rs.outcome else "?",
-                    rs.next_action.sleep if rs.next_action else 0,
-                ),
+                before_sleep=_log_retry,
             )
             async for attempt in retrying:
                 with attempt:
@@ -291,7 +288,8 @@ class Agent:
                     namespace=namespace_of(cmd.tool),
                     duration_ms=result.duration_ms,
                 )
-            self.ledger.finish_call(batch.batch_id, result)
+            if len(results) + 1 < len(batch.commands):  # the last one is recorded with the batch
+                self.ledger.finish_call(batch.batch_id, result)
             results.append(result)
             if batch.batch_id in self.cancelling:
                 stop = "the batch was cancelled"
@@ -308,3 +306,16 @@ class Agent:
 
     async def tools_changed(self) -> None:
         await self._send(ToolsChanged(tools=self.router.catalogue()))
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    delay = state.next_action.sleep if state.next_action else 0.0
+    expected = isinstance(exc, (OSError, Refused, Closed, TimeoutError, ProtocolError))
+    log.warning(
+        "connection failed (%s: %s); retrying in %.1fs",
+        type(exc).__name__,
+        exc,
+        delay,
+        exc_info=None if expected else exc,
+    )

@@ -75,6 +75,8 @@ class Ledger:
         # NORMAL in WAL mode survives a killed process (not a power cut) at a fraction of FULL's cost.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT value FROM meta WHERE key='max_fence'").fetchone()
+        self._max_fence = int(row[0]) if row else 0
 
     def close(self) -> None:
         self._db.close()
@@ -83,8 +85,7 @@ class Ledger:
 
     @property
     def max_fence(self) -> int:
-        row = self._db.execute("SELECT value FROM meta WHERE key='max_fence'").fetchone()
-        return int(row[0]) if row else 0
+        return self._max_fence
 
     def receive(self, batch: CommandBatch) -> Receipt:
         """Record a delivered batch before anything of it runs."""
@@ -98,12 +99,14 @@ class Ledger:
                 "INSERT INTO batches (batch_id, fence, frame, state, received_at) VALUES (?,?,?,?,?)",
                 (batch.batch_id, batch.fence, batch.model_dump_json(), "received", time.time()),
             )
-            self._db.execute(
-                "INSERT INTO meta (key, value) VALUES ('max_fence', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                (str(batch.fence),),
-            )
-            return Receipt.NEW
+            if batch.fence > self._max_fence:
+                self._db.execute(
+                    "INSERT INTO meta (key, value) VALUES ('max_fence', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                    (str(batch.fence),),
+                )
+        self._max_fence = max(self._max_fence, batch.fence)  # only once the transaction committed
+        return Receipt.NEW
 
     def pending_batches(self) -> list[CommandBatch]:
         """Batches recorded but not started, oldest first (run again only if redelivered)."""

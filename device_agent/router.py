@@ -15,7 +15,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from mcp import Client, StdioServerParameters
@@ -37,37 +36,34 @@ class ToolsetUnavailable(Exception):
     pass
 
 
-@dataclass
-class _Call:
-    tool: str
-    arguments: dict[str, Any]
-    timeout_s: float
-    future: asyncio.Future[CallToolResult]
-
-
 class ToolsetHost:
+    """Keeps one MCP client open in a task of its own, and restarts it if it breaks."""
+
     def __init__(self, namespace: str, target: Target, read_only_tools: frozenset[str] = frozenset()) -> None:
         self.namespace = namespace
         self.target = target
         self.read_only_tools = read_only_tools
         self.tools: list[Tool] = []
-        self._queue: asyncio.Queue[_Call | None] = asyncio.Queue()
+        self.restarts = 0
+        self._client: Client | None = None
         self._ready = asyncio.Event()
+        self._broken = asyncio.Event()
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
-        self.restarts = 0
 
     async def start(self, timeout_s: float = 30.0) -> None:
         self._task = asyncio.create_task(self._serve(), name=f"toolset-{self.namespace}")
         async with asyncio.timeout(timeout_s):
             await self._ready.wait()
-        if not self.tools and self._failure is not None:
+        if self._client is None and self._failure is not None:
             raise ToolsetUnavailable(f"toolset '{self.namespace}' failed to start: {self._failure}")
 
     async def stop(self) -> None:
         if self._task is None:
             return
-        self._queue.put_nowait(None)
+        self._stopping = True
+        self._broken.set()
         try:
             async with asyncio.timeout(5):
                 await self._task
@@ -77,54 +73,43 @@ class ToolsetHost:
                 await self._task
 
     async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
-        fut: asyncio.Future[CallToolResult] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Call(tool, arguments, timeout_s, fut))
-        return await fut
+        """Call a tool from any task (only opening and closing the client are tied to its task)."""
+        client = self._client
+        if client is None:
+            raise ToolsetUnavailable(f"toolset '{self.namespace}' is not running (it is being restarted)")
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await client.call_tool(tool, arguments)
+        except TimeoutError:
+            return _error("timeout", f"{self.namespace}.{tool} did not finish within {timeout_s:g}s")
+        except Exception as exc:
+            self._broken.set()  # the server died or the session broke: start a fresh one
+            raise ToolsetUnavailable(f"toolset '{self.namespace}' failed during the call: {exc}") from exc
 
     async def _serve(self) -> None:
         backoff = 0.5
-        while True:
+        while not self._stopping:
             try:
                 async with Client(self.target) as client:
                     self.tools = list((await client.list_tools()).tools)
+                    self._client = client
+                    self._broken.clear()
                     self._ready.set()
                     backoff = 0.5
-                    while True:
-                        item = await self._queue.get()
-                        if item is None:
-                            return
-                        await self._run(client, item)
+                    await self._broken.wait()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the server died or could not start
+            except Exception as exc:  # it could not start, or died under us
                 self._failure = exc
-                self._ready.set()
-                self.restarts += 1
                 log.warning("toolset %s failed (%s); restarting in %.1fs", self.namespace, exc, backoff)
-                self._fail_pending(exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-
-    async def _run(self, client: Client, item: _Call) -> None:
-        try:
-            async with asyncio.timeout(item.timeout_s):
-                result = await client.call_tool(item.tool, item.arguments)
-        except TimeoutError:
-            item.future.set_result(
-                _error("timeout", f"{self.namespace}.{item.tool} did not finish within {item.timeout_s:g}s")
-            )
-            return
-        except BaseException as exc:
-            if not item.future.done():
-                item.future.set_exception(ToolsetUnavailable(f"toolset '{self.namespace}' failed: {exc}"))
-            raise
-        item.future.set_result(result)
-
-    def _fail_pending(self, exc: BaseException) -> None:
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if item is not None and not item.future.done():
-                item.future.set_exception(ToolsetUnavailable(f"toolset '{self.namespace}' failed: {exc}"))
+            finally:
+                self._client = None
+            if self._stopping:
+                return
+            self._ready.set()
+            self.restarts += 1
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
 
     def catalogue(self) -> list[ToolSpec]:
         return [tool_spec(self.namespace, t, t.name in self.read_only_tools) for t in self.tools]

@@ -87,4 +87,9 @@ async def serve(config: AgentConfig) -> None:
 
 
 def main(config: AgentConfig) -> None:
-    asyncio.run(serve(config))
+    try:
+        import uvloop
+    except ImportError:  # optional: plain asyncio works the same, a little slower
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))

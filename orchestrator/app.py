@@ -100,13 +100,15 @@ async def bootstrap_admin_key(store: Store, hasher: Hasher, data_dir: Path) -> N
         return
     key = new_secret(API_KEY_PREFIX)
     await store.add(
-        ApiKey(
-            id=new_id("key"),
-            name="bootstrap admin",
-            role=Role.ADMIN.value,
-            key_hash=hasher.digest(key),
-            created_at=utc(time.time()),
-        )
+        ApiKey,
+        {
+            "id": new_id("key"),
+            "name": "bootstrap admin",
+            "role": Role.ADMIN.value,
+            "key_hash": hasher.digest(key),
+            "created_at": utc(time.time()),
+            "revoked_at": None,
+        },
     )
     path = data_dir / "admin.key"
     write_private(path, key + "\n")

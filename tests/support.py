@@ -282,3 +282,95 @@ def shell(argv: list[str], **kw: Any) -> dict[str, Any]:
 def fleet(tmp: Path, **server_env: str) -> Iterator[Fleet]:
     with Fleet(tmp, **server_env) as f:
         yield f
+
+
+class TcpProxy:
+    """A loopback TCP proxy the test can sever, to cut live connections without killing anyone."""
+
+    def __init__(self, target_port: int) -> None:
+        import asyncio
+        import threading
+
+        self.target_port = target_port
+        self.port = free_port()
+        self.connections = 0
+        self.paused = False
+        self._writers: set[Any] = set()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _run(self) -> None:
+        import asyncio
+
+        asyncio.set_event_loop(self._loop)
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if self.paused:
+                writer.transport.abort()
+                return
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            except OSError:
+                writer.close()
+                return
+            self.connections += 1
+            self._writers.update({writer, up_writer})
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+            self._writers.difference_update({writer, up_writer})
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            server = await asyncio.start_server(handle, "127.0.0.1", self.port)
+            self._ready.set()
+            async with server:
+                await self._stop.wait()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+            await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}), return_exceptions=True)
+
+        try:
+            self._loop.run_until_complete(main())
+        finally:
+            self._loop.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def sever(self) -> None:
+        """Cut every live connection (both directions) at once."""
+
+        def cut() -> None:
+            for w in list(self._writers):
+                transport = w.transport
+                if transport is not None:
+                    transport.abort()
+            self._writers.clear()
+
+        self._loop.call_soon_threadsafe(cut)
+
+    def pause(self) -> None:
+        """Cut every connection and refuse new ones until `resume`."""
+        self.paused = True
+        self.sever()
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def close(self) -> None:
+        self.sever()
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)

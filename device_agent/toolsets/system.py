@@ -153,8 +153,12 @@ def _parse_stat(proc_dir: Path) -> ProcessEntry | None:
         return None
 
 
+class EchoResult(TypedDict):
+    text: str
+
+
 def build(ctx: ToolsetContext) -> MCPServer:
-    """The `system` MCP server: `info`, `processes`, `disk`, all read-only."""
+    """The `system` MCP server: `info`, `echo`, `processes`, `disk`, all read-only."""
     server = MCPServer("system")
 
     @tool(server, READ_ONLY)
@@ -164,6 +168,14 @@ def build(ctx: ToolsetContext) -> MCPServer:
         and uptime in seconds (null if unknown). Use it to choose commands that exist here.
         """
         return success(_info())
+
+    @tool(server, READ_ONLY)
+    async def echo(
+        text: Annotated[str, Field(max_length=65_536, description="Any text; it comes back unchanged.")] = "",
+    ) -> Annotated[CallToolResult, EchoResult]:
+        """Return `text` unchanged. A no-op: use it to check that the device answers, or to time a
+        round trip without doing any work on the device."""
+        return success({"text": text})
 
     @tool(server, READ_ONLY)
     async def processes(

@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 from fastapi import APIRouter
-from sqlalchemy import update
 
 from orchestrator.api.deps import Admin, Comp, Operator, Viewer
 from orchestrator.api.errors import ApiError
@@ -18,6 +17,7 @@ from orchestrator.engine.records import DeviceChanged
 from orchestrator.ids import new_id
 from orchestrator.security import device_token
 from orchestrator.store.models import Device
+from orchestrator.store.repo import WriteConflict
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"])
 
@@ -28,22 +28,26 @@ async def enroll(body: DeviceEnroll, comp: Comp, _p: Admin) -> DeviceEnrolled:
         raise ApiError(409, "conflict", f"a device named '{body.name}' is already enrolled")
     device_id = new_id("dev")
     token = device_token(device_id)
-    await comp.store.add(
-        Device(
-            id=device_id,
-            name=body.name,
-            token_hash=comp.hasher.digest(token),
-            labels=body.labels,
-            reported_labels={},
-            platform="other",
-            info={},
-            tools=[],
-            admin_state=AdminState.ACTIVE.value,
-            liveness="enrolled",
-            fence=0,
-            created_at=utc(time.time()),
-        )
-    )
+    row = {
+        "id": device_id,
+        "name": body.name,
+        "token_hash": comp.hasher.digest(token),
+        "labels": body.labels,
+        "reported_labels": {},
+        "platform": "other",
+        "info": {},
+        "tools": [],
+        "admin_state": AdminState.ACTIVE.value,
+        "liveness": "enrolled",
+        "fence": 0,
+        "current_batch_id": None,
+        "created_at": utc(time.time()),
+        "last_seen": None,
+    }
+    try:
+        await comp.store.add(Device, row)
+    except WriteConflict:
+        raise ApiError(409, "conflict", f"a device named '{body.name}' is already enrolled") from None
     await comp.engine.submit(DeviceChanged(device_id))
     return DeviceEnrolled(id=device_id, name=body.name, token=token)
 
@@ -85,8 +89,7 @@ async def _set_admin(comp: Comp, device_id: str, admin: AdminState) -> DeviceOut
     row = await _row(comp, device_id)
     if row.admin_state == AdminState.REVOKED:
         raise ApiError(409, "conflict", f"device '{row.name}' is revoked; enroll it again to use it")
-    async with comp.store.sessions() as s, s.begin():
-        await s.execute(update(Device).where(Device.id == row.id).values(admin_state=admin.value))
+    await comp.store.update(Device, (row.id,), admin_state=admin.value)
     await comp.engine.submit(DeviceChanged(row.id))
     return await _detail(comp, await _row(comp, row.id))
 

@@ -26,6 +26,7 @@ async def readyz(comp: Comp) -> JSONResponse:
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
-    checks["engine"] = "ok" if comp.engine.ready_event.is_set() else "starting"
+    engine = comp.engine
+    checks["engine"] = "failed" if engine.failed else ("ok" if engine.ready_event.is_set() else "starting")
     ok = all(v == "ok" for v in checks.values())
     return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503)

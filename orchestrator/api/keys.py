@@ -23,13 +23,15 @@ async def create(body: ApiKeyCreate, comp: Comp, _p: Admin) -> ApiKeyCreated:
     key = new_secret(API_KEY_PREFIX)
     key_id = new_id("key")
     await comp.store.add(
-        ApiKey(
-            id=key_id,
-            name=body.name,
-            role=body.role.value,
-            key_hash=comp.hasher.digest(key),
-            created_at=utc(time.time()),
-        )
+        ApiKey,
+        {
+            "id": key_id,
+            "name": body.name,
+            "role": body.role.value,
+            "key_hash": comp.hasher.digest(key),
+            "created_at": utc(time.time()),
+            "revoked_at": None,
+        },
     )
     return ApiKeyCreated(id=key_id, role=body.role, key=key, name=body.name)
 

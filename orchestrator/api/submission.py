@@ -7,8 +7,6 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
-
 from orchestrator.api.errors import ApiError
 from orchestrator.api.schemas import TaskCreate
 from orchestrator.config import Settings
@@ -18,8 +16,8 @@ from orchestrator.domain.problems import DomainError, Problem
 from orchestrator.engine.core import Engine, iso, utc
 from orchestrator.engine.records import TaskCreated
 from orchestrator.ids import new_id
-from orchestrator.store.models import Edge, Event, Node, Task
-from orchestrator.store.repo import Store
+from orchestrator.store.models import Edge, Node, Task
+from orchestrator.store.repo import ChangeSet, Store, WriteConflict
 
 
 def body_hash(body: TaskCreate) -> str:
@@ -73,13 +71,16 @@ async def create_task(
     task_id = new_id("task")
     now = time.time()
     rows = task_rows(task_id, body, spec, now, idempotency_key, digest)
+    changes = ChangeSet()
+    changes.insert(Task, rows["task"])
+    for node in rows["nodes"]:
+        changes.insert(Node, node)
+    for edge in rows["edges"]:
+        changes.insert(Edge, edge)
+    changes.event(rows["event"])
     try:
-        async with store.sessions() as s, s.begin():
-            s.add(Task(**rows["task"]))
-            await s.flush()
-            s.add_all([Node(**n) for n in rows["nodes"]] + [Edge(**e) for e in rows["edges"]])
-            s.add(Event(**rows["event"]))
-    except IntegrityError:
+        await store.write(changes)
+    except WriteConflict:
         if idempotency_key:
             existing = await store.find_task_by_idempotency_key(idempotency_key)
             if existing is not None:

@@ -7,6 +7,7 @@ lets a property test drive thousands of random runs through it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,8 @@ class TaskRun:
         self.edges = list(edges)
         self.graph = dag.Graph.build([n.id for n in nodes], edges)
         self.nodes: dict[str, NodeRecord] = {n.id: NodeRecord(n) for n in nodes}
+        self._view = _StateView(self.nodes)
+        self._unfinished = len(self.nodes)  # kept by _set: the task can only end when this is 0
 
     # ---------------------------------------------------------------- queries
 
@@ -82,6 +85,10 @@ class TaskRun:
     def terminal(self) -> bool:
         return self.state.terminal
 
+    def recount(self) -> None:
+        """Re-derive bookkeeping after node states were set from outside (restoring from the store)."""
+        self._unfinished = sum(1 for r in self.nodes.values() if not r.state.terminal)
+
     # ---------------------------------------------------------------- changes
 
     def start(self, now: float) -> list[Transition]:
@@ -92,7 +99,7 @@ class TaskRun:
             if state is NodeState.READY and self.nodes[node_id].state is NodeState.PENDING:
                 out += self._set(node_id, NodeState.READY, now)
         finished = [n for n, r in self.nodes.items() if r.state.terminal]
-        for node_id, state in dag.advance(self.graph, self.states(), finished).items():
+        for node_id, state in dag.advance(self.graph, self._view, finished).items():
             out += self._set(node_id, state, now)
         return out + self._maybe_finish()
 
@@ -168,22 +175,41 @@ class TaskRun:
         old = rec.state
         check_transition(old, new)
         rec.state = new
+        self._unfinished += int(old.terminal) - int(new.terminal)
         if new is NodeState.READY:
             rec.ready_since = now if now is not None else rec.ready_since
         return [Transition(node_id, old.value, new.value)]
 
     def _progress(self, node_id: str, now: float) -> list[Transition]:
         out: list[Transition] = []
-        changes = dag.advance(self.graph, self.states(), [node_id])
+        changes = dag.advance(self.graph, self._view, [node_id])
         for n, state in changes.items():
             cancelled = self.cancel_requested and state is NodeState.READY
             out += self._set(n, NodeState.CANCELLED if cancelled else state, now)
         return out + self._maybe_finish()
 
     def _maybe_finish(self) -> list[Transition]:
+        if self._unfinished:
+            return []
         final = task_outcome(self.graph, self.states(), self.cancel_requested)
         if final is None or self.state is final:
             return []
         old = self.state
         self.state = final
         return [Transition(None, old.value, final.value)]
+
+
+class _StateView(Mapping[str, NodeState]):
+    """Node states as a read-only mapping, without copying them for every progress step."""
+
+    def __init__(self, nodes: dict[str, NodeRecord]) -> None:
+        self._nodes = nodes
+
+    def __getitem__(self, key: str) -> NodeState:
+        return self._nodes[key].state
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)

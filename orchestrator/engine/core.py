@@ -13,8 +13,11 @@ import asyncio
 import functools
 import heapq
 import logging
+import os
 import random
+import signal
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -58,6 +61,8 @@ from protocol.messages import (
 
 log = logging.getLogger("orrery.engine")
 
+SOFT_FLUSH_S = 1.0  # informational updates wait at most this long for a commit to ride along
+
 
 class DeviceLinks(Protocol):
     """What the engine needs from the gateway."""
@@ -100,13 +105,19 @@ class Engine:
         self.ready: dict[NodeKey, None] = {}  # READY nodes not yet in a queue
         self.queued_at: dict[NodeKey, str] = {}  # QUEUED node -> device
         self.inbox: asyncio.Queue[Input] = asyncio.Queue()
+        # Recently closed attempts: (device, fence, ended with device results) -> dedup without I/O.
+        self._closed: OrderedDict[str, tuple[str, int, bool]] = OrderedDict()
         self._timers: list[tuple[float, int, str, Any]] = []
         self._timer_seq = 0
         self._changes = ChangeSet()
+        self._soft = ChangeSet()  # changes that may wait for the next commit (see SOFT_FLUSH_S)
+        self._soft_since: float | None = None
         self._effects: list[Callable[[], None]] = []
         self._events: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
         self.ready_event = asyncio.Event()
+        self.failed: BaseException | None = None
+        self.on_fatal: Callable[[BaseException], None] = _terminate
 
     # ================================================================ lifecycle
 
@@ -152,19 +163,30 @@ class Engine:
                     replies.append((item.done, reply))
             self._fire_timers(now)
             self._schedule(now)
-            await self._commit()
+            try:
+                await self._commit()
+            except Exception as exc:
+                # The store refused what memory now believes: carrying on would make promises the
+                # store does not hold. Stop, so a restart rebuilds from the store (fail fast).
+                log.critical("the store rejected a commit; stopping the orchestrator: %s", exc)
+                self.failed = exc
+                self.on_fatal(exc)
+                raise
             for fut, value in replies:
                 if not fut.done():
                     fut.set_result(value)
 
     async def _next_inputs(self) -> list[Input]:
-        timeout = None
-        if self._timers:
-            timeout = max(0.0, self._timers[0][0] - self.clock())
-        try:
-            first = await asyncio.wait_for(self.inbox.get(), timeout)
-        except TimeoutError:
-            return []
+        """Everything queued, waiting for the first input or the next timer, whichever is first."""
+        if self.inbox.empty():
+            delay = max(0.0, self._timers[0][0] - self.clock()) if self._timers else None
+            try:
+                async with asyncio.timeout(delay):
+                    first = await self.inbox.get()
+            except TimeoutError:
+                return []
+        else:
+            first = self.inbox.get_nowait()
         items = [first]
         while not self.inbox.empty() and len(items) < 2000:
             items.append(self.inbox.get_nowait())
@@ -173,7 +195,15 @@ class Engine:
     async def _commit(self) -> None:
         changes, effects, events = self._changes, self._effects, self._events
         self._changes, self._effects, self._events = ChangeSet(), [], []
-        if changes:
+        soft_due = self._soft_since is not None and self.clock() - self._soft_since >= SOFT_FLUSH_S
+        if self._soft and (changes or events or soft_due):
+            merged = self._soft
+            for model, by_key in changes.updates.items():  # hard changes win on the same row
+                for key, values in by_key.items():
+                    merged.update(model, key, **values)
+            merged.inserts = changes.inserts
+            changes, self._soft, self._soft_since = merged, ChangeSet(), None
+        if changes or events:
             for ev in events:
                 changes.event(ev)
             async for attempt in AsyncRetrying(
@@ -268,6 +298,10 @@ class Engine:
         if liveness in (Liveness.SUSPECT, Liveness.OFFLINE):
             self._unqueue_all(dev, now)
         if liveness is Liveness.OFFLINE:
+            # A new fencing epoch: anything the lost session still says carries an older fence
+            # and is refused (SPEC section 4: a stale session cannot act).
+            dev.fence += 1
+            self._changes.update(Device, (dev.id,), fence=dev.fence)
             for att in [a for a in self.attempts.values() if a.device_id == device_id]:
                 self._end_attempt(
                     att,
@@ -318,7 +352,12 @@ class Engine:
             att = self.attempts.get(msg.batch_id)
             if att is not None and att.device_id == device_id and not att.accepted:
                 att.accepted = True
-                self._changes.update(Attempt, (att.batch_id,), status="accepted", accepted_at=utc(now))
+                # Informational only (retry safety never depends on it), so it rides along with
+                # the next commit instead of costing one of its own on the hot path.
+                self._soft.update(Attempt, (att.batch_id,), status="accepted", accepted_at=utc(now))
+                if self._soft_since is None:
+                    self._soft_since = now
+                    self._timer(now + SOFT_FLUSH_S, "wake", None)
         elif isinstance(msg, ToolsChanged):
             dev.tools = {t.name: t.model_dump() for t in msg.tools}
             self._changes.update(Device, (dev.id,), tools=list(dev.tools.values()))
@@ -340,14 +379,20 @@ class Engine:
         """
         if dev.current_batch == msg.batch_id:
             self._set_current(dev, None)  # the device finished work we had already given up on
-        row = self.attempts.get(msg.batch_id) or await self.store.find_attempt(msg.batch_id)
-        if row is not None and row.device_id == dev.id and row.fence == msg.fence:
-            return
-        if row is None or row.device_id != dev.id:
+        closed = self._closed.get(msg.batch_id)
+        if closed is None:
+            row = await self.store.find_attempt(msg.batch_id)
+            closed = (row.device_id, row.fence, row.results is not None) if row is not None else None
+        if closed == (dev.id, msg.fence, True):
+            return  # a re-send of results already recorded: the ack it gets is all it needs
+        if closed is None or closed[0] != dev.id:
             code, text = ErrorCode.UNKNOWN_BATCH, f"batch {msg.batch_id} was not sent to this device"
         else:
             code = ErrorCode.STALE_FENCE
-            text = f"batch {msg.batch_id} carries fence {msg.fence}, but its fence is {row.fence}"
+            text = (
+                f"batch {msg.batch_id} (fence {msg.fence}) is no longer current on this device (fence "
+                f"{dev.fence}); its attempt ended without these results and they are discarded"
+            )
         log.warning("refused results from %s: %s", dev.id, text)
         self._send(dev.id, Error(code=code, message=text))
 
@@ -390,6 +435,9 @@ class Engine:
         self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: list[Result] | None = None
     ) -> None:
         self.attempts.pop(att.batch_id, None)
+        self._closed[att.batch_id] = (att.device_id, att.fence, results is not None)
+        if len(self._closed) > 10_000:
+            self._closed.popitem(last=False)
         status = "succeeded" if outcome.succeeded else "failed"
         error = None if outcome.succeeded else {"code": outcome.error_code, "message": outcome.error_message}
         self._changes.update(
@@ -524,7 +572,12 @@ class Engine:
                     self._maybe_fail_unplaceable(key, now)
                     continue
                 views[choice.id] = _with_queue(choice, choice.queue_length + 1)
-                self._enqueue(key, self.devices[choice.id], now)
+                dev = self.devices[choice.id]
+                if choice.free and not dev.queue and dev.current_batch is None:
+                    self.ready.pop(key, None)
+                    self._assign(dev, key, now)  # a free device takes it at once: no queue to wait in
+                else:
+                    self._enqueue(key, dev, now)
         for dev in self.devices.values():
             if dev.current_batch is None and dev.admin is AdminState.ACTIVE and dev.liveness is Liveness.ONLINE:
                 picked = self._next_for(dev)
@@ -764,6 +817,10 @@ class Engine:
     def node_spec(self, task_id: str, node_id: str) -> NodeSpec | None:
         run = self.tasks.get(task_id)
         return run.nodes[node_id].spec if run and node_id in run.nodes else None
+
+
+def _terminate(_exc: BaseException) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _with_queue(view: placement.DeviceView, n: int) -> placement.DeviceView:

@@ -43,6 +43,7 @@ def task_from_bundle(bundle: TaskBundle) -> TaskRun:
         rec.ready_since = n.ready_since.timestamp() if n.ready_since else None
         rec.not_before = n.not_before.timestamp() if n.not_before else None
         rec.queued_on = n.queued_on
+    run.recount()
     return run
 
 

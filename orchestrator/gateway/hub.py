@@ -26,7 +26,7 @@ from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
 from orchestrator.store.repo import Store
 from protocol.codec import encode
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
-from protocol.messages import SUPPORTED_VERSIONS, Error, Heartbeat, Hello, Message, Welcome, is_reliable
+from protocol.messages import SUPPORTED_VERSIONS, BatchAccepted, Error, Heartbeat, Hello, Message, Welcome, is_reliable
 from protocol.session import Channel, Role, Session, negotiate_version
 
 log = logging.getLogger("orrery.gateway")
@@ -216,7 +216,12 @@ class Gateway:
             if isinstance(msg, Error):
                 log.warning("device %s reported %s: %s", device_id, msg.code, msg.message)
                 continue
-            if is_reliable(msg):
+            if isinstance(msg, BatchAccepted):
+                # Nothing durable hangs on an acceptance: do not hold the reader for it.
+                self.engine.notify(FrameIn(device_id, msg))
+                assert link.session is not None
+                link.session.confirm(msg.seq)
+            elif is_reliable(msg):
                 await self.engine.submit(FrameIn(device_id, msg))
                 assert link.session is not None
                 link.session.confirm(msg.seq)

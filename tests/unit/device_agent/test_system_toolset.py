@@ -88,10 +88,14 @@ async def test_system_tools_work_with_the_kill_switch_on(tmp_path: Path) -> None
 async def test_every_system_tool_is_read_only_and_idempotent(tmp_path: Path) -> None:
     async with Client(build(make_ctx(tmp_path))) as client:
         tools = (await client.list_tools()).tools
-    assert sorted(t.name for t in tools) == ["disk", "info", "processes"]
+    assert sorted(t.name for t in tools) == ["disk", "echo", "info", "processes"]
     for tool in tools:
         assert tool.description
         assert tool.annotations is not None
         assert tool.annotations.read_only_hint is True
         assert tool.annotations.idempotent_hint is True
         assert tool.annotations.destructive_hint is False
+
+
+async def test_echo_returns_its_text_unchanged(tmp_path: Path) -> None:
+    assert await ok(make_ctx(tmp_path), "echo", text="ping ✓") == {"text": "ping ✓"}

@@ -1,0 +1,182 @@
+"""Round trip of one no-op command through the whole system, against a raw WebSocket echo and Ray.
+
+Orrery's figure is orchestrator -> agent -> result through the full engine: the engine assigns
+the node (attempt row, fence), commits, sends the `command_batch`; the agent records the batch
+in its ledger, accepts it, calls `system.echo` through its MCP client, records the result in its
+outbox and sends `result_batch`; the engine applies it. Each sample is one attempt's
+`ended_at - started_at` from the store, over a chain of sequential nodes on one device.
+
+The raw echo sends a frame of the same size to a `websockets` echo server in another process and
+waits for it to come back. Ray is `ray.get(f.remote())` of a no-op task (`num_cpus=2`).
+
+    python bench/rtt.py [--nodes 300] [--echo 2000] [--ray 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import itertools
+
+from protocol.codec import encode
+from protocol.messages import Command, CommandBatch
+from tests.support import Fleet, free_port
+
+ECHO_SERVER = """
+import asyncio, sys
+from websockets.asyncio.server import serve
+async def echo(ws):
+    async for message in ws:
+        await ws.send(message)
+async def main():
+    async with serve(echo, "127.0.0.1", int(sys.argv[1]), compression=None):
+        print("ready", flush=True)
+        await asyncio.Future()
+asyncio.run(main())
+"""
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def frame_size() -> int:
+    frame = CommandBatch(
+        seq=12,
+        ack=11,
+        batch_id="b_0123456789abcdef0123",
+        task_id="task_0123456789abcdef0123",
+        node_id="n123",
+        attempt=1,
+        fence=123,
+        commands=[
+            Command(
+                call_id="c1", tool="system.echo", tool_type="data_collection", arguments={"text": "x"}, timeout_s=60
+            )
+        ],
+    )
+    return len(encode(frame))
+
+
+def orrery_rtt(nodes: int) -> tuple[list[float], dict[str, list[float]]]:
+    with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp)) as fleet:
+        fleet.agent("bench")
+        ids = [f"n{i}" for i in range(nodes)]
+        dag = {
+            "nodes": [{"id": n, "commands": [{"tool": "system.echo", "arguments": {"text": "x"}}]} for n in ids],
+            "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
+        }
+        task = fleet.wait_task(fleet.submit(dag)["id"], timeout=600)
+        assert task["state"] == "succeeded", task["state"]
+    samples, accept, tool = [], [], []
+    for node in task["nodes"][10:]:  # the first few warm caches and connections
+        a = node["attempts"][0]
+        start, end = _ts(a["started_at"]), _ts(a["ended_at"])
+        samples.append((end - start) * 1000)
+        accept.append((_ts(a["accepted_at"]) - start) * 1000)
+        tool.append(a["results"][0]["duration_ms"])
+    return samples, {"to accepted": accept, "MCP call on device": tool}
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+async def _echo_rtt(port: int, size: int, n: int) -> list[float]:
+    from websockets.asyncio.client import connect
+
+    payload = "x" * size
+    samples = []
+    async with connect(f"ws://127.0.0.1:{port}", compression=None) as ws:
+        for i in range(n + 50):
+            t0 = time.perf_counter()
+            await ws.send(payload)
+            await ws.recv()
+            if i >= 50:
+                samples.append((time.perf_counter() - t0) * 1000)
+    return samples
+
+
+def echo_rtt(size: int, n: int) -> list[float]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return asyncio.run(_echo_rtt(port, size, n))
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def ray_rtt(n: int) -> list[float] | None:
+    try:
+        import ray
+    except ImportError:
+        return None
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+
+    @ray.remote
+    def noop() -> None:
+        return None
+
+    try:
+        for _ in range(100):
+            ray.get(noop.remote())
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            ray.get(noop.remote())
+            samples.append((time.perf_counter() - t0) * 1000)
+        return samples
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--echo", type=int, default=2000)
+    parser.add_argument("--ray", type=int, default=2000)
+    args = parser.parse_args()
+    size = frame_size()
+    orrery, parts = orrery_rtt(args.nodes)
+    echo = echo_rtt(size, args.echo)
+    ray_samples = ray_rtt(args.ray)
+    base = statistics.median(echo)
+    rows: list[tuple[str, list[float]]] = [("raw websockets echo", echo)]
+    if ray_samples:
+        rows.append(("Ray no-op ray.get(f.remote())", ray_samples))
+    rows.append(("Orrery no-op command (full engine)", orrery))
+    print(f"\nround trip, {size}-byte frame; p50/p99 in ms; ratio = p50 / raw echo p50\n")
+    print(f"{'system':40} {'n':>6} {'p50':>8} {'p99':>8} {'ratio':>7}")
+    for name, samples in rows:
+        p50, p99 = statistics.median(samples), percentile(samples, 0.99)
+        print(f"{name:40} {len(samples):>6} {p50:>8.3f} {p99:>8.3f} {p50 / base:>7.1f}")
+    print("\nwhere Orrery's time goes (p50, ms):")
+    for name, samples in parts.items():
+        print(f"  {name:38} {statistics.median(samples):8.3f}")
+    print(
+        json.dumps(
+            {
+                "orrery_p50": statistics.median(orrery),
+                "echo_p50": base,
+                "ray_p50": statistics.median(ray_samples) if ray_samples else None,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The group commit on SQLite, straight through the sqlite3 driver.
+
+The engine commits once per step and waits for it, so the commit is on every dispatch's
+critical path. Through SQLAlchemy's execution layer a typical step (an insert, four keyed
+updates, five events) took ~1.4 ms; here it is a few hundred microseconds. SQLAlchemy still does
+the type conversion: each column's own bind processor (JSON, UTC datetimes) is applied, so rows
+read back through the ORM look exactly as if SQLAlchemy had written them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Table
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import make_url
+
+Processor = Callable[[Any], Any] | None
+
+
+class SqliteWriter:
+    def __init__(self, url: str) -> None:
+        self._dialect = sqlite.dialect()
+        path = make_url(url).database or ":memory:"
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=NORMAL"):
+            self._db.execute(f"PRAGMA {pragma}")
+        self._processors: dict[tuple[str, str], Processor] = {}
+
+    def close(self) -> None:
+        self._db.close()
+
+    def write(
+        self,
+        inserts: list[tuple[Table, list[dict[str, Any]]]],
+        updates: list[tuple[Table, list[tuple[tuple[Any, ...], dict[str, Any]]]]],
+        events: tuple[Table, list[dict[str, Any]]] | None,
+    ) -> list[int]:
+        """One transaction under BEGIN IMMEDIATE (we are the only writer inside it)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for table, given in inserts:
+                rows = [self._with_defaults(table, r) for r in given]
+                for columns, group in _by_columns(rows).items():
+                    db.executemany(self._insert_sql(table, columns), [self._values(table, columns, r) for r in group])
+            for table, keyed in updates:
+                pk = [c.name for c in table.primary_key.columns]
+                by_columns: dict[tuple[str, ...], list[tuple[Any, ...]]] = defaultdict(list)
+                for key, values in keyed:
+                    columns = tuple(values)
+                    by_columns[columns].append(
+                        (
+                            *self._values(table, columns, values),
+                            *self._values(table, tuple(pk), dict(zip(pk, key, strict=True))),
+                        )
+                    )
+                for columns, params in by_columns.items():
+                    sets = ", ".join(f"{self._q(c)} = ?" for c in columns)
+                    where = " AND ".join(f"{self._q(c)} = ?" for c in pk)
+                    db.executemany(f"UPDATE {self._q(table.name)} SET {sets} WHERE {where}", params)
+            ids: list[int] = []
+            if events is not None and events[1]:
+                table, rows = events
+                first = int(db.execute(f"SELECT coalesce(max(id), 0) FROM {self._q(table.name)}").fetchone()[0]) + 1
+                for offset, row in enumerate(rows):
+                    row["id"] = first + offset
+                    ids.append(first + offset)
+                columns = tuple(rows[0])
+                db.executemany(self._insert_sql(table, columns), [self._values(table, columns, r) for r in rows])
+            db.execute("COMMIT")
+            return ids
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _q(self, name: str) -> str:
+        return str(self._dialect.identifier_preparer.quote(name))
+
+    def _insert_sql(self, table: Table, columns: tuple[str, ...]) -> str:
+        names = ", ".join(self._q(c) for c in columns)
+        return f"INSERT INTO {self._q(table.name)} ({names}) VALUES ({', '.join('?' * len(columns))})"
+
+    def _with_defaults(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        """Column defaults for what the row leaves out, as SQLAlchemy's own insert would apply."""
+        missing = [c for c in table.columns if c.name not in row and c.default is not None]
+        if not missing:
+            return row
+        row = dict(row)
+        for column in missing:
+            default: Any = column.default
+            row[column.name] = default.arg(None) if default.is_callable else default.arg
+        return row
+
+    def _values(self, table: Table, columns: tuple[str, ...], row: dict[str, Any]) -> tuple[Any, ...]:
+        out = []
+        for name in columns:
+            proc = self._processor(table, name)
+            value = row[name]
+            out.append(proc(value) if proc is not None and value is not None else value)
+        return tuple(out)
+
+    def _processor(self, table: Table, name: str) -> Processor:
+        key = (table.name, name)
+        if key not in self._processors:
+            self._processors[key] = table.c[name].type._cached_bind_processor(self._dialect)
+        return self._processors[key]
+
+
+def _by_columns(rows: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(r)].append(r)
+    return groups

@@ -1,0 +1,68 @@
+"""The device ledger: receipts before running, recorded results on redelivery, uncertain after a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from device_agent.ledger import Ledger, Receipt
+from protocol.messages import Command, CommandBatch, Result
+
+
+def batch(batch_id: str, fence: int, n: int = 2) -> CommandBatch:
+    return CommandBatch(
+        batch_id=batch_id,
+        task_id="t",
+        node_id="n",
+        attempt=1,
+        fence=fence,
+        commands=[Command(call_id=f"c{i}", tool="shell.run") for i in range(1, n + 1)],
+    )
+
+
+def ok(call_id: str) -> Result:
+    return Result(call_id=call_id, status="success", result="r", namespace="shell")
+
+
+def test_a_batch_is_new_once_then_pending_then_done_with_its_results(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    b = batch("b1", 1)
+    assert ledger.receive(b) is Receipt.NEW
+    assert ledger.receive(b) is Receipt.PENDING
+    ledger.finish_batch("b1", 1, [ok("c1"), ok("c2")])
+    assert ledger.receive(b) is Receipt.DONE
+    assert [r.call_id for r in ledger.results("b1") or []] == ["c1", "c2"]
+
+
+def test_a_batch_older_than_the_newest_fence_is_stale(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    ledger.receive(batch("b2", 5))
+    assert ledger.receive(batch("b1", 4)) is Receipt.STALE
+    assert ledger.max_fence == 5
+
+
+def test_after_a_crash_the_running_command_is_uncertain_and_the_rest_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    ledger = Ledger(path)
+    ledger.receive(batch("b1", 1, n=3))
+    ledger.start_call("b1", "c1")
+    ledger.finish_call("b1", ok("c1"))
+    ledger.start_call("b1", "c2")
+    ledger.close()  # the process dies here
+    reopened = Ledger(path)
+    assert reopened.recover() == ["b1"]
+    statuses = [r.status for r in reopened.results("b1") or []]
+    assert statuses == ["success", "uncertain", "skipped"]
+    assert [e.batch_id for e in reopened.outbox()] == ["b1"]
+
+
+def test_results_stay_in_the_outbox_until_acknowledged_across_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    ledger = Ledger(path)
+    ledger.receive(batch("b1", 1, n=1))
+    ledger.finish_batch("b1", 1, [ok("c1")])
+    ledger.close()
+    reopened = Ledger(path)
+    assert [e.batch_id for e in reopened.outbox()] == ["b1"]
+    reopened.acknowledged("b1")
+    assert reopened.outbox() == []
+    assert reopened.results("b1") is not None  # still answers a redelivery

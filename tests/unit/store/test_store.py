@@ -1,0 +1,74 @@
+"""The store's group commit writes rows that read back exactly as SQLAlchemy would have written them."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from orchestrator.store.migrate import upgrade
+from orchestrator.store.models import Edge, Node, Task
+from orchestrator.store.repo import ChangeSet, Store, WriteConflict
+
+AT = datetime(2026, 11, 29, 12, 30, 15, 123456, tzinfo=UTC)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> Store:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'o.db'}"
+    await asyncio.to_thread(upgrade, url)
+    return Store(url)
+
+
+def task_row(task_id: str, key: str | None = None) -> dict[str, object]:
+    return {
+        "id": task_id,
+        "name": "n",
+        "state": "running",
+        "priority": 0,
+        "labels": {"a": "b"},
+        "idempotency_key": key,
+        "created_at": AT,
+    }
+
+
+async def test_a_change_set_round_trips_json_datetimes_defaults_and_keyword_columns(store: Store) -> None:
+    changes = ChangeSet()
+    changes.insert(Task, task_row("t1"))
+    changes.insert(
+        Node, {"task_id": "t1", "id": "a", "position": 0, "kind": "tool", "spec": {"x": [1, 2]}, "state": "pending"}
+    )
+    changes.insert(Edge, {"task_id": "t1", "source": "a", "target": "a", "on": "always"})
+    changes.event({"task_id": "t1", "type": "task.state", "node_id": None, "data": {"s": 1}, "at": AT})
+    changes.event({"task_id": "t1", "type": "node.state", "node_id": "a", "data": {"s": 2}, "at": AT})
+    ids = await store.write(changes)
+    assert ids == [1, 2]
+    update = ChangeSet()
+    update.update(Node, ("t1", "a"), state="succeeded", output={"stdout": "hi"}, finished_at=AT)
+    update.event({"task_id": "t1", "type": "x", "node_id": None, "data": {}, "at": AT})
+    assert await store.write(update) == [3]
+    bundle = await store.get_task("t1")
+    assert bundle is not None
+    assert bundle.task.labels == {"a": "b"} and bundle.task.created_at == AT
+    assert bundle.task.cancel_requested is False and bundle.task.dag_version == 1  # column defaults
+    node = bundle.nodes[0]
+    assert (node.state, node.output, node.spec, node.finished_at) == ("succeeded", {"stdout": "hi"}, {"x": [1, 2]}, AT)
+    assert bundle.edges[0].on == "always"
+    assert [e.id for e in await store.events_after("t1", 1)] == [2, 3]
+    await store.close()
+
+
+async def test_a_unique_clash_is_a_write_conflict_and_writes_nothing(store: Store) -> None:
+    first = ChangeSet()
+    first.insert(Task, task_row("t1", key="k"))
+    await store.write(first)
+    clash = ChangeSet()
+    clash.insert(Task, task_row("t2", key="k"))
+    clash.event({"task_id": "t2", "type": "task.state", "node_id": None, "data": {}, "at": AT})
+    with pytest.raises(WriteConflict):
+        await store.write(clash)
+    assert await store.get_task("t2") is None
+    assert await store.events_after("t2", 0) == []
+    await store.close()
