@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.domain.model import AdminState, DeviceState, Liveness, NodeKind, NodeSpec
@@ -52,12 +52,26 @@ def could_ever_run(node: NodeSpec, devices: Iterable[DeviceView]) -> bool:
     return any(d.admin is not AdminState.REVOKED and capable(node, d) for d in devices)
 
 
-def choose_queue(node: NodeSpec, devices: Iterable[DeviceView]) -> DeviceView | None:
-    """The device whose queue the node joins: a free one first, else the shortest queue."""
+def choose_queue(
+    node: NodeSpec, devices: Iterable[DeviceView], avoid: frozenset[str] = frozenset()
+) -> DeviceView | None:
+    """The device whose queue the node joins: a free one first, else the shortest queue.
+
+    Devices in `avoid` (where an earlier attempt of this node failed) come last, so a retry goes
+    to another capable device when there is one.
+    """
     candidates = [d for d in devices if d.takes_work and capable(node, d)]
     if not candidates:
         return None
-    return min(candidates, key=lambda d: (d.busy, d.queue_length, d.id))
+    return min(candidates, key=lambda d: preference(d.id, avoid, d.busy or d.queue_length > 0, d.queue_length))
+
+
+def preference(
+    device_id: str, avoid: Collection[str], occupied: bool, queue_length: int
+) -> tuple[bool, bool, int, str]:
+    """Sort key of candidate devices, best first: not where this node failed before, free, then
+    the shortest queue; the id breaks ties so placement is deterministic."""
+    return (device_id in avoid, occupied, queue_length, device_id)
 
 
 def no_capable_device(node: NodeSpec, devices: Iterable[DeviceView]) -> Problem:

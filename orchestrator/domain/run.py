@@ -34,6 +34,7 @@ class NodeRecord:
     ready_since: float | None = None  # when it last became READY (queue timeout, FIFO order)
     not_before: float | None = None  # retry backoff: not dispatched before this time
     queued_on: str | None = None  # device whose queue holds it
+    failed_on: set[str] = field(default_factory=set)  # devices where an attempt failed (retry elsewhere)
 
 
 @dataclass(frozen=True)

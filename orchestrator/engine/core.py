@@ -104,6 +104,7 @@ class Engine:
         self.attempts: dict[str, AttemptRun] = {}  # open attempts by batch id
         self.ready: dict[NodeKey, None] = {}  # READY nodes not yet in a queue
         self.queued_at: dict[NodeKey, str] = {}  # QUEUED node -> device
+        self._capable_cache: dict[tuple[Any, ...], list[str]] = {}
         self.inbox: asyncio.Queue[Input] = asyncio.Queue()
         # Recently closed attempts: (device, fence, ended with device results) -> dedup without I/O.
         self._closed: OrderedDict[str, tuple[str, int, bool]] = OrderedDict()
@@ -270,6 +271,7 @@ class Engine:
         dev.platform = hello.info.platform
         dev.tools = {t.name: t.model_dump() for t in hello.tools}
         dev.liveness = Liveness.ONLINE
+        self._capable_cache.clear()
         self._changes.update(
             Device,
             (dev.id,),
@@ -321,6 +323,7 @@ class Engine:
         row = await self.store.get_device(device_id)
         if row is None:
             return
+        self._capable_cache.clear()
         dev = self.devices.get(device_id)
         if dev is None:
             self.devices[device_id] = device_from_row(row)
@@ -360,6 +363,7 @@ class Engine:
                     self._timer(now + SOFT_FLUSH_S, "wake", None)
         elif isinstance(msg, ToolsChanged):
             dev.tools = {t.name: t.model_dump() for t in msg.tools}
+            self._capable_cache.clear()
             self._changes.update(Device, (dev.id,), tools=list(dev.tools.values()))
 
     async def _on_results(self, dev: DeviceRun, msg: ResultBatch, now: float) -> None:
@@ -461,6 +465,8 @@ class Engine:
         )
         run = self.tasks.get(att.task_id)
         if run is not None:
+            if not outcome.succeeded:
+                run.nodes[att.node_id].failed_on.add(att.device_id)
             self._apply(run, run.attempt_ended(att.node_id, outcome, now, self.rng()), now)
 
     def _assign(self, dev: DeviceRun, key: NodeKey, now: float) -> None:
@@ -557,41 +563,61 @@ class Engine:
     # ================================================================ scheduling
 
     def _schedule(self, now: float) -> None:
-        """Queue READY nodes on capable devices, then give every free device its next node."""
+        """Give READY nodes (highest priority, oldest first) a free capable device at once, or a
+        place in the shortest capable queue; then give every free device its next queued node."""
         if self.ready:
-            views = {d.id: d.view() for d in self.devices.values()}
-            for key in list(self.ready):
+            for key in sorted(self.ready, key=self._queue_order):
                 run = self.tasks[key[0]]
                 rec = run.nodes[key[1]]
-                if rec.not_before and rec.not_before > now:
-                    continue
-                if rec.spec.kind is NodeKind.AGENT:
-                    continue  # agent nodes are driven by the planner's step loop
-                choice = placement.choose_queue(rec.spec, views.values())
-                if choice is None:
+                if (rec.not_before and rec.not_before > now) or rec.spec.kind is NodeKind.AGENT:
+                    continue  # backing off; agent nodes are driven by the planner's step loop
+                capable = self._capable(rec.spec)
+                if not capable:
                     self._maybe_fail_unplaceable(key, now)
                     continue
-                views[choice.id] = _with_queue(choice, choice.queue_length + 1)
-                dev = self.devices[choice.id]
-                if choice.free and not dev.queue and dev.current_batch is None:
+                candidates = [d for d in capable if _takes_work(d)]
+                if not candidates:
+                    continue  # capable devices exist but none is in service now: wait (queue timeout)
+                dev = min(
+                    candidates, key=lambda d: placement.preference(d.id, rec.failed_on, _occupied(d), len(d.queue))
+                )
+                if not _occupied(dev):
                     self.ready.pop(key, None)
                     self._assign(dev, key, now)  # a free device takes it at once: no queue to wait in
                 else:
                     self._enqueue(key, dev, now)
         for dev in self.devices.values():
-            if dev.current_batch is None and dev.admin is AdminState.ACTIVE and dev.liveness is Liveness.ONLINE:
+            if dev.current_batch is None and _takes_work(dev):
                 picked = self._next_for(dev)
                 if picked is not None:
                     self._take_from_queue(picked)
                     self._assign(dev, picked, now)
+
+    def _capable(self, spec: NodeSpec) -> list[DeviceRun]:
+        """Non-revoked devices that could run `spec`, cached per placement signature (the cache is
+        dropped whenever a device's tools, labels, name or admin state change)."""
+        sig = _signature(spec)
+        ids = self._capable_cache.get(sig)
+        if ids is None:
+            ids = [
+                d.id
+                for d in self.devices.values()
+                if d.admin is not AdminState.REVOKED and placement.capable(spec, d.view())
+            ]
+            self._capable_cache[sig] = ids
+        return [self.devices[i] for i in ids]
 
     def _next_for(self, dev: DeviceRun) -> NodeKey | None:
         """Its own queue first (priority, then age); else steal a node it can run elsewhere."""
         if dev.queue:
             return min(dev.queue, key=self._queue_order)
         view = dev.view()
-        stealable = [k for k in self.queued_at if placement.capable(self.tasks[k[0]].nodes[k[1]].spec, view)]
+        stealable = [k for k in self.queued_at if self._may_steal(k, dev.id, view)]
         return min(stealable, key=self._queue_order) if stealable else None
+
+    def _may_steal(self, key: NodeKey, device_id: str, view: placement.DeviceView) -> bool:
+        rec = self.tasks[key[0]].nodes[key[1]]
+        return device_id not in rec.failed_on and placement.capable(rec.spec, view)
 
     def _queue_order(self, key: NodeKey) -> tuple[int, float]:
         run = self.tasks[key[0]]
@@ -823,7 +849,14 @@ def _terminate(_exc: BaseException) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _with_queue(view: placement.DeviceView, n: int) -> placement.DeviceView:
-    from dataclasses import replace
+def _takes_work(dev: DeviceRun) -> bool:
+    return dev.admin is AdminState.ACTIVE and dev.liveness is Liveness.ONLINE
 
-    return replace(view, queue_length=n, busy=True)
+
+def _occupied(dev: DeviceRun) -> bool:
+    return dev.current_batch is not None or bool(dev.queue)
+
+
+def _signature(spec: NodeSpec) -> tuple[Any, ...]:
+    p = spec.placement
+    return (spec.kind, p.device, p.platform, tuple(sorted(p.labels.items())), tuple(sorted(set(spec.tools()))))

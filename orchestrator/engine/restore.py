@@ -43,6 +43,9 @@ def task_from_bundle(bundle: TaskBundle) -> TaskRun:
         rec.ready_since = n.ready_since.timestamp() if n.ready_since else None
         rec.not_before = n.not_before.timestamp() if n.not_before else None
         rec.queued_on = n.queued_on
+    for a in bundle.attempts:
+        if a.status == "failed":
+            run.nodes[a.node_id].failed_on.add(a.device_id)
     run.recount()
     return run
 

@@ -111,6 +111,14 @@ def test_orchestrator_killed_mid_task_recovers_and_runs_no_batch_twice(tmp_path:
         assert done["state"] == "succeeded", done
         assert ran.read_text().split() == steps
         assert all(len(n["attempts"]) == 1 for n in done["nodes"])
+        # The event history survived the crash: a stream resumed after it has no gap or repeat.
+        with f.server.client() as c:
+            text = c.get(f"/v1/tasks/{task['id']}/events").text
+        ids = [int(line[3:]) for line in text.splitlines() if line.startswith("id:")]
+        assert ids == sorted(set(ids))
+        with f.server.client() as c:
+            tail = c.get(f"/v1/tasks/{task['id']}/events", params={"after": ids[2]}).text
+        assert [int(line[3:]) for line in tail.splitlines() if line.startswith("id:")] == ids[3:]
 
 
 def test_a_frozen_agent_goes_suspect_then_offline_its_read_only_node_moves_and_it_is_fenced_after(

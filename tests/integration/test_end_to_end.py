@@ -61,3 +61,16 @@ def test_a_failed_command_skips_the_rest_of_the_batch_and_the_dependents(tmp_pat
         assert statuses == ["failure", "skipped"]
         assert a["attempts"][0]["results"][0]["result"]["exit_code"] == 1
         assert b["state"] == "skipped"
+
+
+def test_a_command_past_its_timeout_s_fails_with_timeout_and_its_process_is_killed(tmp_path: Path) -> None:
+    with fleet(tmp_path) as f:
+        a = f.agent("ticker")
+        cmd = {"tool": "shell.run", "arguments": {"argv": ["sh", "-c", "echo $$ > pid; sleep 60"]}, "timeout_s": 1}
+        done = f.wait_task(f.submit({"nodes": [{"id": "n", "commands": [cmd]}]})["id"], timeout=60)
+        node = f.node(done, "n")
+        assert node["state"] == "failed"
+        assert node["error"]["code"] == "timeout"
+        pid = int((a.workspace / "pid").read_text())
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or ") Z " in stat.read_text()

@@ -72,3 +72,21 @@ async def test_a_unique_clash_is_a_write_conflict_and_writes_nothing(store: Stor
     assert await store.get_task("t2") is None
     assert await store.events_after("t2", 0) == []
     await store.close()
+
+
+def test_the_fast_converters_write_exactly_what_sqlalchemy_would() -> None:
+    from datetime import timedelta, timezone
+
+    from sqlalchemy.dialects import sqlite
+
+    from orchestrator.store.models import Event
+    from orchestrator.store.sqlite_writer import _dump_json, _sqlite_datetime
+
+    dialect = sqlite.dialect()
+    slow_dt = Event.__table__.c.at.type._cached_bind_processor(dialect)
+    for value in (AT, datetime(2026, 1, 2, 3, 4, 5, 60, tzinfo=timezone(timedelta(hours=-7)))):
+        assert _sqlite_datetime(value) == slow_dt(value)
+    value = {"a": [1, 2.5, None, True], "b": {"c": "é"}}
+    import json
+
+    assert json.loads(_dump_json(value)) == value

@@ -1,0 +1,136 @@
+"""DAG throughput: a layered DAG of no-op nodes on simulated devices, with every state change durable.
+
+Shape: LAYERS layers of WIDTH nodes (default 20 x 100 = 2,000); each node after the first layer
+depends on two nodes of the layer before. Orrery runs it on DEVICES simulated devices (real
+protocol clients over WebSockets, all in this process) against a real `orrery serve` with its
+durable SQLite store. Dask distributed (LocalCluster, 2 single-threaded worker processes,
+futures) and Ray (num_cpus=2) run the same DAG shape of no-op tasks in the same run.
+
+    python bench/dag_throughput.py [--layers 20] [--width 100] [--devices 50] [--skip-peers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.simdevice import SimFleet  # noqa: E402
+from tests.support import Fleet  # noqa: E402
+
+
+def parents(layer: int, i: int, width: int) -> list[tuple[int, int]]:
+    return [] if layer == 0 else [(layer - 1, i), (layer - 1, (i + 1) % width)]
+
+
+def dag(layers: int, width: int) -> dict[str, Any]:
+    nodes = [{"id": f"l{L}n{i}", "commands": [{"tool": "sim.noop", "arguments": {}}]}
+             for L in range(layers) for i in range(width)]
+    edges = [{"from": f"l{pl}n{pi}", "to": f"l{L}n{i}"}
+             for L in range(layers) for i in range(width) for pl, pi in parents(L, i, width)]
+    return {"nodes": nodes, "edges": edges}
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_orrery(layers: int, width: int, devices: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp), max_nodes_per_task=str(layers * width)) as fleet:
+        sims = SimFleet()
+        try:
+            for i in range(devices):
+                sims.add(fleet.server.url, fleet.enroll(f"sim-{i:03d}"))
+            spec = dag(layers, width)
+            assert fleet.server.proc is not None
+            started = time.perf_counter()
+            task = fleet.submit(spec)
+            done = fleet.wait_task(task["id"], timeout=3600)
+            elapsed = time.perf_counter() - started
+            assert done["state"] == "succeeded", done["state"]
+            executions = sum(len(d.executions) for d in sims.devices)
+            assert executions == layers * width, f"{executions} executions for {layers * width} nodes"
+            return {"seconds": elapsed, "nodes_per_s": layers * width / elapsed,
+                    "server_peak_rss_mb": peak_rss_mb(fleet.server.proc.pid)}
+        finally:
+            sims.close()
+
+
+def noop(*_deps: Any) -> None:
+    return None
+
+
+def run_dask(layers: int, width: int) -> float | None:
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        return None
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.submit(noop, pure=False).result()  # warm up
+        started = time.perf_counter()
+        prev: list[Any] = []
+        for layer in range(layers):
+            cur = [client.submit(noop, *[prev[p] for _, p in parents(layer, i, width)], pure=False)
+                   for i in range(width)]
+            prev = cur
+        client.gather(prev)
+        return layers * width / (time.perf_counter() - started)
+
+
+def run_ray(layers: int, width: int) -> float | None:
+    try:
+        import ray
+    except ImportError:
+        return None
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        remote = ray.remote(noop)
+        ray.get([remote.remote() for _ in range(100)])  # warm up the workers
+        started = time.perf_counter()
+        prev: list[Any] = []
+        for layer in range(layers):
+            prev = [remote.remote(*[prev[p] for _, p in parents(layer, i, width)]) for i in range(width)]
+        ray.get(prev)
+        return layers * width / (time.perf_counter() - started)
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=20)
+    parser.add_argument("--width", type=int, default=100)
+    parser.add_argument("--devices", type=int, default=50)
+    parser.add_argument("--skip-peers", action="store_true")
+    args = parser.parse_args()
+    orrery = run_orrery(args.layers, args.width, args.devices)
+    dask = ray_ = None
+    if not args.skip_peers:
+        dask = run_dask(args.layers, args.width)
+        ray_ = run_ray(args.layers, args.width)
+    n = args.layers * args.width
+    print(f"\n{n}-node layered DAG ({args.layers} x {args.width}, 2 parents each)\n")
+    print(f"{'system':58} {'nodes/s':>9} {'vs Orrery':>10}")
+    rows = [(f"Orrery, {args.devices} simulated devices, durable SQLite", orrery["nodes_per_s"])]
+    if dask:
+        rows.append(("Dask distributed, 2 single-threaded workers (in memory)", dask))
+    if ray_:
+        rows.append(("Ray, num_cpus=2 (in memory)", ray_))
+    for name, rate in rows:
+        print(f"{name:58} {rate:>9.0f} {rate / orrery['nodes_per_s']:>9.2f}x")
+    print(f"\nOrrery: {orrery['seconds']:.2f}s end to end, server peak RSS {orrery['server_peak_rss_mb']:.0f} MB")
+    print(json.dumps({"orrery": orrery, "dask_nodes_per_s": dask, "ray_nodes_per_s": ray_}))
+
+
+if __name__ == "__main__":
+    main()
