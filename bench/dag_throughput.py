@@ -21,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.simdevice import SimFleet  # noqa: E402
-from tests.support import Fleet  # noqa: E402
+from tests.simdevice import SimFleet
+from tests.support import Fleet
 
 
 def parents(layer: int, i: int, width: int) -> list[tuple[int, int]]:
@@ -30,10 +30,17 @@ def parents(layer: int, i: int, width: int) -> list[tuple[int, int]]:
 
 
 def dag(layers: int, width: int) -> dict[str, Any]:
-    nodes = [{"id": f"l{L}n{i}", "commands": [{"tool": "sim.noop", "arguments": {}}]}
-             for L in range(layers) for i in range(width)]
-    edges = [{"from": f"l{pl}n{pi}", "to": f"l{L}n{i}"}
-             for L in range(layers) for i in range(width) for pl, pi in parents(L, i, width)]
+    nodes = [
+        {"id": f"l{L}n{i}", "commands": [{"tool": "sim.noop", "arguments": {}}]}
+        for L in range(layers)
+        for i in range(width)
+    ]
+    edges = [
+        {"from": f"l{pl}n{pi}", "to": f"l{L}n{i}"}
+        for L in range(layers)
+        for i in range(width)
+        for pl, pi in parents(L, i, width)
+    ]
     return {"nodes": nodes, "edges": edges}
 
 
@@ -59,8 +66,11 @@ def run_orrery(layers: int, width: int, devices: int) -> dict[str, float]:
             assert done["state"] == "succeeded", done["state"]
             executions = sum(len(d.executions) for d in sims.devices)
             assert executions == layers * width, f"{executions} executions for {layers * width} nodes"
-            return {"seconds": elapsed, "nodes_per_s": layers * width / elapsed,
-                    "server_peak_rss_mb": peak_rss_mb(fleet.server.proc.pid)}
+            return {
+                "seconds": elapsed,
+                "nodes_per_s": layers * width / elapsed,
+                "server_peak_rss_mb": peak_rss_mb(fleet.server.proc.pid),
+            }
         finally:
             sims.close()
 
@@ -74,14 +84,17 @@ def run_dask(layers: int, width: int) -> float | None:
         from dask.distributed import Client, LocalCluster
     except ImportError:
         return None
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         client.submit(noop, pure=False).result()  # warm up
         started = time.perf_counter()
         prev: list[Any] = []
         for layer in range(layers):
-            cur = [client.submit(noop, *[prev[p] for _, p in parents(layer, i, width)], pure=False)
-                   for i in range(width)]
+            cur = [
+                client.submit(noop, *[prev[p] for _, p in parents(layer, i, width)], pure=False) for i in range(width)
+            ]
             prev = cur
         client.gather(prev)
         return layers * width / (time.perf_counter() - started)

@@ -51,6 +51,7 @@ class Session:
         self.received_seq = 0  # highest contiguous reliable seq received from the peer
         self.confirmed_seq = 0  # highest received seq the application has processed; sent as ack
         self.peer_ack = 0  # highest of our seqs the peer acknowledged
+        self.ack_sent = 0  # the ack carried by the last frame we stamped
         self._unacked: dict[int, Message] = {}
 
     # ------------------------------------------------------------------ outgoing
@@ -58,6 +59,7 @@ class Session:
     def stamp(self, message: Message) -> Message:
         """Give an outgoing frame its `seq` (reliable frames only) and our current `ack`."""
         update: dict[str, int] = {"ack": self.confirmed_seq, "v": self.version}
+        self.ack_sent = self.confirmed_seq
         if is_reliable(message):
             self.sent_seq += 1
             update["seq"] = self.sent_seq

@@ -24,7 +24,7 @@ def task_out(task: Task, counts: dict[str, int] | None = None) -> TaskOut:
         created_at=task.created_at,
         finished_at=task.finished_at,
         error=task.error,
-        dag_version=task.dag_version,
+        dag_version=task.dag_version or 1,
         node_counts=counts or {},
     )
 

@@ -13,11 +13,12 @@ from orchestrator.config import Settings
 from orchestrator.domain import dag, placement
 from orchestrator.domain.model import DagSpec, NodeKind, TaskState
 from orchestrator.domain.problems import DomainError, Problem
+from orchestrator.domain.run import TaskRun
 from orchestrator.engine.core import Engine, iso, utc
 from orchestrator.engine.records import TaskCreated
 from orchestrator.ids import new_id
 from orchestrator.store.models import Edge, Node, Task
-from orchestrator.store.repo import ChangeSet, Store, WriteConflict
+from orchestrator.store.repo import ChangeSet, Store, TaskBundle, WriteConflict
 
 
 def body_hash(body: TaskCreate) -> str:
@@ -43,8 +44,9 @@ def validate_for_fleet(spec: DagSpec, engine: Engine, settings: Settings) -> lis
 
 async def create_task(
     store: Store, engine: Engine, settings: Settings, body: TaskCreate, idempotency_key: str | None
-) -> tuple[str, bool]:
-    """Store a new task and hand it to the engine. Returns (task id, created)."""
+) -> tuple[str, TaskBundle | None]:
+    """Store a new task and hand it to the engine. Returns its id and, when it was created now,
+    the stored rows (the caller can answer from them without reading the task back)."""
     digest = body_hash(body)
     if idempotency_key:
         existing = await store.find_task_by_idempotency_key(idempotency_key)
@@ -86,11 +88,17 @@ async def create_task(
             if existing is not None:
                 return _same_or_conflict(existing, digest)
         raise
-    engine.notify(TaskCreated(task_id))
-    return task_id, True
+    engine.notify(TaskCreated(task_id, TaskRun(task_id, spec.nodes, spec.edges, priority=body.priority)))
+    bundle = TaskBundle(
+        Task(**rows["task"]),
+        [Node(**n, output=None, results=None, error=None) for n in rows["nodes"]],
+        [Edge(**e) for e in rows["edges"]],
+        [],
+    )
+    return task_id, bundle
 
 
-def _same_or_conflict(existing: Task, digest: str) -> tuple[str, bool]:
+def _same_or_conflict(existing: Task, digest: str) -> tuple[str, TaskBundle | None]:
     if existing.body_hash != digest:
         raise ApiError(
             409,
@@ -98,7 +106,7 @@ def _same_or_conflict(existing: Task, digest: str) -> tuple[str, bool]:
             f"Idempotency-Key was already used for task {existing.id} with a different body",
             task_id=existing.id,
         )
-    return existing.id, False
+    return existing.id, None
 
 
 def task_rows(

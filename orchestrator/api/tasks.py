@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
@@ -33,9 +33,10 @@ async def submit(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> TaskOut:
     task_id, created = await create_task(comp.store, comp.engine, comp.settings, body, idempotency_key)
-    if not created:
-        response.status_code = 200
-    return await _detail(comp, task_id)
+    if created is None:
+        response.status_code = 200  # the same Idempotency-Key and body: the task made before
+        return await _detail(comp, task_id)
+    return task_detail(created)
 
 
 @router.get("", response_model=Page)
@@ -125,7 +126,7 @@ async def _stream(comp: Any, task_id: str, after: int) -> AsyncIterator[str]:
 
 
 def _frame(event_id: int, type_: str, data: dict[str, Any]) -> str:
-    return f"id: {event_id}\nevent: {type_}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+    return f"id: {event_id}\nevent: {type_}\ndata: {orjson.dumps(data).decode()}\n\n"
 
 
 def _ends(type_: str, data: dict[str, Any]) -> bool:

@@ -228,7 +228,7 @@ class Engine:
         if isinstance(item, FrameIn):
             return await self._on_frame(item.device_id, item.message, now)
         if isinstance(item, TaskCreated):
-            return await self._on_task_created(item.task_id, now)
+            return await self._on_task_created(item.task_id, item.run, now)
         if isinstance(item, CancelTask):
             return self._on_cancel(item.task_id, now)
         if isinstance(item, DeviceHello):
@@ -241,13 +241,14 @@ class Engine:
             return None
         raise TypeError(f"unknown engine input {item!r}")
 
-    async def _on_task_created(self, task_id: str, now: float) -> None:
+    async def _on_task_created(self, task_id: str, run: TaskRun | None, now: float) -> None:
         if task_id in self.tasks:
             return
-        bundle = await self.store.get_task(task_id)
-        if bundle is None or TaskState(bundle.task.state).terminal:
-            return
-        run = task_from_bundle(bundle)
+        if run is None:
+            bundle = await self.store.get_task(task_id)
+            if bundle is None or TaskState(bundle.task.state).terminal:
+                return
+            run = task_from_bundle(bundle)
         self.tasks[task_id] = run
         self._apply(run, run.start(now), now)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.domain.placement import DeviceView
+from orchestrator.domain.run import TaskRun
 from protocol.messages import Message
 
 NodeKey = tuple[str, str]  # (task_id, node_id)
@@ -79,6 +80,7 @@ class Input:
 @dataclass
 class TaskCreated(Input):
     task_id: str
+    run: TaskRun | None = None  # the submitting replica hands its parsed task over; others load it
 
 
 @dataclass

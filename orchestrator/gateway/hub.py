@@ -31,6 +31,8 @@ from protocol.session import Channel, Role, Session, negotiate_version
 
 log = logging.getLogger("orrery.gateway")
 
+ACK_DELAY_S = 0.05  # how long a standalone ack waits for a frame it could ride on
+
 
 @dataclass
 class Connection:
@@ -225,8 +227,13 @@ class Gateway:
                 await self.engine.submit(FrameIn(device_id, msg))
                 assert link.session is not None
                 link.session.confirm(msg.seq)
-                # Acknowledge at once: the agent's outbox can let go of what is now durable here.
-                self._heartbeat_reply(link, conn)
+                # Acknowledge soon, so the agent's outbox can let go of what is now durable here;
+                # usually the next command batch carries the ack first and no extra frame is sent.
+                asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack_if_needed, link, conn)
+
+    def _ack_if_needed(self, link: Link, conn: Connection) -> None:
+        if link.conn is conn and link.session is not None and link.session.ack_sent < link.session.confirmed_seq:
+            self._heartbeat_reply(link, conn)
 
     def _heartbeat_reply(self, link: Link, conn: Connection) -> None:
         dev = self.engine.devices.get(link.device_id)
