@@ -68,6 +68,7 @@ class Agent:
         self.current: CommandBatch | None = None
         self.cancelling: set[str] = set()
         self.heartbeat_interval_s = 10.0
+        self.frame_limit = config.max_frame_bytes
         self.heartbeat_timeout_s = 50.0
         self.last_server_frame = time.monotonic()
         self.connected = asyncio.Event()
@@ -119,6 +120,7 @@ class Agent:
                 raise Closed(None, f"server refused hello: {first.code}: {first.message}")
             assert isinstance(first, Welcome)
             resend = self._open(channel, first)
+            self.frame_limit = min(self.config.max_frame_bytes, first.max_frame_bytes)
             self.heartbeat_interval_s = first.heartbeat_interval_s
             self.heartbeat_timeout_s = first.heartbeat_timeout_s
             opened = time.monotonic()
@@ -260,7 +262,7 @@ class Agent:
                 continue  # finished meanwhile (a redelivery raced with the first copy)
             self.current = batch
             try:
-                results = await self._run(batch)
+                results = fit_to_frame(await self._run(batch), batch, self.frame_limit)
                 self.ledger.finish_batch(batch.batch_id, batch.fence, results)
             finally:
                 self.current = None
@@ -319,3 +321,26 @@ def _log_retry(state: RetryCallState) -> None:
         delay,
         exc_info=None if expected else exc,
     )
+
+
+def fit_to_frame(results: list[Result], batch: CommandBatch, limit: int) -> list[Result]:
+    """Shrink the largest results until the result batch fits the server's frame limit.
+
+    SPEC section 5 / output caps: an oversized result is truncated with a marker that says how
+    big it was, never dropped, and the batch is never refused for its size.
+    """
+    budget = int(limit * 0.9)  # room for the envelope and the ack/seq fields
+    out = list(results)
+    for _ in range(len(out)):
+        frame = ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=out)
+        size = len(encode(frame).encode())
+        if size <= budget:
+            break
+        i = max(range(len(out)), key=lambda k: len(out[k].model_dump_json()))
+        big = out[i]
+        text = big.model_dump_json(include={"result"})
+        keep = max(0, len(text) - (size - budget) - 200)
+        out[i] = big.model_copy(
+            update={"result": {"truncated": True, "original_bytes": len(text), "preview": text[:keep]}}
+        )
+    return out

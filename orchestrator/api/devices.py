@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from orchestrator.api.deps import Admin, Comp, Operator, Viewer
-from orchestrator.api.errors import ApiError
+from orchestrator.api.errors import COMMON, ApiError, problems
 from orchestrator.api.render import device_out
 from orchestrator.api.schemas import DeviceEnroll, DeviceEnrolled, DeviceOut, Page
 from orchestrator.domain.model import AdminState
@@ -19,7 +19,7 @@ from orchestrator.security import device_token
 from orchestrator.store.models import Device
 from orchestrator.store.repo import WriteConflict
 
-router = APIRouter(prefix="/v1/devices", tags=["devices"])
+router = APIRouter(prefix="/v1/devices", tags=["devices"], responses={**COMMON, **problems(404, 409)})
 
 
 @router.post("", status_code=201, response_model=DeviceEnrolled)

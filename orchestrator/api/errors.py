@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.domain.problems import DomainError
@@ -68,6 +69,26 @@ def problem_body(status: int, code: str, detail: str, **extra: Any) -> dict[str,
     }
 
 
+class Problem(BaseModel):
+    """RFC 9457 problem details, with Orrery's stable `code`."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    problems: list[dict[str, Any]] | None = None
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the problem+json errors a route may answer with."""
+    schema = Problem.model_json_schema()
+    return {s: {"description": _TITLES.get(s, "Error"), "content": {PROBLEM: {"schema": schema}}} for s in statuses}
+
+
+COMMON = problems(400, 401, 403, 413, 422, 429)
+
+
 def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(problem_body(status, code, detail, **extra), status, media_type=PROBLEM, headers=headers)
@@ -100,7 +121,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
-        return problem_response(exc.status_code, code, str(exc.detail))
+        response = problem_response(exc.status_code, code, str(exc.detail))
+        response.headers.update(exc.headers or {})  # e.g. Allow on a 405 (RFC 9110)
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:

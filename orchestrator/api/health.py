@@ -18,7 +18,7 @@ async def healthz() -> dict[str, Any]:
     return {"status": "ok", "version": __version__}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {"description": "a dependency is not reachable"}})
 async def readyz(comp: Comp) -> JSONResponse:
     checks: dict[str, str] = {}
     try:

@@ -8,14 +8,14 @@ from typing import Any
 from fastapi import APIRouter
 
 from orchestrator.api.deps import Admin, Comp
-from orchestrator.api.errors import ApiError
+from orchestrator.api.errors import COMMON, ApiError, problems
 from orchestrator.api.schemas import ApiKeyCreate, ApiKeyCreated
 from orchestrator.engine.core import utc
 from orchestrator.ids import new_id, new_secret
 from orchestrator.security import API_KEY_PREFIX
 from orchestrator.store.models import ApiKey
 
-router = APIRouter(prefix="/v1/api-keys", tags=["api-keys"])
+router = APIRouter(prefix="/v1/api-keys", tags=["api-keys"], responses={**COMMON, **problems(404, 409)})
 
 
 @router.post("", status_code=201, response_model=ApiKeyCreated)

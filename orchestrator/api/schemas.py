@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from orchestrator.domain.model import DagSpec, Role
 
@@ -15,8 +15,16 @@ class _In(BaseModel):
 
 
 class TaskCreate(_In):
+    model_config = ConfigDict(
+        extra="forbid",
+        # Exactly one of the two, said in the schema too, so clients and fuzzers know the rule.
+        json_schema_extra={"oneOf": [{"required": ["request"]}, {"required": ["dag"]}]},
+    )
+
     name: str | None = Field(default=None, max_length=200)
-    request: str | None = Field(default=None, min_length=1, max_length=20_000)
+    request: Annotated[str | None, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 20_000})] = Field(
+        default=None, min_length=1, max_length=20_000
+    )
     dag: DagSpec | None = None
     priority: int = Field(default=0, ge=-1000, le=1000)
     labels: dict[str, str] = Field(default_factory=dict)

@@ -55,7 +55,7 @@ async def create_task(
     llm = bool(settings.llm_base_url and settings.llm_model)
     if body.request is not None and not llm:
         raise ApiError(
-            503,
+            422,
             "planner_unavailable",
             "this server has no LLM configured (ORRERY_LLM_BASE_URL, ORRERY_LLM_MODEL); submit an explicit 'dag'",
         )
@@ -63,7 +63,7 @@ async def create_task(
     assert spec is not None
     if not llm and any(n.kind is NodeKind.AGENT for n in spec.nodes):
         raise ApiError(
-            503,
+            422,
             "planner_unavailable",
             "agent nodes need an LLM and this server has none configured; use tool nodes",
         )

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api.deps import Comp, Operator, Viewer
-from orchestrator.api.errors import ApiError
+from orchestrator.api.errors import COMMON, ApiError, problems
 from orchestrator.api.render import task_detail, task_out
 from orchestrator.api.schemas import Page, TaskCreate, TaskOut
 from orchestrator.api.submission import create_task
@@ -19,12 +19,22 @@ from orchestrator.domain.model import TaskState
 from orchestrator.engine.records import CancelTask
 from orchestrator.store.repo import BadCursor
 
-router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **problems(404, 409)})
 
 SSE_KEEPALIVE_S = 15.0
 
 
-@router.post("", status_code=201, response_model=TaskOut)
+@router.post(
+    "",
+    status_code=201,
+    response_model=TaskOut,
+    responses={
+        200: {
+            "model": TaskOut,
+            "description": "the task an earlier request with the same Idempotency-Key and body created",
+        }
+    },
+)
 async def submit(
     body: TaskCreate,
     comp: Comp,
@@ -71,7 +81,13 @@ async def cancel(task_id: str, comp: Comp, _p: Operator) -> dict[str, Any]:
     return {"task_id": task_id, "state": "cancelling"}
 
 
-@router.get("/{task_id}/events")
+@router.get(
+    "/{task_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {"description": "server-sent events", "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+    },
+)
 async def events(
     task_id: str,
     request: Request,

@@ -74,3 +74,16 @@ def test_the_demo_runs_a_multi_device_dag_and_exits_0(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Server errors (HTTP 500) across web-1 and web-2: 3" in result.stdout
     assert "task succeeded" in result.stdout
+
+
+def test_api_keys_are_created_and_revoked_from_the_cli(shared_fleet: Fleet) -> None:
+    created = orrery(shared_fleet, "api-keys", "create", "--role", "viewer", "--json")
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout)
+    assert key["role"] == "viewer" and key["key"].startswith("orrk_")
+    revoked = orrery(shared_fleet, "api-keys", "revoke", key["id"])
+    assert revoked.returncode == 0
+    import httpx
+
+    r = httpx.get(f"{shared_fleet.server.url}/v1/tasks", headers={"Authorization": f"Bearer {key['key']}"})
+    assert r.status_code == 401

@@ -77,7 +77,7 @@ def test_the_unknown_tool_problem_suggests_near_names(fleet_with_agent: Fleet) -
 
 def test_a_request_without_an_llm_is_planner_unavailable(fleet_with_agent: Fleet) -> None:
     r = post(fleet_with_agent, {"request": "do something"})
-    assert r.status_code == 503 and r.json()["code"] == "planner_unavailable"
+    assert r.status_code == 422 and r.json()["code"] == "planner_unavailable"
 
 
 def test_both_or_neither_of_request_and_dag_is_a_validation_error(fleet_with_agent: Fleet) -> None:

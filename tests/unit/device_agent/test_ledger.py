@@ -66,3 +66,17 @@ def test_results_stay_in_the_outbox_until_acknowledged_across_reopen(tmp_path: P
     reopened.acknowledged("b1")
     assert reopened.outbox() == []
     assert reopened.results("b1") is not None  # still answers a redelivery
+
+
+def test_a_result_batch_too_big_for_a_frame_is_truncated_with_a_marker_not_dropped() -> None:
+    from device_agent.agent import fit_to_frame
+    from protocol.codec import encode
+    from protocol.messages import ResultBatch
+
+    b = batch("b1", 1, n=2)
+    results = [Result(call_id="c1", status="success", result="x" * 50_000, namespace="shell"), ok("c2")]
+    fitted = fit_to_frame(results, b, limit=10_000)
+    assert len(encode(ResultBatch(batch_id="b1", fence=1, results=fitted))) <= 10_000
+    assert fitted[0].result["truncated"] is True and fitted[0].result["original_bytes"] > 50_000
+    assert fitted[1] == results[1]
+    assert [r.call_id for r in fitted] == ["c1", "c2"]
