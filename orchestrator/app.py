@@ -14,21 +14,23 @@ from typing import Any
 from fastapi import FastAPI, WebSocket
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestrator import __version__
+from orchestrator import __version__, web
 from orchestrator.api import devices, errors, health, keys, tasks
 from orchestrator.api.deps import Components
 from orchestrator.api.errors import problem_response
 from orchestrator.bus.local import LocalBus
 from orchestrator.config import Settings
 from orchestrator.domain.model import Role
-from orchestrator.engine.core import Engine, utc
+from orchestrator.engine.core import Engine
+from orchestrator.engine.times import utc
 from orchestrator.gateway.hub import Gateway
 from orchestrator.gateway.limits import RateLimiter
 from orchestrator.ids import new_id, new_secret
+from orchestrator.planner.service import PlannerService
 from orchestrator.security import API_KEY_PREFIX, Hasher, load_secret_key, write_private
 from orchestrator.store.migrate import upgrade_async
 from orchestrator.store.models import ApiKey
-from orchestrator.store.repo import Store
+from orchestrator.store.repo import Store, WriteConflict
 
 log = logging.getLogger("orrery")
 
@@ -52,6 +54,7 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
     errors.install(app)
     for module in (health, tasks, devices, keys):
         app.include_router(module.router)
+    web.mount(app)
 
     @app.websocket("/v1/agent")
     async def agent_socket(ws: WebSocket) -> None:
@@ -74,12 +77,17 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         await upgrade_async(url)
     store = Store(url)
     hasher = Hasher(load_secret_key(settings.secret_key, data_dir))
-    await bootstrap_admin_key(store, hasher, data_dir)
+    await bootstrap_admin_key(store, hasher, data_dir, settings.admin_key)
     bus = LocalBus()
     engine = Engine(settings, store, bus)
     gateway = Gateway(settings, store, engine, hasher)
+    planner = PlannerService(settings, store, engine) if settings.llm_configured else None
+    engine.planner = planner
     await engine.start()
     await gateway.start()
+    if planner is not None:
+        for task_id, request in engine.planning_to_resume:
+            planner.start_planning(task_id, request)
     return Components(
         settings=settings,
         store=store,
@@ -88,32 +96,37 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         gateway=gateway,
         bus=bus,
         auth_failures=RateLimiter(settings.auth_failures_per_minute, 60.0),
+        planner=planner,
     )
 
 
 async def stop_components(comp: Components) -> None:
+    if comp.planner is not None:
+        await comp.planner.close()
     await comp.gateway.stop()
     await comp.engine.stop()
     await comp.bus.close()
     await comp.store.close()
 
 
-async def bootstrap_admin_key(store: Store, hasher: Hasher, data_dir: Path) -> None:
-    """First start with an empty store: create an admin key in `<data-dir>/admin.key` (0600)."""
+async def bootstrap_admin_key(store: Store, hasher: Hasher, data_dir: Path, given: str | None = None) -> None:
+    """First start with an empty store: create an admin key (the configured one, for deployments
+    that hand it out through a secret, else a fresh one) and write it to `<data-dir>/admin.key` (0600)."""
     if await store.count_api_keys() > 0:
         return
-    key = new_secret(API_KEY_PREFIX)
-    await store.add(
-        ApiKey,
-        {
-            "id": new_id("key"),
-            "name": "bootstrap admin",
-            "role": Role.ADMIN.value,
-            "key_hash": hasher.digest(key),
-            "created_at": utc(time.time()),
-            "revoked_at": None,
-        },
-    )
+    key = given or new_secret(API_KEY_PREFIX)
+    row = {
+        "id": new_id("key"),
+        "name": "bootstrap admin",
+        "role": Role.ADMIN.value,
+        "key_hash": hasher.digest(key),
+        "created_at": utc(time.time()),
+        "revoked_at": None,
+    }
+    try:
+        await store.add(ApiKey, row)
+    except WriteConflict:
+        return  # another replica starting at the same moment created it
     path = data_dir / "admin.key"
     write_private(path, key + "\n")
     log.warning("created an admin API key; it is in %s (mode 0600)", path.resolve())

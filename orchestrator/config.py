@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from orchestrator.domain.dag import Limits
+
 MiB = 1024 * 1024
 
 
@@ -21,6 +23,7 @@ class Settings(BaseSettings):
     database_url: str | None = None
     redis_url: str | None = None
     secret_key: str | None = Field(default=None, description="HMAC key for token hashes (else a file)")
+    admin_key: str | None = Field(default=None, description="first admin API key to create on an empty store")
 
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     heartbeat_timeout_s: float = Field(default=50.0, gt=0)
@@ -31,25 +34,37 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=2 * MiB, ge=1024)
     max_nodes_per_task: int = Field(default=1000, ge=1)
     max_argument_bytes: int = Field(default=64 * 1024, ge=64)
-    max_result_bytes: int = Field(default=256 * 1024, ge=1024)
     handshakes_per_minute: int = Field(default=120, ge=1)
     auth_failures_per_minute: int = Field(default=30, ge=1)
 
     llm_base_url: str | None = None
     llm_api_key: str | None = None
     llm_model: str | None = None
+    llm_timeout_s: float = Field(default=120.0, gt=0, description="one model call, including its retries' waits")
+    llm_max_retries: int = Field(default=4, ge=0, le=20, description="retries on rate limits and server errors")
+    llm_vision: bool = Field(default=False, description="the model accepts images (agent nodes see screenshots)")
+    llm_calls_per_task: int = Field(default=60, ge=1, description="LLM call budget of one task")
+    llm_context_tokens: int = Field(default=24_000, ge=1000, description="budget for the device inventory in a prompt")
+    max_replans: int = Field(default=3, ge=0, le=50, description="re-planning rounds per task")
 
     tls_cert: Path | None = None
     tls_key: Path | None = None
     log_format: str = "text"
     log_level: str = "info"
-    replica_id: str | None = None
 
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{(self.data_dir / 'orrery.db').resolve()}"
+
+    @property
+    def dag_limits(self) -> Limits:
+        return Limits(max_nodes=self.max_nodes_per_task, max_argument_bytes=self.max_argument_bytes)
+
+    @property
+    def llm_configured(self) -> bool:
+        return bool(self.llm_base_url and self.llm_model)
 
     @property
     def suspect_after_s(self) -> float:

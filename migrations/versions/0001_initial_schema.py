@@ -63,6 +63,25 @@ def upgrade() -> None:
         batch_op.create_index("ix_events_task", ["task_id", "id"], unique=False)
 
     op.create_table(
+        "llm_calls",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
+        sa.Column("task_id", sa.String(length=40), nullable=False),
+        sa.Column("node_id", sa.String(length=64), nullable=True),
+        sa.Column("purpose", sa.String(length=20), nullable=False),
+        sa.Column("model", sa.String(length=200), nullable=False),
+        sa.Column("messages", sa.JSON(), nullable=False),
+        sa.Column("reply", sa.JSON(), nullable=True),
+        sa.Column("prompt_tokens", sa.Integer(), nullable=False),
+        sa.Column("completion_tokens", sa.Integer(), nullable=False),
+        sa.Column("latency_ms", sa.Double(), nullable=False),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("llm_calls", schema=None) as batch_op:
+        batch_op.create_index("ix_llm_calls_task", ["task_id", "id"], unique=False)
+
+    op.create_table(
         "tasks",
         sa.Column("id", sa.String(length=40), nullable=False),
         sa.Column("name", sa.String(length=200), nullable=False),
@@ -76,6 +95,8 @@ def upgrade() -> None:
         sa.Column("idempotency_key", sa.String(length=200), nullable=True),
         sa.Column("body_hash", sa.String(length=64), nullable=True),
         sa.Column("dag_version", sa.Integer(), nullable=False),
+        sa.Column("replans_used", sa.Integer(), nullable=False),
+        sa.Column("llm_calls", sa.Integer(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
@@ -89,6 +110,8 @@ def upgrade() -> None:
     op.create_table(
         "attempts",
         sa.Column("batch_id", sa.String(length=40), nullable=False),
+        sa.Column("parent_batch_id", sa.String(length=40), nullable=True),
+        sa.Column("kind", sa.String(length=10), nullable=False),
         sa.Column("task_id", sa.String(length=40), nullable=False),
         sa.Column("node_id", sa.String(length=64), nullable=False),
         sa.Column("n", sa.Integer(), nullable=False),
@@ -110,6 +133,16 @@ def upgrade() -> None:
         batch_op.create_index("ix_attempts_node", ["task_id", "node_id"], unique=False)
         batch_op.create_index("ix_attempts_open", ["device_id", "ended_at"], unique=False)
 
+    op.create_table(
+        "dag_edits",
+        sa.Column("task_id", sa.String(length=40), nullable=False),
+        sa.Column("version", sa.Integer(), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("edits", sa.JSON(), nullable=False),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["task_id"], ["tasks.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("task_id", "version"),
+    )
     op.create_table(
         "edges",
         sa.Column("task_id", sa.String(length=40), nullable=False),
@@ -145,6 +178,7 @@ def downgrade() -> None:
 
     op.drop_table("nodes")
     op.drop_table("edges")
+    op.drop_table("dag_edits")
     with op.batch_alter_table("attempts", schema=None) as batch_op:
         batch_op.drop_index("ix_attempts_open")
         batch_op.drop_index("ix_attempts_node")
@@ -155,6 +189,10 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f("ix_tasks_created_at"))
 
     op.drop_table("tasks")
+    with op.batch_alter_table("llm_calls", schema=None) as batch_op:
+        batch_op.drop_index("ix_llm_calls_task")
+
+    op.drop_table("llm_calls")
     with op.batch_alter_table("events", schema=None) as batch_op:
         batch_op.drop_index("ix_events_task")
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from orchestrator.bus.local import LocalBus
     from orchestrator.engine.core import Engine
     from orchestrator.gateway.hub import Gateway
+    from orchestrator.planner.service import PlannerService
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Components:
     gateway: Gateway
     bus: LocalBus
     auth_failures: RateLimiter
+    planner: PlannerService | None = None
 
 
 @dataclass(frozen=True)

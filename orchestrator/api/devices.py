@@ -12,8 +12,8 @@ from orchestrator.api.errors import COMMON, ApiError, problems
 from orchestrator.api.render import device_out
 from orchestrator.api.schemas import DeviceEnroll, DeviceEnrolled, DeviceOut, Page
 from orchestrator.domain.model import AdminState
-from orchestrator.engine.core import utc
 from orchestrator.engine.records import DeviceChanged
+from orchestrator.engine.times import utc
 from orchestrator.ids import new_id
 from orchestrator.security import device_token
 from orchestrator.store.models import Device

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from orchestrator.api.deps import Admin, Comp
 from orchestrator.api.errors import COMMON, ApiError, problems
 from orchestrator.api.schemas import ApiKeyCreate, ApiKeyCreated
-from orchestrator.engine.core import utc
+from orchestrator.engine.times import utc
 from orchestrator.ids import new_id, new_secret
 from orchestrator.security import API_KEY_PREFIX
 from orchestrator.store.models import ApiKey

@@ -42,7 +42,7 @@ async def submit(
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> TaskOut:
-    task_id, created = await create_task(comp.store, comp.engine, comp.settings, body, idempotency_key)
+    task_id, created = await create_task(comp.store, comp.engine, comp.settings, body, idempotency_key, comp.planner)
     if created is None:
         response.status_code = 200  # the same Idempotency-Key and body: the task made before
         return await _detail(comp, task_id)
@@ -68,6 +68,33 @@ async def list_tasks(
 @router.get("/{task_id}", response_model=TaskOut)
 async def get_task(task_id: str, comp: Comp, _p: Viewer) -> TaskOut:
     return await _detail(comp, task_id)
+
+
+@router.get("/{task_id}/llm", response_model=Page)
+async def llm_calls(task_id: str, comp: Comp, _p: Viewer) -> Page:
+    """Every model call made for the task (planning, agent steps, re-planning), secrets removed."""
+    if await comp.store.get_task(task_id) is None:
+        raise ApiError(404, "not_found", f"no task '{task_id}'")
+    rows = await comp.store.llm_calls(task_id)
+    edits = await comp.store.dag_edits(task_id)
+    items: list[Any] = [
+        {
+            "id": r.id,
+            "node_id": r.node_id,
+            "purpose": r.purpose,
+            "model": r.model,
+            "messages": r.messages,
+            "reply": r.reply,
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "latency_ms": r.latency_ms,
+            "error": r.error,
+            "at": r.at,
+        }
+        for r in rows
+    ]
+    items += [{"dag_edit": e.version, "reason": e.reason, "edits": e.edits, "at": e.at} for e in edits]
+    return Page(items=items)
 
 
 @router.post("/{task_id}/cancel", status_code=202)

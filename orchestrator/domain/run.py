@@ -69,6 +69,15 @@ class TaskRun:
         self.nodes: dict[str, NodeRecord] = {n.id: NodeRecord(n) for n in nodes}
         self._view = _StateView(self.nodes)
         self._unfinished = len(self.nodes)  # kept by _set: the task can only end when this is 0
+        # Re-planning (SPEC section 6): a node that fails for good is held, its successors left
+        # pending, until the planner has had its chance to edit the part not yet run.
+        self.hold_failures = False
+        self.held: set[str] = set()
+        self.replanning: set[str] = set()  # held nodes the planner is working on
+        self.replans_used = 0
+        self.replan = False  # the task asked for re-planning (LLM-planned tasks always do)
+        self.request: str | None = None
+        self.version = 1
 
     # ---------------------------------------------------------------- queries
 
@@ -99,7 +108,7 @@ class TaskRun:
         for node_id, state in dag.initial_states(self.graph).items():
             if state is NodeState.READY and self.nodes[node_id].state is NodeState.PENDING:
                 out += self._set(node_id, NodeState.READY, now)
-        finished = [n for n, r in self.nodes.items() if r.state.terminal]
+        finished = [n for n, r in self.nodes.items() if r.state.terminal and n not in self.held]
         for node_id, state in dag.advance(self.graph, self._view, finished).items():
             out += self._set(node_id, state, now)
         return out + self._maybe_finish()
@@ -145,7 +154,7 @@ class TaskRun:
             rec.not_before = now + retry.backoff_s(rec.attempts, rec.spec.retry, jitter)
             rec.queued_on = None
             return self._set(node_id, NodeState.READY, now)
-        return self._set(node_id, NodeState.FAILED, now) + self._progress(node_id, now)
+        return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
 
     def fail(self, node_id: str, code: str, message: str, now: float) -> list[Transition]:
         """Fail a node that has no attempt in flight (queue timeout, template error, ...)."""
@@ -154,7 +163,34 @@ class TaskRun:
             return []
         rec.error = {"code": code, "message": message}
         rec.queued_on = None
-        return self._set(node_id, NodeState.FAILED, now) + self._progress(node_id, now)
+        return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
+
+    def release(self, node_id: str, now: float) -> list[Transition]:
+        """Let a held failure take its course (after re-planning, or when none will happen)."""
+        if node_id not in self.held:
+            return []
+        self.held.discard(node_id)
+        return self._progress(node_id, now)
+
+    def replace_graph(self, nodes: list[NodeSpec], edges: list[EdgeSpec]) -> None:
+        """Adopt an edited DAG (already validated by `domain.edits`): new nodes start PENDING,
+        removed ones disappear, changed ones keep their (pending) record with the new spec."""
+        records: dict[str, NodeRecord] = {}
+        for spec in nodes:
+            rec = self.nodes.get(spec.id)
+            if rec is None:
+                rec = NodeRecord(spec)
+            else:
+                rec.spec = spec
+            records[spec.id] = rec
+        self.nodes.clear()
+        self.nodes.update(records)
+        self.edges = list(edges)
+        self.graph = dag.Graph.build([n.id for n in nodes], edges)
+        self.recount()
+
+    def specs(self) -> list[NodeSpec]:
+        return [r.spec for r in self.nodes.values()]
 
     def cancel(self, now: float) -> list[Transition]:
         """Cancel: every node not yet running is cancelled; running ones end when their device
@@ -162,6 +198,7 @@ class TaskRun:
         if self.state.terminal:
             return []
         self.cancel_requested = True
+        self.held.clear()
         out: list[Transition] = []
         for node_id, rec in self.nodes.items():
             if rec.state in (NodeState.PENDING, NodeState.READY, NodeState.QUEUED):
@@ -189,8 +226,14 @@ class TaskRun:
             out += self._set(n, NodeState.CANCELLED if cancelled else state, now)
         return out + self._maybe_finish()
 
+    def _failed(self, node_id: str, now: float) -> list[Transition]:
+        if self.hold_failures and not self.cancel_requested:
+            self.held.add(node_id)
+            return []
+        return self._progress(node_id, now)
+
     def _maybe_finish(self) -> list[Transition]:
-        if self._unfinished:
+        if self._unfinished or self.held:
             return []
         final = task_outcome(self.graph, self.states(), self.cancel_requested)
         if final is None or self.state is final:

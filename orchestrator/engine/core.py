@@ -19,16 +19,20 @@ import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from orchestrator.config import Settings
-from orchestrator.domain import placement, templates
-from orchestrator.domain.model import AdminState, Liveness, NodeKind, NodeSpec, NodeState, TaskState
+from orchestrator.domain import dag, placement, templates
+from orchestrator.domain.model import AdminState, DagSpec, Liveness, NodeKind, NodeSpec, NodeState, TaskState
+from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
+from orchestrator.engine import llm_work
+from orchestrator.engine.llm_work import PlannerHooks
 from orchestrator.engine.records import (
+    AgentDone,
+    AgentStep,
     AttemptRun,
     CancelTask,
     DeviceChanged,
@@ -38,10 +42,14 @@ from orchestrator.engine.records import (
     Input,
     LivenessChanged,
     NodeKey,
+    PlanFailed,
+    PlanReady,
+    ReplanDone,
     TaskCreated,
     Wake,
 )
-from orchestrator.engine.restore import attempt_from_row, device_from_row, task_from_bundle
+from orchestrator.engine.restore import device_from_row, recover, task_from_bundle
+from orchestrator.engine.times import iso, utc
 from orchestrator.ids import new_id
 from orchestrator.store.models import Attempt, Device, Node, Task
 from orchestrator.store.repo import ChangeSet, Store
@@ -76,14 +84,6 @@ class EventSink(Protocol):
     async def publish(self, events: list[dict[str, Any]]) -> None: ...
 
 
-def utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC)
-
-
-def iso(ts: float) -> str:
-    return utc(ts).isoformat()
-
-
 class Engine:
     def __init__(
         self,
@@ -99,6 +99,8 @@ class Engine:
         self.clock = clock
         self.rng = rng
         self.links: DeviceLinks | None = None
+        self.planner: PlannerHooks | None = None
+        self.planning_to_resume: list[tuple[str, str]] = []  # (task id, request) found at start-up
         self.tasks: dict[str, TaskRun] = {}
         self.devices: dict[str, DeviceRun] = {}
         self.attempts: dict[str, AttemptRun] = {}  # open attempts by batch id
@@ -239,6 +241,16 @@ class Engine:
             return await self._on_device_changed(item.device_id, now)
         if isinstance(item, Wake):
             return None
+        if isinstance(item, AgentStep):
+            return llm_work.on_agent_step(self, item, now)
+        if isinstance(item, AgentDone):
+            return llm_work.on_agent_done(self, item, now)
+        if isinstance(item, ReplanDone):
+            return llm_work.on_replan_done(self, item, now)
+        if isinstance(item, PlanReady):
+            return llm_work.on_plan_ready(self, item, now)
+        if isinstance(item, PlanFailed):
+            return llm_work.on_plan_failed(self, item, now)
         raise TypeError(f"unknown engine input {item!r}")
 
     async def _on_task_created(self, task_id: str, run: TaskRun | None, now: float) -> None:
@@ -249,6 +261,7 @@ class Engine:
             if bundle is None or TaskState(bundle.task.state).terminal:
                 return
             run = task_from_bundle(bundle)
+        llm_work.adopt(self, run)
         self.tasks[task_id] = run
         self._apply(run, run.start(now), now)
 
@@ -257,7 +270,11 @@ class Engine:
         if run is None or run.terminal:
             return False
         for att in list(self.attempts.values()):
-            if att.task_id == task_id:
+            if att.task_id != task_id or att.kind == "step":
+                continue
+            if att.kind == "agent":
+                llm_work.stop_agent(self, att, ErrorCode.CANCELLED, "the task was cancelled", now, "cancelled")
+            else:
                 self._send_cancel(att, "cancelled")
         self._changes.update(Task, (task_id,), cancel_requested=True)
         self._apply(run, run.cancel(now), now)
@@ -305,7 +322,13 @@ class Engine:
             # and is refused (SPEC section 4: a stale session cannot act).
             dev.fence += 1
             self._changes.update(Device, (dev.id,), fence=dev.fence)
-            for att in [a for a in self.attempts.values() if a.device_id == device_id]:
+            lost = f"device '{dev.name}' went offline while running this batch; it was re-placed if retry-safe"
+            for att in sorted([a for a in self.attempts.values() if a.device_id == device_id], key=_steps_first):
+                if att.kind == "agent":
+                    llm_work.stop_agent(self, att, ErrorCode.DEVICE_LOST, lost, now, "device_lost")
+                    continue
+                if att.batch_id not in self.attempts:
+                    continue
                 self._end_attempt(
                     att,
                     AttemptOutcome(
@@ -439,6 +462,12 @@ class Engine:
     def _end_attempt(
         self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: list[Result] | None = None
     ) -> None:
+        if att.kind == "step":
+            dumped = [r.model_dump(mode="json") for r in results] if results is not None else None
+            llm_work.end_step(self, att, outcome, dumped, now)
+            return
+        if att.kind == "agent" and self.planner is not None:
+            self.planner.cancel_agent(att.batch_id)
         self.attempts.pop(att.batch_id, None)
         self._closed[att.batch_id] = (att.device_id, att.fence, results is not None)
         if len(self._closed) > 10_000:
@@ -473,6 +502,9 @@ class Engine:
     def _assign(self, dev: DeviceRun, key: NodeKey, now: float) -> None:
         run = self.tasks[key[0]]
         rec = run.nodes[key[1]]
+        if rec.spec.kind is NodeKind.AGENT:
+            llm_work.assign_agent(self, dev, key, now)
+            return
         try:
             commands = [
                 {
@@ -570,8 +602,8 @@ class Engine:
             for key in sorted(self.ready, key=self._queue_order):
                 run = self.tasks[key[0]]
                 rec = run.nodes[key[1]]
-                if (rec.not_before and rec.not_before > now) or rec.spec.kind is NodeKind.AGENT:
-                    continue  # backing off; agent nodes are driven by the planner's step loop
+                if rec.not_before and rec.not_before > now:
+                    continue  # backing off before a retry
                 capable = self._capable(rec.spec)
                 if not capable:
                     self._maybe_fail_unplaceable(key, now)
@@ -669,7 +701,17 @@ class Engine:
                 self._queue_timeout(key[0], key[1], when, now)
             elif kind == "attempt_deadline":
                 att = self.attempts.get(key)
-                if att is not None:
+                if att is not None and att.kind == "agent":
+                    llm_work.stop_agent(
+                        self,
+                        att,
+                        ErrorCode.TIMEOUT,
+                        "the agent node did not finish within its "
+                        "timeout_s; raise timeout_s or simplify the instruction",
+                        now,
+                        "timeout",
+                    )
+                elif att is not None:
                     self._timeout_attempt(
                         att,
                         "the attempt did not finish within the node's timeout_s; the device was told "
@@ -758,6 +800,9 @@ class Engine:
                 extra["error"] = rec.error
             self._event("node.state", run.id, t.node_id, now, state=new.value, **extra)
 
+        if run.held - run.replanning:
+            llm_work.maybe_replan(self, run, now)
+
     def _task_transition(self, run: TaskRun, t: Transition, now: float) -> None:
         values: dict[str, Any] = {"state": t.new}
         if TaskState(t.new).terminal:
@@ -784,43 +829,7 @@ class Engine:
 
     async def _recover(self) -> None:
         """Rebuild runtime state from the store after a start or a crash (SPEC section 4)."""
-        snap = await self.store.load_runtime()
-        now = self.clock()
-        for row in snap.devices:
-            dev = device_from_row(row)
-            if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
-                # Nobody is connected yet: take no new work until the agent comes back, and let
-                # the gateway's grace period decide whether it is lost (peers.md: restart grace).
-                dev.liveness = Liveness.SUSPECT
-            self.devices[dev.id] = dev
-        for bundle in snap.tasks:
-            run = task_from_bundle(bundle)
-            self.tasks[run.id] = run
-            for a in bundle.attempts:
-                if a.ended_at is None:
-                    self.attempts[a.batch_id] = attempt_from_row(a)
-            for node_id, rec in run.nodes.items():
-                key = (run.id, node_id)
-                if rec.state is NodeState.READY:
-                    self.ready[key] = None
-                elif rec.state is NodeState.QUEUED:
-                    holder = self.devices.get(rec.queued_on or "")
-                    if holder is None:
-                        self._apply(run, run.unqueue(node_id), now)
-                    else:
-                        holder.queue[key] = None
-                        self.queued_at[key] = holder.id
-                if rec.state in (NodeState.READY, NodeState.QUEUED) and rec.ready_since:
-                    limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
-                    self._timer(rec.ready_since + limit, "queue_timeout", (key, rec.ready_since))
-                if rec.not_before:
-                    self._timer(rec.not_before, "wake", None)
-            # A crash between a node's end and its successors' update leaves them pending.
-            self._apply(run, run.start(now), now)
-        for att in self.attempts.values():
-            att.sent = True  # it may have reached the device before the crash
-            if att.deadline:
-                self._timer(att.deadline, "attempt_deadline", att.batch_id)
+        recover(self, await self.store.load_runtime(), self.clock())
         await self._commit()
         log.info(
             "engine recovered %d tasks, %d open attempts, %d devices",
@@ -838,12 +847,43 @@ class Engine:
                 out.update(dev.tools)
         return out
 
+    def validate(self, spec: DagSpec) -> list[Problem]:
+        """Structural problems first; then every tool node must fit some enrolled device (SPEC 3)."""
+        problems = dag.validate(spec, self.known_tools(), self.settings.dag_limits)
+        if problems:
+            return problems
+        views = self.device_views()
+        return [
+            placement.no_capable_device(node, views)
+            for node in spec.nodes
+            if node.kind is NodeKind.TOOL and not placement.could_ever_run(node, views)
+        ]
+
+    def inventory(self) -> list[dict[str, Any]]:
+        """Devices a planner may use: id, name, platform, labels, state and tool catalogue."""
+        return [
+            {
+                "id": d.id,
+                "name": d.name,
+                "platform": d.platform,
+                "labels": d.merged_labels(),
+                "state": placement.state_of(d.view()).value,
+                "tools": list(d.tools.values()),
+            }
+            for d in self.devices.values()
+            if d.admin is AdminState.ACTIVE and d.tools
+        ]
+
     def device_views(self) -> list[placement.DeviceView]:
         return [d.view() for d in self.devices.values()]
 
     def node_spec(self, task_id: str, node_id: str) -> NodeSpec | None:
         run = self.tasks.get(task_id)
         return run.nodes[node_id].spec if run and node_id in run.nodes else None
+
+
+def _steps_first(att: AttemptRun) -> int:
+    return 0 if att.kind == "step" else 1
 
 
 def _terminate(_exc: BaseException) -> None:

@@ -6,7 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.domain.model import AdminState, Liveness
+from orchestrator.domain.edits import EditList
+from orchestrator.domain.model import AdminState, DagSpec, Liveness
 from orchestrator.domain.placement import DeviceView
 from orchestrator.domain.run import TaskRun
 from protocol.messages import Message
@@ -63,6 +64,11 @@ class AttemptRun:
     accepted: bool = False
     sent: bool = False
     cancel_reason: str | None = None
+    kind: str = "tool"  # tool: one batch; agent: an LLM step loop; step: one batch of an agent attempt
+    parent: str | None = None  # a step's agent attempt
+    waiter: asyncio.Future[list[dict[str, Any]]] | None = None  # a step's results, for its agent loop
+    tools_used: list[str] = field(default_factory=list)  # an agent attempt's tools, for retry safety
+    step: str | None = None  # an agent attempt's step batch in flight
 
     @property
     def key(self) -> NodeKey:
@@ -117,3 +123,44 @@ class FrameIn(Input):
 @dataclass
 class Wake(Input):
     pass
+
+
+@dataclass
+class PlanReady(Input):
+    task_id: str
+    name: str | None
+    spec: DagSpec
+    request: str
+
+
+@dataclass
+class PlanFailed(Input):
+    task_id: str
+    code: str
+    message: str
+
+
+@dataclass
+class AgentStep(Input):
+    """An agent loop asks for one batch on its device; the reply is a future of the results."""
+
+    attempt_id: str
+    commands: list[dict[str, Any]]
+
+
+@dataclass
+class AgentDone(Input):
+    attempt_id: str
+    succeeded: bool
+    output: Any = None
+    error_code: str = ""
+    error_message: str = ""
+    tools_used: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReplanDone(Input):
+    task_id: str
+    node_id: str
+    edits: EditList | None
+    error: str | None = None

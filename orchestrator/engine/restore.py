@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.domain.model import AdminState, EdgeSpec, Liveness, NodeSpec, NodeState, TaskState
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine.records import AttemptRun, DeviceRun
 from orchestrator.store.models import Attempt, Device
-from orchestrator.store.repo import TaskBundle
+from orchestrator.store.repo import RuntimeSnapshot, TaskBundle
+from protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from orchestrator.engine.core import Engine
 
 
 def device_from_row(row: Device) -> DeviceRun:
@@ -33,6 +37,10 @@ def task_from_bundle(bundle: TaskBundle) -> TaskRun:
     edges = [EdgeSpec.model_validate({"from": e.source, "to": e.target, "on": e.on}) for e in bundle.edges]
     run = TaskRun(t.id, specs, edges, state=TaskState(t.state), priority=t.priority)
     run.cancel_requested = run.cancel_requested or t.cancel_requested
+    run.request = t.request
+    run.replan = t.replan
+    run.version = t.dag_version
+    run.replans_used = t.replans_used
     for n in bundle.nodes:
         rec = run.nodes[n.id]
         rec.state = NodeState(n.state)
@@ -44,7 +52,7 @@ def task_from_bundle(bundle: TaskBundle) -> TaskRun:
         rec.not_before = n.not_before.timestamp() if n.not_before else None
         rec.queued_on = n.queued_on
     for a in bundle.attempts:
-        if a.status == "failed":
+        if a.status == "failed" and a.kind != "step":
             run.nodes[a.node_id].failed_on.add(a.device_id)
     run.recount()
     return run
@@ -62,4 +70,71 @@ def attempt_from_row(a: Attempt) -> AttemptRun:
         deadline=a.deadline.timestamp() if a.deadline else None,
         accepted=a.accepted_at is not None,
         cancel_reason=a.cancel_reason,
+        kind=a.kind,
+        parent=a.parent_batch_id,
     )
+
+
+def recover(eng: Engine, snap: RuntimeSnapshot, now: float) -> None:
+    """Load devices, unfinished tasks and open attempts into a fresh engine, then settle what a
+    crash left unsettled: queued nodes whose device is gone, failures still awaiting a re-plan,
+    agent nodes whose conversation died with the process."""
+    from orchestrator.engine import llm_work
+
+    for row in snap.devices:
+        dev = device_from_row(row)
+        if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
+            # Nobody is connected yet: take no new work until the agent comes back, and let the
+            # gateway's grace period decide whether it is lost (peers.md: restart grace).
+            dev.liveness = Liveness.SUSPECT
+        eng.devices[dev.id] = dev
+    for bundle in snap.tasks:
+        if bundle.task.state == TaskState.PLANNING:
+            eng.planning_to_resume.append((bundle.task.id, bundle.task.request or ""))
+            continue
+        run = task_from_bundle(bundle)
+        llm_work.adopt(eng, run)
+        eng.tasks[run.id] = run
+        for a in bundle.attempts:
+            if a.ended_at is None:
+                eng.attempts[a.batch_id] = attempt_from_row(a)
+        for node_id, rec in run.nodes.items():
+            key = (run.id, node_id)
+            if rec.state is NodeState.READY:
+                eng.ready[key] = None
+            elif rec.state is NodeState.QUEUED:
+                holder = eng.devices.get(rec.queued_on or "")
+                if holder is None:
+                    eng._apply(run, run.unqueue(node_id), now)
+                else:
+                    holder.queue[key] = None
+                    eng.queued_at[key] = holder.id
+            if rec.state in (NodeState.READY, NodeState.QUEUED) and rec.ready_since:
+                limit = rec.spec.queue_timeout_s or eng.settings.queue_timeout_s
+                eng._timer(rec.ready_since + limit, "queue_timeout", (key, rec.ready_since))
+            if rec.not_before:
+                eng._timer(rec.not_before, "wake", None)
+            if rec.state is NodeState.FAILED and run.hold_failures and _has_pending_successor(run, node_id):
+                run.held.add(node_id)  # its re-plan was under way: ask again
+        # Successors of nodes that ended just before the crash may still be pending.
+        eng._apply(run, run.start(now), now)
+    for att in list(eng.attempts.values()):
+        att.sent = True  # it may have reached the device before the crash
+        if att.kind == "step" and att.parent in eng.attempts:
+            eng.attempts[att.parent].step = att.batch_id
+        elif att.deadline:
+            eng._timer(att.deadline, "attempt_deadline", att.batch_id)
+    for att in [a for a in eng.attempts.values() if a.kind == "agent"]:
+        llm_work.stop_agent(
+            eng,
+            att,
+            ErrorCode.UNCERTAIN,
+            "the orchestrator restarted while this agent node ran; "
+            "its conversation was lost, and what it did on the device is uncertain",
+            now,
+            "restart",
+        )
+
+
+def _has_pending_successor(run: TaskRun, node_id: str) -> bool:
+    return any(run.nodes[e.target].state is NodeState.PENDING for e in run.graph.outgoing.get(node_id, []))

@@ -81,6 +81,8 @@ class Task(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
     body_hash: Mapped[str | None] = mapped_column(String(64))
     dag_version: Mapped[int] = mapped_column(Integer, default=1)
+    replans_used: Mapped[int] = mapped_column(Integer, default=0)
+    llm_calls: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(index=True)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -123,6 +125,8 @@ class Attempt(Base):
     )
 
     batch_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    parent_batch_id: Mapped[str | None] = mapped_column(String(40))  # an agent node's step batches
+    kind: Mapped[str] = mapped_column(String(10), default="tool")
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
     node_id: Mapped[str] = mapped_column(String(64))
     n: Mapped[int] = mapped_column(Integer)
@@ -151,4 +155,36 @@ class Event(Base):
     at: Mapped[datetime]
 
 
-__all__ = ["ApiKey", "Attempt", "Base", "Device", "Edge", "Event", "Node", "Task", "Text"]
+class LlmCall(Base):
+    """One call to the model: what it was shown (secrets removed), what it said, what it cost."""
+
+    __tablename__ = "llm_calls"
+    __table_args__ = (Index("ix_llm_calls_task", "task_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(40))
+    node_id: Mapped[str | None] = mapped_column(String(64))
+    purpose: Mapped[str] = mapped_column(String(20))  # plan, replan, agent
+    model: Mapped[str] = mapped_column(String(200), default="")
+    messages: Mapped[list[Any]] = mapped_column(JSON)
+    reply: Mapped[Any | None] = mapped_column(JSON)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    latency_ms: Mapped[float] = mapped_column(default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    at: Mapped[datetime]
+
+
+class DagEdit(Base):
+    """A versioned, validated change to a running task's DAG (re-planning)."""
+
+    __tablename__ = "dag_edits"
+
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    edits: Mapped[list[Any]] = mapped_column(JSON)
+    at: Mapped[datetime]
+
+
+__all__ = ["ApiKey", "Attempt", "Base", "DagEdit", "Device", "Edge", "Event", "LlmCall", "Node", "Task", "Text"]

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from orchestrator.store.db import is_sqlite, make_engine, make_sessionmaker
-from orchestrator.store.models import ApiKey, Attempt, Base, Device, Edge, Event, Node, Task
+from orchestrator.store.models import ApiKey, Attempt, Base, DagEdit, Device, Edge, Event, LlmCall, Node, Task
 from orchestrator.store.sqlite_writer import SqliteWriter
 
 ACTIVE_TASK_STATES = ("planning", "running")
@@ -33,6 +33,12 @@ class ChangeSet:
     inserts: dict[type[Base], list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     updates: dict[type[Base], dict[tuple[Any, ...], dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
     events: list[dict[str, Any]] = field(default_factory=list)
+    deletes: dict[type[Base], list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
+
+    def delete(self, model: type[Base], key: tuple[Any, ...]) -> None:
+        """Delete the row with primary key `key` (applied after inserts and updates)."""
+        self.deletes[model].append(key)
+        self.updates.get(model, {}).pop(key, None)
 
     def insert(self, model: type[Base], row: dict[str, Any]) -> None:
         self.inserts[model].append(row)
@@ -45,10 +51,10 @@ class ChangeSet:
         self.events.append(row)
 
     def __bool__(self) -> bool:
-        return bool(self.inserts or self.updates or self.events)
+        return bool(self.inserts or self.updates or self.events or self.deletes)
 
 
-_INSERT_ORDER: tuple[type[Base], ...] = (ApiKey, Device, Task, Node, Edge, Attempt)
+_INSERT_ORDER: tuple[type[Base], ...] = (ApiKey, Device, Task, Node, Edge, Attempt, DagEdit, LlmCall)
 
 
 @dataclass
@@ -102,6 +108,7 @@ class Store:
                     [(_table(m), changes.inserts[m]) for m in _INSERT_ORDER if changes.inserts.get(m)],
                     [(_table(m), list(by_key.items())) for m, by_key in changes.updates.items()],
                     (_table(Event), changes.events) if changes.events else None,
+                    [(_table(m), keys) for m, keys in changes.deletes.items() if keys],
                 )
             async with self.engine.begin() as conn:
                 return await conn.run_sync(_write, changes)
@@ -216,6 +223,16 @@ class Store:
             q = select(Event).where(Event.task_id == task_id, Event.id > after).order_by(Event.id).limit(limit)
             return list((await s.execute(q)).scalars().all())
 
+    async def llm_calls(self, task_id: str) -> list[LlmCall]:
+        async with self.sessions() as s:
+            q = select(LlmCall).where(LlmCall.task_id == task_id).order_by(LlmCall.id)
+            return list((await s.execute(q)).scalars().all())
+
+    async def dag_edits(self, task_id: str) -> list[DagEdit]:
+        async with self.sessions() as s:
+            q = select(DagEdit).where(DagEdit.task_id == task_id).order_by(DagEdit.version)
+            return list((await s.execute(q)).scalars().all())
+
     async def find_attempt(self, batch_id: str) -> Attempt | None:
         async with self.sessions() as s:
             return await s.get(Attempt, batch_id)
@@ -266,6 +283,11 @@ def _write(conn: Connection, changes: ChangeSet) -> list[int]:
                 .values({name: bindparam(f"v_{name}") for name in columns})
             )
             conn.execute(stmt, group)
+    for model, keys in changes.deletes.items():
+        table = _table(model)
+        pk = list(table.primary_key.columns)
+        for key in keys:
+            conn.execute(table.delete().where(and_(*(c == v for c, v in zip(pk, key, strict=True)))))
     if not changes.events:
         return []
     events = _table(Event)

@@ -43,6 +43,7 @@ class SqliteWriter:
         inserts: list[tuple[Table, list[dict[str, Any]]]],
         updates: list[tuple[Table, list[tuple[tuple[Any, ...], dict[str, Any]]]]],
         events: tuple[Table, list[dict[str, Any]]] | None,
+        deletes: list[tuple[Table, list[tuple[Any, ...]]]] | None = None,
     ) -> list[int]:
         """One transaction under BEGIN IMMEDIATE (we are the only writer inside it)."""
         db = self._db
@@ -67,6 +68,11 @@ class SqliteWriter:
                     sets = ", ".join(f"{self._q(c)} = ?" for c in columns)
                     where = " AND ".join(f"{self._q(c)} = ?" for c in pk)
                     db.executemany(f"UPDATE {self._q(table.name)} SET {sets} WHERE {where}", params)
+            for table, keys in deletes or []:
+                pk = [c.name for c in table.primary_key.columns]
+                where = " AND ".join(f"{self._q(c)} = ?" for c in pk)
+                params = [self._values(table, tuple(pk), dict(zip(pk, key, strict=True))) for key in keys]
+                db.executemany(f"DELETE FROM {self._q(table.name)} WHERE {where}", params)
             ids: list[int] = []
             if events is not None and events[1]:
                 table, rows = events

@@ -1,0 +1,160 @@
+"""The planner service: runs planning, agent loops and re-planning in background tasks and hands
+their decisions to the engine as inputs. It also records every model call and keeps the budget."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from sqlalchemy import select
+
+from orchestrator.config import Settings
+from orchestrator.domain.model import DagSpec
+from orchestrator.domain.problems import Problem
+from orchestrator.engine.core import Engine
+from orchestrator.engine.records import AgentDone, AgentStep, PlanFailed, PlanReady, ReplanDone
+from orchestrator.engine.times import utc
+from orchestrator.planner import agent_loop, planning
+from orchestrator.planner.catalogue import inventory
+from orchestrator.planner.llm import LLM, CallRecord, LlmError
+from orchestrator.store.models import LlmCall, Task
+from orchestrator.store.repo import ChangeSet, Store
+
+log = logging.getLogger("orrery.planner")
+
+
+class PlannerService:
+    def __init__(self, settings: Settings, store: Store, engine: Engine) -> None:
+        self.settings = settings
+        self.store = store
+        self.engine = engine
+        self.llm = LLM(settings, record=self._record, budget=self._budget)
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._agents: dict[str, asyncio.Task[None]] = {}
+        self._calls: dict[str, int] = {}
+
+    async def close(self) -> None:
+        for job in list(self._jobs):
+            job.cancel()
+        for job in list(self._jobs):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job
+        await self.llm.close()
+
+    # ------------------------------------------------------------------ entry points (engine-facing)
+
+    def start_planning(self, task_id: str, request: str) -> None:
+        self._spawn(self._plan(task_id, request), f"plan-{task_id}")
+
+    def start_agent(
+        self, attempt_id: str, task_id: str, node_id: str, instruction: str, max_steps: int, device: dict[str, Any]
+    ) -> None:
+        node = agent_loop.AgentNode(task_id, node_id, instruction, max_steps, device)
+        self._agents[attempt_id] = self._spawn(self._agent(attempt_id, node), f"agent-{attempt_id}")
+
+    def cancel_agent(self, attempt_id: str) -> None:
+        job = self._agents.pop(attempt_id, None)
+        if job is not None and not job.done() and job is not asyncio.current_task():
+            job.cancel()
+
+    def replan(self, task_id: str, node_id: str, context: dict[str, Any]) -> None:
+        self._spawn(self._replan(task_id, node_id, context), f"replan-{task_id}")
+
+    # ------------------------------------------------------------------ the jobs
+
+    async def _plan(self, task_id: str, request: str) -> None:
+        def validate(spec: DagSpec) -> list[Problem]:  # the same rules as an explicit DAG
+            return self.engine.validate(spec)
+
+        text = inventory(self.engine.inventory(), self.settings.llm_context_tokens)
+        try:
+            name, spec = await planning.plan(self.llm, task_id, request, text, validate)
+        except planning.PlanningFailed as exc:
+            self.engine.notify(PlanFailed(task_id, "planning_failed", exc.message))
+        except LlmError as exc:
+            code = exc.code if exc.code == "llm_budget_exceeded" else "planning_failed"
+            self.engine.notify(PlanFailed(task_id, code, exc.message))
+        else:
+            self.engine.notify(PlanReady(task_id, name, spec, request))
+
+    async def _agent(self, attempt_id: str, node: agent_loop.AgentNode) -> None:
+        async def run_batch(commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            waiter: asyncio.Future[list[dict[str, Any]]] = await self.engine.submit(AgentStep(attempt_id, commands))
+            return await waiter
+
+        try:
+            outcome = await agent_loop.run(self.llm, node, run_batch)
+        except LlmError as exc:
+            outcome = agent_loop.AgentOutcome(False, error_code=exc.code, error_message=exc.message)
+        self._agents.pop(attempt_id, None)
+        self.engine.notify(
+            AgentDone(
+                attempt_id,
+                outcome.succeeded,
+                outcome.output,
+                outcome.error_code,
+                outcome.error_message,
+                outcome.tools_used,
+            )
+        )
+
+    async def _replan(self, task_id: str, node_id: str, context: dict[str, Any]) -> None:
+        context = {
+            **context,
+            "inventory": inventory(context.pop("inventory_devices"), self.settings.llm_context_tokens),
+        }
+        try:
+            edits = await planning.replan(self.llm, task_id, context)
+        except LlmError as exc:
+            self.engine.notify(ReplanDone(task_id, node_id, None, f"{exc.code}: {exc.message}"))
+        else:
+            self.engine.notify(ReplanDone(task_id, node_id, edits))
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        job: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._guard(coro, name), name=name)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+        return job
+
+    @staticmethod
+    async def _guard(coro: Any, name: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("planner job %s failed", name)
+
+    # ------------------------------------------------------------------ records and budget
+
+    async def _budget(self, task_id: str) -> bool:
+        if task_id not in self._calls:
+            async with self.store.sessions() as s:
+                used = await s.scalar(select(Task.llm_calls).where(Task.id == task_id))
+            self._calls[task_id] = int(used or 0)
+        return self._calls[task_id] < self.settings.llm_calls_per_task
+
+    async def _record(self, rec: CallRecord) -> None:
+        self._calls[rec.task_id] = self._calls.get(rec.task_id, 0) + 1
+        changes = ChangeSet()
+        changes.insert(
+            LlmCall,
+            {
+                "task_id": rec.task_id,
+                "node_id": rec.node_id,
+                "purpose": rec.purpose,
+                "model": rec.model,
+                "messages": rec.messages,
+                "reply": rec.reply,
+                "prompt_tokens": rec.prompt_tokens,
+                "completion_tokens": rec.completion_tokens,
+                "latency_ms": round(rec.latency_ms, 3),
+                "error": rec.error,
+                "at": utc(time.time()),
+            },
+        )
+        changes.update(Task, (rec.task_id,), llm_calls=self._calls[rec.task_id])
+        await self.store.write(changes)

@@ -1,0 +1,64 @@
+// shell.js: the page frame once signed in: header with the logo, navigation (Devices,
+// Tasks), the server this tab talks to (with its version) and sign out; views render below.
+
+import { h, icon, s } from "./dom.js";
+
+export function logo(size = 26) {
+  return s(
+    "svg",
+    { class: "logo", width: size, height: size, viewBox: "0 0 32 32", "aria-hidden": "true" },
+    s("circle", { cx: 16, cy: 16, r: 4.5, class: "logo-sun" }),
+    s("ellipse", { cx: 16, cy: 16, rx: 13, ry: 6.5, class: "logo-orbit", transform: "rotate(-28 16 16)" }),
+    s("circle", { cx: 27.2, cy: 10.2, r: 2.6, class: "logo-planet" }),
+  );
+}
+
+export function createShell({ onSignOut }) {
+  const links = {
+    devices: h("a", { href: "#/devices", class: "nav-link", dataset: { nav: "devices" } }, icon("devices"), "Devices"),
+    tasks: h("a", { href: "#/tasks", class: "nav-link", dataset: { nav: "tasks" } }, icon("tasks"), "Tasks"),
+  };
+  const version = h("span", { class: "server-version" });
+  const server = h(
+    "div",
+    { class: "server", title: `Connected to ${location.origin}` },
+    h("span", { class: "server-dot", "aria-hidden": "true" }),
+    h("span", { class: "server-host", id: "server-host" }, location.host),
+    version,
+  );
+  const header = h(
+    "header",
+    { class: "topbar" },
+    h("a", { class: "brand", href: "#/devices" }, logo(), h("span", {}, "Orrery")),
+    h("nav", { class: "nav", "aria-label": "Main" }, links.devices, links.tasks),
+    h("div", { class: "spacer" }),
+    server,
+    h(
+      "button",
+      { class: "button ghost small", type: "button", id: "sign-out", onclick: onSignOut },
+      icon("logout", 15),
+      "Sign out",
+    ),
+  );
+  const main = h("main", { class: "view", id: "view" });
+  const root = h("div", { class: "app" }, header, h("div", { id: "flash", class: "flash-region", "aria-live": "polite" }), main);
+
+  fetch("/healthz", { cache: "no-store", credentials: "omit" })
+    .then((r) => (r.ok ? r.json() : null))
+    .then((body) => {
+      if (body?.version) version.textContent = `v${body.version}`;
+    })
+    .catch(() => {});
+
+  return {
+    root,
+    main,
+    setActive(name) {
+      for (const [key, a] of Object.entries(links)) {
+        a.classList.toggle("active", key === name);
+        if (key === name) a.setAttribute("aria-current", "page");
+        else a.removeAttribute("aria-current");
+      }
+    },
+  };
+}

@@ -1,0 +1,294 @@
+// views/task.js: one task, live. Draws the DAG (graph.js), follows GET /v1/tasks/{id}/events
+// (sse.js) and recolours nodes as events arrive; re-fetches the task at most every 500 ms for
+// attempt details, and redraws after `dag.edited`. Clicking a node opens its side panel.
+
+import { api } from "../api.js";
+import { h, icon, pill, replace } from "../dom.js";
+import { labelList } from "../format.js";
+import { DagView } from "../graph.js";
+import { EventFeed } from "../sse.js";
+import { countChips, emptyState, flash, liveDuration, loading, TERMINAL_TASK, timeAgo, timeAt } from "../ui.js";
+import { NodePanel } from "./nodepanel.js";
+
+const REFETCH_MS = 500;
+
+export function mountTask(root, taskId) {
+  const base = `/v1/tasks/${encodeURIComponent(taskId)}`;
+  const controller = new AbortController();
+  let task = null;
+  let stopped = false;
+  let selected = null;
+  let feed = null;
+  let lastSeq = 0; // the newest event id applied
+  const eventStates = new Map(); // node id -> {state, seq, error}: newer than a snapshot may be
+  let taskEvent = null; // {state, seq}
+  const devices = new Map(); // device id -> name
+  let devicesAt = 0;
+
+  const head = h("div", { class: "task-head" });
+  const dag = new DagView({ onSelect: (id) => select(id) });
+  const panel = new NodePanel({ taskId, deviceName: (id) => deviceName(id), onClose: () => select(null) });
+  const graphCard = h("div", { class: "card graph-card" }, dag.el);
+  const bodyEl = h("div", { class: "task-body" }, graphCard, panel.el);
+  const page = h("div", { class: "page task-page" }, head, bodyEl);
+  root.append(h("div", { class: "page" }, loading("Loading task…")));
+
+  const connection = h("span", { class: "conn", id: "stream-status" });
+  const cancelButton = h("button", { class: "button danger-outline small", type: "button", id: "cancel-task" }, "Cancel task");
+  let confirmTimer = null;
+  cancelButton.addEventListener("click", onCancel);
+
+  const onKey = (ev) => {
+    if (ev.key === "Escape" && selected) select(null);
+  };
+  document.addEventListener("keydown", onKey);
+
+  // ---- data -------------------------------------------------------------------------------
+
+  let fetchTimer = null;
+  let fetching = false;
+  let fetchAgain = false;
+  let lastFetch = 0;
+
+  function scheduleFetch(now = false) {
+    if (stopped) return;
+    if (fetching) {
+      fetchAgain = true;
+      return;
+    }
+    if (fetchTimer) {
+      if (!now) return;
+      clearTimeout(fetchTimer);
+    }
+    const wait = now ? 0 : Math.max(0, lastFetch + REFETCH_MS - Date.now());
+    fetchTimer = setTimeout(fetchTask, wait);
+  }
+
+  async function fetchTask() {
+    fetchTimer = null;
+    fetching = true;
+    lastFetch = Date.now();
+    const seqAtStart = lastSeq;
+    try {
+      const t = await api(base, { signal: controller.signal });
+      if (!stopped) apply(t, seqAtStart);
+    } catch (err) {
+      if (stopped || err.name === "AbortError") return;
+      if (!task) {
+        replace(root, h("div", { class: "page" }, backLink(), emptyState(err.status === 404 ? "No such task" : "Could not load the task", err.message)));
+        return;
+      }
+      flash(err.message, "error", "Could not refresh the task");
+    } finally {
+      fetching = false;
+      if (fetchAgain && !stopped) {
+        fetchAgain = false;
+        scheduleFetch();
+      }
+    }
+  }
+
+  /** Take a snapshot, keeping states from events newer than the snapshot's request. */
+  function apply(t, seqAtStart) {
+    const first = !task;
+    for (const n of t.nodes || []) {
+      const ev = eventStates.get(n.id);
+      if (ev && ev.seq > seqAtStart) n.state = ev.state;
+    }
+    if (taskEvent && taskEvent.seq > seqAtStart) t.state = taskEvent.state;
+    t.node_counts = counts(t.nodes || []);
+    task = t;
+    if (first) {
+      replace(root, page);
+      startFeed();
+    }
+    drawHead();
+    dag.render(task);
+    if (selected) {
+      const node = findNode(selected);
+      if (node) panel.show(task, node);
+      else select(null);
+    }
+    for (const n of task.nodes || []) for (const a of n.attempts || []) if (a.device_id && !devices.has(a.device_id)) loadDevices();
+  }
+
+  async function loadDevices() {
+    if (Date.now() - devicesAt < 5000) return;
+    devicesAt = Date.now();
+    try {
+      const out = await api("/v1/devices", { signal: controller.signal });
+      for (const d of out.items || []) devices.set(d.id, d.name);
+      if (task && selected) {
+        panel.signature = "";
+        const node = findNode(selected);
+        if (node) panel.show(task, node);
+      }
+    } catch {
+      /* names are a nicety: ids are shown instead */
+    }
+  }
+
+  function deviceName(id) {
+    return devices.get(id) || id;
+  }
+
+  function findNode(id) {
+    return (task?.nodes || []).find((n) => n.id === id);
+  }
+
+  // ---- live events ------------------------------------------------------------------------
+
+  function startFeed() {
+    if (TERMINAL_TASK.has(task.state)) {
+      setConnection("ended");
+      return;
+    }
+    feed = new EventFeed(`${base}/events`, {
+      onEvent,
+      onStatus: setConnection,
+      isDone: () => TERMINAL_TASK.has(task?.state),
+    }).start();
+  }
+
+  function onEvent({ id, type, data }) {
+    if (Number.isFinite(id)) lastSeq = Math.max(lastSeq, id);
+    if (type === "task.state") {
+      taskEvent = { state: data.state, seq: id };
+      task.state = data.state;
+      if (data.error) task.error = data.error;
+      drawHead();
+      if (TERMINAL_TASK.has(data.state)) scheduleFetch(true);
+    } else if (type === "node.state") {
+      eventStates.set(data.node_id, { state: data.state, seq: id });
+      const node = findNode(data.node_id);
+      if (!node) {
+        scheduleFetch(true); // a node we have not seen: the DAG changed
+        return;
+      }
+      node.state = data.state;
+      if (data.error) node.error = data.error;
+      dag.setState(node.id, node.state);
+      task.node_counts = counts(task.nodes);
+      drawCounts();
+      if (selected === node.id) panel.show(task, node);
+      scheduleFetch();
+    } else if (type === "node.attempt") {
+      scheduleFetch();
+    } else if (type === "dag.edited") {
+      scheduleFetch(true);
+    }
+  }
+
+  function setConnection(status, detail) {
+    const text = { live: "Live", reconnecting: "Reconnecting…", ended: "Final", error: `Stream stopped: ${detail || ""}` }[status] || status;
+    connection.className = `conn conn-${status}`;
+    connection.dataset.status = status;
+    replace(connection, h("span", { class: "conn-dot", "aria-hidden": "true" }), text);
+    if (status === "reconnecting") scheduleFetch(); // catch up on what the drop hid
+  }
+
+  // ---- header -----------------------------------------------------------------------------
+
+  const countsSlot = h("div", { class: "task-counts" });
+
+  function drawCounts() {
+    replace(countsSlot, countChips(task.node_counts));
+  }
+
+  function drawHead() {
+    const t = task;
+    const running = !TERMINAL_TASK.has(t.state);
+    cancelButton.hidden = !running;
+    drawCounts();
+    replace(
+      head,
+      h(
+        "div",
+        { class: "task-title-row" },
+        h("div", { class: "crumbs" }, backLink(), h("span", { class: "crumb-sep" }, "/")),
+        h("h1", { class: "task-name", title: t.name }, t.name || t.id),
+        h("span", { id: "task-state" }, pill(t.state, "task")),
+        connection,
+        h("span", { class: "spacer" }),
+        cancelButton,
+      ),
+      h(
+        "div",
+        { class: "task-meta" },
+        meta("ID", h("span", { class: "mono" }, t.id)),
+        meta("Created", [timeAt(t.created_at), " ", h("span", { class: "muted" }, "(", timeAgo(t.created_at), ")")]),
+        meta("Finished", timeAt(t.finished_at)),
+        meta("Duration", running || t.finished_at ? liveDuration(t.created_at, t.finished_at) : "—"),
+        t.dag_version > 1 ? meta("DAG", `v${t.dag_version} (edited)`) : null,
+        labelList(t.labels).length ? meta("Labels", labelList(t.labels).join(", ")) : null,
+        countsSlot,
+      ),
+      t.request ? h("div", { class: "task-request" }, h("span", { class: "eyebrow" }, "Request"), h("p", {}, t.request)) : null,
+      t.error ? h("div", { class: "callout error" }, h("span", { class: "error-code mono" }, t.error.code || "error"), h("span", {}, t.error.message || "")) : null,
+    );
+  }
+
+  async function onCancel() {
+    if (!cancelButton.classList.contains("confirm")) {
+      cancelButton.classList.add("confirm");
+      cancelButton.textContent = "Confirm cancel";
+      confirmTimer = setTimeout(resetCancel, 5000);
+      return;
+    }
+    resetCancel();
+    cancelButton.disabled = true;
+    try {
+      await api(`${base}/cancel`, { method: "POST" });
+      flash("Cancelling: queued and pending nodes stop, running batches are told to stop.", "ok");
+      scheduleFetch(true);
+    } catch (err) {
+      flash(err.message, "error", "Cancel refused");
+    } finally {
+      cancelButton.disabled = false;
+    }
+  }
+
+  function resetCancel() {
+    clearTimeout(confirmTimer);
+    cancelButton.classList.remove("confirm");
+    cancelButton.textContent = "Cancel task";
+  }
+
+  // ---- selection --------------------------------------------------------------------------
+
+  function select(id) {
+    selected = id && findNode(id) ? id : null;
+    dag.highlight(selected);
+    bodyEl.classList.toggle("with-panel", Boolean(selected));
+    if (selected) {
+      panel.show(task, findNode(selected));
+      loadDevices();
+    } else panel.hide();
+  }
+
+  loadDevices();
+  fetchTask();
+  return () => {
+    stopped = true;
+    feed?.stop();
+    dag.destroy();
+    clearTimeout(fetchTimer);
+    clearTimeout(confirmTimer);
+    controller.abort();
+    document.removeEventListener("keydown", onKey);
+  };
+}
+
+function counts(nodes) {
+  const out = {};
+  for (const n of nodes) out[n.state] = (out[n.state] || 0) + 1;
+  return out;
+}
+
+function meta(label, value) {
+  return h("div", { class: "meta" }, h("span", { class: "meta-label" }, label), h("span", { class: "meta-value" }, value));
+}
+
+function backLink() {
+  return h("a", { class: "back", href: "#/tasks" }, icon("back", 14), "Tasks");
+}
