@@ -275,16 +275,26 @@ def tasks_list(
 
 
 @tasks_app.command("show")
-def tasks_show(task_id: str, json_out: JsonOpt = False, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
-    """A task with its nodes, attempts and outputs."""
+def tasks_show(
+    task_id: str,
+    llm: Annotated[bool, typer.Option("--llm", help="the model calls made for this task")] = False,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """A task with its nodes, attempts and outputs (or, with --llm, its LLM transcript)."""
     with _api(server, api_key) as c:
-        task = c.task(task_id)
+        data: Any = c.request("GET", f"/v1/tasks/{task_id}/llm")["items"] if llm else c.task(task_id)
     if json_out:
-        _print_json(task)
+        _print_json(data)
+    elif llm:
+        from orchestrator.console import llm_view
+
+        console.print(llm_view(data))
     else:
         from orchestrator.console import task_view
 
-        console.print(task_view(task, show_outputs=True))
+        console.print(task_view(data, show_outputs=True))
 
 
 @tasks_app.command("watch")

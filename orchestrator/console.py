@@ -154,6 +154,26 @@ def outputs_view(task: dict[str, Any]) -> Table:
     return table
 
 
+def llm_view(items: list[dict[str, Any]]) -> Group:
+    """The model calls of a task, oldest first: what it was asked (last message) and answered."""
+    parts: list[Any] = []
+    for item in items:
+        if "dag_edit" in item:
+            parts.append(Text(f"DAG version {item['dag_edit']}: {item['reason']}", style="bold magenta"))
+            continue
+        head = (f"#{item['id']} {item['purpose']}" + (f" node {item['node_id']}" if item.get("node_id") else "")
+                + f"  {item['prompt_tokens']}+{item['completion_tokens']} tokens, {item['latency_ms']:.0f} ms")
+        parts.append(Text(head, style="bold"))
+        last = item["messages"][-1] if item["messages"] else {}
+        asked = last.get("content") if isinstance(last.get("content"), str) else json.dumps(last.get("content"))
+        parts.append(Text("  asked: " + (asked or "")[:400].replace("\n", " "), style="dim"))
+        if item.get("error"):
+            parts.append(Text("  error: " + item["error"], style="red"))
+        else:
+            parts.append(Text("  reply: " + json.dumps(item.get("reply"))[:600]))
+    return Group(*parts) if parts else Group(Text("no LLM calls were made for this task"))
+
+
 def watch(
     client: Client, task_id: str, console: Console, on_event: Callable[[str, dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:

@@ -73,6 +73,10 @@ def test_a_valid_plan_runs_to_success_and_the_model_was_shown_the_inventory(tmp_
         log = llm_log(f, task["id"])
         assert log[0]["purpose"] == "plan" and log[0]["prompt_tokens"] > 0 and log[0]["latency_ms"] > 0
         assert "sk-test-not-a-real-key" not in json.dumps(log)
+        from tests.integration.test_cli import orrery
+
+        shown_cli = orrery(f, "tasks", "show", task["id"], "--llm")
+        assert shown_cli.returncode == 0 and "plan" in shown_cli.stdout and "tokens" in shown_cli.stdout
 
 
 def test_an_invalid_plan_is_repaired_on_the_second_round(tmp_path: Path, llm: FakeLLM) -> None:

@@ -1,0 +1,166 @@
+"""docker-compose.yml: valid Compose, scalable orchestrator, the start order SPEC section 7 needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from device_agent.config import AgentConfig
+from orchestrator.config import Settings
+from tests.deploy import compose_env
+
+ROOT = compose_env.ROOT
+SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
+REQUIRED = {"POSTGRES_PASSWORD": "pw", "ORRERY_SECRET_KEY": "secret", "ORRERY_ADMIN_KEY": "orrk_admin"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return compose_env.load()
+
+
+@pytest.fixture(scope="module")
+def procs() -> dict[str, compose_env.ServiceProcess]:
+    return compose_env.services(REQUIRED)
+
+
+def test_compose_file_is_valid_against_the_compose_spec_schema(compose: dict[str, Any]) -> None:
+    schema = json.loads(SCHEMA.read_text())
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(compose), key=lambda e: list(e.path))
+    assert [f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors] == []
+
+
+def test_compose_file_is_still_valid_after_interpolation(compose: dict[str, Any]) -> None:
+    schema = json.loads(SCHEMA.read_text())
+    interpolated = compose_env._interpolate_tree(compose, REQUIRED)
+    jsonschema.validate(interpolated, schema, cls=jsonschema.Draft7Validator)
+
+
+def test_it_has_the_services_of_spec_section_7(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {"postgres", "redis", "migrate", "orchestrator", "lb", "agent"}
+    assert compose["services"]["postgres"]["image"] == "postgres:15"
+    assert compose["services"]["redis"]["image"] == "redis:7"
+
+
+def test_postgres_and_redis_have_healthchecks(compose: dict[str, Any]) -> None:
+    pg = compose["services"]["postgres"]["healthcheck"]["test"]
+    redis = compose["services"]["redis"]["healthcheck"]["test"]
+    assert "pg_isready" in " ".join(pg)
+    assert redis == ["CMD", "redis-cli", "ping"]
+
+
+def test_migrate_runs_once_after_postgres_is_healthy(compose: dict[str, Any], procs: dict[str, Any]) -> None:
+    svc = compose["services"]["migrate"]
+    assert svc["restart"] == "no"  # quoted: a bare `no` would be YAML false
+    assert svc["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert procs["migrate"].argv == ["orrery", "migrate"]
+
+
+def test_orchestrator_is_scalable(compose: dict[str, Any]) -> None:
+    svc = compose["services"]["orchestrator"]
+    assert "container_name" not in svc
+    assert "ports" not in svc, "a fixed host port would stop `--scale orchestrator=3`"
+    assert "scale" not in svc and "replicas" not in svc.get("deploy", {})
+
+
+def test_orchestrator_waits_for_the_migration_and_its_dependencies(compose: dict[str, Any]) -> None:
+    assert compose["services"]["orchestrator"]["depends_on"] == {
+        "migrate": {"condition": "service_completed_successfully"},
+        "postgres": {"condition": "service_healthy"},
+        "redis": {"condition": "service_healthy"},
+    }
+
+
+def test_orchestrator_serves_on_all_interfaces_without_migrating(procs: dict[str, Any]) -> None:
+    assert procs["orchestrator"].argv == ["orrery", "serve", "--host", "0.0.0.0", "--no-migrate"]
+
+
+def test_orchestrator_healthcheck_probes_readyz(compose: dict[str, Any]) -> None:
+    check = compose["services"]["orchestrator"]["healthcheck"]["test"]
+    assert check[0] == "CMD"
+    assert "/readyz" in " ".join(check)
+
+
+def test_every_replica_gets_the_shared_secrets_and_production_stores(procs: dict[str, Any]) -> None:
+    env = procs["orchestrator"].environment
+    assert env["ORRERY_SECRET_KEY"] == "secret"
+    assert env["ORRERY_ADMIN_KEY"] == "orrk_admin"
+    assert env["ORRERY_DATABASE_URL"] == "postgresql+asyncpg://orrery:pw@postgres:5432/orrery"
+    assert env["ORRERY_REDIS_URL"] == "redis://redis:6379/0"
+    assert procs["migrate"].environment["ORRERY_DATABASE_URL"] == env["ORRERY_DATABASE_URL"]
+
+
+def test_compose_refuses_to_start_without_the_secrets() -> None:
+    for missing in REQUIRED:
+        variables = {k: v for k, v in REQUIRED.items() if k != missing}
+        with pytest.raises(compose_env.InterpolationError, match=missing):
+            compose_env.services(variables)
+
+
+def test_every_orrery_variable_in_the_compose_file_is_a_real_setting(procs: dict[str, Any]) -> None:
+    known = {f"ORRERY_{n.upper()}" for n in Settings.model_fields}
+    known |= {f"ORRERY_AGENT_{n.upper()}" for n in AgentConfig.model_fields}
+    used = {k for p in procs.values() for k in p.environment if k.startswith("ORRERY_")}
+    assert used - known == set()
+
+
+def test_load_balancer_publishes_8765_with_the_repo_nginx_conf(compose: dict[str, Any]) -> None:
+    lb = compose["services"]["lb"]
+    assert lb["image"].startswith("nginx")
+    assert lb["ports"] == ["8765:8765"]
+    source = lb["volumes"][0].split(":")[0]
+    assert (ROOT / source).resolve() == ROOT / "deploy" / "nginx.conf"
+
+
+def test_sample_agent_enrolls_through_the_load_balancer_and_keeps_its_token(
+    compose: dict[str, Any], procs: dict[str, Any]
+) -> None:
+    svc = compose["services"]["agent"]
+    agent = procs["agent"]
+    assert agent.argv == ["orrery-agent-entrypoint"]
+    assert agent.local_argv() == [str(ROOT / "deploy" / "agent-entrypoint.sh")]
+    assert agent.environment["ORRERY_AGENT_SERVER"] == "http://lb:8765"
+    assert agent.environment["ORRERY_ADMIN_KEY"] == "orrk_admin"
+    assert "agent-data:/var/lib/orrery-agent" in svc["volumes"]
+    assert "agent-data" in compose["volumes"]
+
+
+def test_orrery_services_build_the_repo_dockerfile(compose: dict[str, Any]) -> None:
+    for name in ("migrate", "orchestrator", "agent"):
+        build = compose["services"][name]["build"]
+        assert (ROOT / build["context"] / build["dockerfile"]).resolve() == ROOT / "deploy" / "Dockerfile"
+
+
+def test_dockerfile_runs_as_a_non_root_user_with_orrery_as_entrypoint() -> None:
+    dockerfile = ROOT / "deploy" / "Dockerfile"
+    text = dockerfile.read_text()
+    assert text.startswith("#") and "FROM python:3.11-slim" in text
+    users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    image = compose_env.Image.from_dockerfile(dockerfile, ROOT)
+    assert image.entrypoint == ["orrery"]
+    assert image.programs == {"orrery-agent-entrypoint": ROOT / "deploy" / "agent-entrypoint.sh"}
+
+
+def test_files_the_dockerfile_copies_exist() -> None:
+    for instruction in compose_env._instructions((ROOT / "deploy" / "Dockerfile").read_text()):
+        if instruction.startswith("COPY "):
+            sources = [w for w in instruction.split()[1:-1] if not w.startswith("--")]
+            for source in sources:
+                assert (ROOT / source).exists(), source
+
+
+def test_agent_entrypoint_is_executable() -> None:
+    script = ROOT / "deploy" / "agent-entrypoint.sh"
+    assert script.stat().st_mode & 0o111
+    assert script.read_text().startswith("#!/bin/sh\n")
+
+
+def test_schema_copy_is_attributed() -> None:
+    readme = (SCHEMA.parent / "README.md").read_text()
+    assert "compose-spec.json" in readme and "Apache License 2.0" in readme
+    assert Path(SCHEMA).exists()
