@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +41,9 @@ def agent(
     toolset: Annotated[list[str] | None, typer.Option(help="built-in toolsets (default system, shell, files)")] = None,
     unattended: Annotated[bool | None, typer.Option("--unattended", help="allow tools that need approval")] = None,
     log_format: Annotated[str | None, typer.Option(help="text or json")] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="check that the configured toolsets can run, print JSON, exit 0/1")
+    ] = False,
 ) -> None:
     """Run a device agent: connect to the orchestrator and serve this machine's MCP tools."""
     overrides: dict[str, Any] = {
@@ -56,6 +61,9 @@ def agent(
     }
     cfg = agent_config.load(config, overrides)
     setup_logging(cfg.log_format)
+    if check:
+        _check(cfg)
+        return
     from device_agent.runner import ConfigError, main
 
     try:
@@ -63,6 +71,17 @@ def agent(
     except ConfigError as exc:
         logging.getLogger("orrery.agent").error("%s", exc)
         raise typer.Exit(2) from None
+
+
+def _check(cfg: agent_config.AgentConfig) -> None:
+    """`--check`: a readiness report on stdout; exit 1 (reason on stderr) unless all are ready."""
+    from device_agent.runner import check
+
+    report = asyncio.run(check(cfg))
+    typer.echo(json.dumps(report, indent=2, default=str))
+    if not report["ready"]:
+        logging.getLogger("orrery.agent").error("not ready: %s", report["reason"])
+        raise typer.Exit(1)
 
 
 app.command()(agent)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,12 +17,15 @@ from device_agent.audit import AuditLog
 from device_agent.config import AgentConfig
 from device_agent.ledger import Ledger
 from device_agent.router import Router, ToolsetHost
-from device_agent.toolsets import files, shell, system
+from device_agent.toolsets import files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
 
 log = logging.getLogger("orrery.agent")
 
-BUILTIN = {"system": system.build, "shell": shell.build, "files": files.build}
+# "gui" is opt-in (`--toolset gui` or `toolsets` in the config): it is not in the default list.
+BUILTIN = {"system": system.build, "shell": shell.build, "files": files.build, "gui": gui.build}
+# Readiness checks of toolsets that depend on more than Python (`orrery agent --check`).
+CHECKS: dict[str, Callable[[ToolsetContext], dict[str, Any]]] = {"gui": gui.check}
 
 
 class ConfigError(ValueError):
@@ -44,11 +48,8 @@ def build(config: AgentConfig) -> Agent:
                 "use https:// (wss) for anything but loopback",
                 url,
             )
+    ctx = toolset_context(config)
     data_dir = config.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    workspace = config.resolved_workspace
-    workspace.mkdir(parents=True, exist_ok=True)
-    ctx = ToolsetContext(workspace=workspace, policy=config.policy(), data_dir=data_dir)
     audit = AuditLog(data_dir / "audit.jsonl")
     router = Router(ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all)
     for name in config.toolsets:
@@ -67,6 +68,40 @@ def build(config: AgentConfig) -> Agent:
         router.add(ToolsetHost(server.namespace, target, frozenset(server.read_only_tools)))
     ledger = Ledger(data_dir / "ledger.sqlite3")
     return Agent(config, router, ledger, system.device_info())
+
+
+def toolset_context(config: AgentConfig) -> ToolsetContext:
+    """The context every built-in toolset gets; creates the data dir (0700) and the workspace."""
+    data_dir = config.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    workspace = config.resolved_workspace
+    workspace.mkdir(parents=True, exist_ok=True)
+    return ToolsetContext(workspace=workspace, policy=config.policy(), data_dir=data_dir)
+
+
+async def check(config: AgentConfig) -> dict[str, Any]:
+    """`orrery agent --check`: build each configured toolset, list its tools, run its readiness check.
+
+    Returns `{"ready", "reason", "toolsets": {name: {"ready", "reason", "tools", ...}}}`; ready
+    only if every configured toolset is. No token or orchestrator is needed.
+    """
+    ctx = toolset_context(config)
+    reports: dict[str, dict[str, Any]] = {}
+    for name in config.toolsets:
+        factory = BUILTIN.get(name)
+        if factory is None:
+            reports[name] = {"ready": False, "reason": f"unknown toolset; built-in ones are {sorted(BUILTIN)}"}
+            continue
+        try:
+            tools = [t.name for t in await factory(ctx).list_tools()]
+        except Exception as exc:  # a toolset that cannot even be built is the finding
+            reports[name] = {"ready": False, "reason": f"cannot build the toolset: {exc}"}
+            continue
+        checker = CHECKS.get(name)
+        report = await asyncio.to_thread(checker, ctx) if checker else {"ready": True, "reason": None}
+        reports[name] = {**report, "tools": tools}
+    failing = [f"{name}: {r['reason']}" for name, r in reports.items() if not r["ready"]]
+    return {"ready": not failing, "reason": "; ".join(failing) or None, "toolsets": reports}
 
 
 async def serve(config: AgentConfig) -> None:

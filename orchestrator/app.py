@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, WebSocket
+from redis.asyncio import Redis
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import __version__, web
@@ -19,6 +20,9 @@ from orchestrator.api import devices, errors, health, keys, tasks
 from orchestrator.api.deps import Components
 from orchestrator.api.errors import problem_response
 from orchestrator.bus.local import LocalBus
+from orchestrator.bus.redis import RedisBus
+from orchestrator.cluster import Cluster, LocalCluster
+from orchestrator.cluster.replicas import RedisCluster
 from orchestrator.config import Settings
 from orchestrator.domain.model import Role
 from orchestrator.engine.core import Engine
@@ -78,16 +82,21 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
     store = Store(url)
     hasher = Hasher(load_secret_key(settings.secret_key, data_dir))
     await bootstrap_admin_key(store, hasher, data_dir, settings.admin_key)
-    bus = LocalBus()
+    redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+    bus = RedisBus(redis) if redis is not None else LocalBus()
     engine = Engine(settings, store, bus)
     gateway = Gateway(settings, store, engine, hasher)
     planner = PlannerService(settings, store, engine) if settings.llm_configured else None
     engine.planner = planner
-    await engine.start()
+    cluster: Cluster = LocalCluster(engine, gateway)
+    if redis is not None:
+        assert isinstance(bus, RedisBus)
+        await bus.start()
+        cluster = RedisCluster(settings, store, engine, gateway, redis)
+    gateway.cluster = cluster
+    engine.links = cluster
+    await cluster.start()
     await gateway.start()
-    if planner is not None:
-        for task_id, request in engine.planning_to_resume:
-            planner.start_planning(task_id, request)
     return Components(
         settings=settings,
         store=store,
@@ -97,6 +106,8 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         bus=bus,
         auth_failures=RateLimiter(settings.auth_failures_per_minute, 60.0),
         planner=planner,
+        cluster=cluster,
+        redis=redis,
     )
 
 
@@ -104,8 +115,10 @@ async def stop_components(comp: Components) -> None:
     if comp.planner is not None:
         await comp.planner.close()
     await comp.gateway.stop()
-    await comp.engine.stop()
+    await comp.cluster.stop()
     await comp.bus.close()
+    if comp.redis is not None:
+        await comp.redis.aclose()
     await comp.store.close()
 
 

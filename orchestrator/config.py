@@ -49,6 +49,8 @@ class Settings(BaseSettings):
 
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    replica_id: str | None = Field(default=None, description="this replica's name (default: host-pid-random)")
+    lease_ttl_s: float = Field(default=10.0, gt=0.5, description="engine lease lifetime; renewed every third of it")
     log_format: str = "text"
     log_level: str = "info"
 

@@ -161,8 +161,11 @@ def llm_view(items: list[dict[str, Any]]) -> Group:
         if "dag_edit" in item:
             parts.append(Text(f"DAG version {item['dag_edit']}: {item['reason']}", style="bold magenta"))
             continue
-        head = (f"#{item['id']} {item['purpose']}" + (f" node {item['node_id']}" if item.get("node_id") else "")
-                + f"  {item['prompt_tokens']}+{item['completion_tokens']} tokens, {item['latency_ms']:.0f} ms")
+        head = (
+            f"#{item['id']} {item['purpose']}"
+            + (f" node {item['node_id']}" if item.get("node_id") else "")
+            + f"  {item['prompt_tokens']}+{item['completion_tokens']} tokens, {item['latency_ms']:.0f} ms"
+        )
         parts.append(Text(head, style="bold"))
         last = item["messages"][-1] if item["messages"] else {}
         asked = last.get("content") if isinstance(last.get("content"), str) else json.dumps(last.get("content"))

@@ -53,3 +53,19 @@ def _redis_databases(redis_url: str) -> RedisDatabases:
 def redis_db(_redis_databases: RedisDatabases) -> str:
     """A Redis URL whose database is empty at the start of this test."""
     return _redis_databases.next_url()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def backend() -> Iterator[str]:
+    """ORRERY_TEST_BACKEND=postgres: every `Fleet` of the session stores its state in Postgres."""
+    import os
+
+    if os.environ.get("ORRERY_TEST_BACKEND", "sqlite") != "postgres":
+        yield "sqlite"
+        return
+    with postgres_server() as url:
+        os.environ["ORRERY_TEST_POSTGRES_SERVER"] = url
+        try:
+            yield "postgres"
+        finally:
+            os.environ.pop("ORRERY_TEST_POSTGRES_SERVER", None)

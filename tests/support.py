@@ -183,8 +183,17 @@ class Fleet:
         env = child_env(**{f"ORRERY_{k.upper()}": v for k, v in server_env.items()})
         self.server = Server(tmp / "server", free_port(), env)
         self.agents: list[Agent] = []
+        self._database: contextlib.ExitStack | None = None
 
     def __enter__(self) -> Fleet:
+        # ORRERY_TEST_BACKEND=postgres runs every fleet on a fresh Postgres database (same tests,
+        # other backend); the session's server comes from tests/conftest.py.
+        server = os.environ.get("ORRERY_TEST_POSTGRES_SERVER")
+        if server and "ORRERY_DATABASE_URL" not in self.server.env:
+            from tests.services import fresh_database
+
+            self._database = contextlib.ExitStack()
+            self.server.env["ORRERY_DATABASE_URL"] = self._database.enter_context(fresh_database(server))
         self.server.start()
         return self
 
@@ -192,6 +201,8 @@ class Fleet:
         for a in self.agents:
             a.stop()
         self.server.stop()
+        if self._database is not None:
+            self._database.close()
 
     def enroll(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
         with self.server.client() as c:

@@ -63,6 +63,14 @@ def upgrade() -> None:
         batch_op.create_index("ix_events_task", ["task_id", "id"], unique=False)
 
     op.create_table(
+        "leases",
+        sa.Column("name", sa.String(length=64), nullable=False),
+        sa.Column("holder", sa.String(length=80), nullable=True),
+        sa.Column("fence", sa.BigInteger(), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
+        sa.PrimaryKeyConstraint("name"),
+    )
+    op.create_table(
         "llm_calls",
         sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("task_id", sa.String(length=40), nullable=False),
@@ -193,6 +201,7 @@ def downgrade() -> None:
         batch_op.drop_index("ix_llm_calls_task")
 
     op.drop_table("llm_calls")
+    op.drop_table("leases")
     with op.batch_alter_table("events", schema=None) as batch_op:
         batch_op.drop_index("ix_events_task")
 

@@ -16,7 +16,10 @@ from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
 from orchestrator.store.repo import Store
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from orchestrator.bus.local import LocalBus
+    from orchestrator.cluster import Cluster
     from orchestrator.engine.core import Engine
     from orchestrator.gateway.hub import Gateway
     from orchestrator.planner.service import PlannerService
@@ -31,7 +34,9 @@ class Components:
     gateway: Gateway
     bus: LocalBus
     auth_failures: RateLimiter
+    cluster: Cluster
     planner: PlannerService | None = None
+    redis: Redis | None = None
 
 
 @dataclass(frozen=True)

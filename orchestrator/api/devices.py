@@ -48,7 +48,7 @@ async def enroll(body: DeviceEnroll, comp: Comp, _p: Admin) -> DeviceEnrolled:
         await comp.store.add(Device, row)
     except WriteConflict:
         raise ApiError(409, "conflict", f"a device named '{body.name}' is already enrolled") from None
-    await comp.engine.submit(DeviceChanged(device_id))
+    await comp.cluster.submit(DeviceChanged(device_id))
     return DeviceEnrolled(id=device_id, name=body.name, token=token)
 
 
@@ -90,7 +90,7 @@ async def _set_admin(comp: Comp, device_id: str, admin: AdminState) -> DeviceOut
     if row.admin_state == AdminState.REVOKED:
         raise ApiError(409, "conflict", f"device '{row.name}' is revoked; enroll it again to use it")
     await comp.store.update(Device, (row.id,), admin_state=admin.value)
-    await comp.engine.submit(DeviceChanged(row.id))
+    await comp.cluster.submit(DeviceChanged(row.id))
     return await _detail(comp, await _row(comp, row.id))
 
 

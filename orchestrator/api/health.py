@@ -26,7 +26,19 @@ async def readyz(comp: Comp) -> JSONResponse:
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
+    if comp.redis is not None:
+        try:
+            await comp.redis.ping()
+            checks["redis"] = "ok"
+        except Exception as exc:
+            checks["redis"] = f"error: {type(exc).__name__}"
     engine = comp.engine
-    checks["engine"] = "failed" if engine.failed else ("ok" if engine.ready_event.is_set() else "starting")
+    if engine.failed:
+        checks["engine"] = "failed"
+    elif comp.cluster.is_leader:
+        checks["engine"] = "ok" if engine.ready_event.is_set() else "starting"
+    else:
+        checks["engine"] = "ok"  # another replica leads; this one serves the API and devices
     ok = all(v == "ok" for v in checks.values())
-    return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503)
+    body = {"status": "ok" if ok else "unavailable", "checks": checks, "cluster": comp.cluster.status()}
+    return JSONResponse(body, 200 if ok else 503)

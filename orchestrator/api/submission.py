@@ -5,15 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from orchestrator.api.errors import ApiError
 from orchestrator.api.schemas import TaskCreate
+from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec, NodeKind, TaskState
 from orchestrator.domain.problems import DomainError
 from orchestrator.domain.run import TaskRun
-from orchestrator.engine.core import Engine
 from orchestrator.engine.records import TaskCreated
 from orchestrator.engine.times import iso, utc
 from orchestrator.ids import new_id
@@ -29,11 +29,10 @@ def body_hash(body: TaskCreate) -> str:
 
 async def create_task(
     store: Store,
-    engine: Engine,
+    cluster: Cluster,
     settings: Settings,
     body: TaskCreate,
     idempotency_key: str | None,
-    planner: Planning | None = None,
 ) -> tuple[str, TaskBundle | None]:
     """Store a new task and hand it to the engine (an explicit DAG) or the planner (a request).
 
@@ -44,7 +43,7 @@ async def create_task(
         existing = await store.find_task_by_idempotency_key(idempotency_key)
         if existing is not None:
             return _same_or_conflict(existing, digest)
-    llm = settings.llm_configured and planner is not None
+    llm = settings.llm_configured
     spec = body.dag
     if spec is None and not llm:
         raise ApiError(
@@ -59,7 +58,7 @@ async def create_task(
                 "planner_unavailable",
                 "agent nodes need an LLM and this server has none configured; use tool nodes",
             )
-        problems = engine.validate(spec)
+        problems = await cluster.validate(spec)
         if problems:
             raise DomainError(problems)
     task_id = new_id("task")
@@ -80,13 +79,11 @@ async def create_task(
             if existing is not None:
                 return _same_or_conflict(existing, digest)
         raise
-    if spec is not None:
+    run = None
+    if spec is not None and cluster.is_leader:  # hand the parsed task over; other replicas load it
         run = TaskRun(task_id, spec.nodes, spec.edges, priority=body.priority)
         run.replan = body.replan
-        engine.notify(TaskCreated(task_id, run))
-    else:
-        assert planner is not None and body.request is not None
-        planner.start_planning(task_id, body.request)
+    cluster.notify(TaskCreated(task_id, run))  # a planned task goes to the planner from the engine
     bundle = TaskBundle(
         Task(**rows["task"]),
         [Node(**n, output=None, results=None, error=None) for n in rows["nodes"]],
@@ -94,10 +91,6 @@ async def create_task(
         [],
     )
     return task_id, bundle
-
-
-class Planning(Protocol):
-    def start_planning(self, task_id: str, request: str) -> None: ...
 
 
 def _same_or_conflict(existing: Task, digest: str) -> tuple[str, TaskBundle | None]:

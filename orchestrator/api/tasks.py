@@ -42,7 +42,7 @@ async def submit(
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> TaskOut:
-    task_id, created = await create_task(comp.store, comp.engine, comp.settings, body, idempotency_key, comp.planner)
+    task_id, created = await create_task(comp.store, comp.cluster, comp.settings, body, idempotency_key)
     if created is None:
         response.status_code = 200  # the same Idempotency-Key and body: the task made before
         return await _detail(comp, task_id)
@@ -104,7 +104,7 @@ async def cancel(task_id: str, comp: Comp, _p: Operator) -> dict[str, Any]:
         raise ApiError(404, "not_found", f"no task '{task_id}'")
     if TaskState(bundle.task.state).terminal:
         raise ApiError(409, "conflict", f"task '{task_id}' already ended as {bundle.task.state}")
-    await comp.engine.submit(CancelTask(task_id))
+    await comp.cluster.submit(CancelTask(task_id))
     return {"task_id": task_id, "state": "cancelling"}
 
 

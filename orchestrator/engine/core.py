@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from orchestrator.config import Settings
-from orchestrator.domain import dag, placement, templates
+from orchestrator.domain import placement, templates
 from orchestrator.domain.model import AdminState, DagSpec, Liveness, NodeKind, NodeSpec, NodeState, TaskState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
@@ -50,6 +50,7 @@ from orchestrator.engine.records import (
 )
 from orchestrator.engine.restore import device_from_row, recover, task_from_bundle
 from orchestrator.engine.times import iso, utc
+from orchestrator.engine.validation import known_tools, validate_against
 from orchestrator.ids import new_id
 from orchestrator.store.models import Attempt, Device, Node, Task
 from orchestrator.store.repo import ChangeSet, Store
@@ -120,6 +121,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self.ready_event = asyncio.Event()
         self.failed: BaseException | None = None
+        self.lease_guard: tuple[str, str, int] | None = None  # replicated: the engine lease every commit re-checks
         self.on_fatal: Callable[[BaseException], None] = _terminate
 
     # ================================================================ lifecycle
@@ -128,6 +130,10 @@ class Engine:
         await self._recover()
         self._task = asyncio.create_task(self._loop(), name="orrery-engine")
         self.ready_event.set()
+        if self.planner is not None:
+            for task_id, request in self.planning_to_resume:
+                self.planner.start_planning(task_id, request)
+        self.planning_to_resume.clear()
 
     async def stop(self) -> None:
         if self._task:
@@ -207,6 +213,7 @@ class Engine:
             merged.inserts = changes.inserts
             changes, self._soft, self._soft_since = merged, ChangeSet(), None
         if changes or events:
+            changes.guard = self.lease_guard
             for ev in events:
                 changes.event(ev)
             async for attempt in AsyncRetrying(
@@ -260,6 +267,10 @@ class Engine:
             bundle = await self.store.get_task(task_id)
             if bundle is None or TaskState(bundle.task.state).terminal:
                 return
+            if bundle.task.state == TaskState.PLANNING:
+                if self.planner is not None:
+                    self.planner.start_planning(task_id, bundle.task.request or "")
+                return
             run = task_from_bundle(bundle)
         llm_work.adopt(self, run)
         self.tasks[task_id] = run
@@ -300,18 +311,29 @@ class Engine:
             liveness=dev.liveness.value,
             last_seen=utc(now),
         )
+        dev.recovering = False
         if not item.resumed:
             # A new session knows nothing of earlier frames: re-send every open attempt from the
             # store's truth. The agent's ledger answers a batch it already ran with its results.
-            for att in self.attempts.values():
-                if att.device_id == dev.id:
-                    self._effects.append(functools.partial(self._dispatch, att))
-                    if att.cancel_reason:
-                        self._effects.append(functools.partial(self._send_cancel_frame, att))
+            self._redispatch(dev)
+
+    def _redispatch(self, dev: DeviceRun) -> None:
+        for att in self.attempts.values():
+            if att.device_id == dev.id and att.kind != "agent":
+                self._effects.append(functools.partial(self._dispatch, att))
+                if att.cancel_reason:
+                    self._effects.append(functools.partial(self._send_cancel_frame, att))
 
     def _on_liveness(self, device_id: str, liveness: Liveness, now: float) -> None:
         dev = self.devices.get(device_id)
-        if dev is None or dev.liveness is liveness:
+        if dev is None:
+            return
+        if liveness is Liveness.ONLINE and dev.recovering:
+            # Announced by the replica holding its socket after an engine (re)start: frames sent
+            # before may be lost, so every open batch goes again (the agent de-duplicates).
+            dev.recovering = False
+            self._redispatch(dev)
+        if dev.liveness is liveness:
             return
         dev.liveness = liveness
         self._changes.update(Device, (dev.id,), liveness=liveness.value, last_seen=utc(now))
@@ -725,6 +747,11 @@ class Engine:
                     if dev is not None and dev.liveness is Liveness.ONLINE:
                         limit = self.settings.batch_accept_timeout_s
                         self._timeout_attempt(att, f"the device did not accept the batch within {limit:g}s", now)
+            elif kind == "grace":
+                dev = self.devices.get(key)
+                if dev is not None and dev.recovering:
+                    dev.recovering = False  # not back within the timeout after a restart: lost
+                    self._on_liveness(dev.id, Liveness.OFFLINE, now)
             # "wake" timers only make the loop run a scheduling pass
 
     def _queue_timeout(self, key: NodeKey, due_since: float, fired: float, now: float) -> None:
@@ -841,23 +868,11 @@ class Engine:
     # ================================================================ read side
 
     def known_tools(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for dev in self.devices.values():
-            if dev.admin is not AdminState.REVOKED:
-                out.update(dev.tools)
-        return out
+        return known_tools(self.devices.values())
 
     def validate(self, spec: DagSpec) -> list[Problem]:
         """Structural problems first; then every tool node must fit some enrolled device (SPEC 3)."""
-        problems = dag.validate(spec, self.known_tools(), self.settings.dag_limits)
-        if problems:
-            return problems
-        views = self.device_views()
-        return [
-            placement.no_capable_device(node, views)
-            for node in spec.nodes
-            if node.kind is NodeKind.TOOL and not placement.could_ever_run(node, views)
-        ]
+        return validate_against(spec, list(self.devices.values()), self.settings.dag_limits)
 
     def inventory(self) -> list[dict[str, Any]]:
         """Devices a planner may use: id, name, platform, labels, state and tool catalogue."""

@@ -43,6 +43,8 @@ class PlannerHooks(Protocol):
 
     def replan(self, task_id: str, node_id: str, context: dict[str, Any]) -> None: ...
 
+    def start_planning(self, task_id: str, request: str) -> None: ...
+
 
 def adopt(eng: Engine, run: TaskRun) -> None:
     """Decide whether a task's failures wait for the re-planner (SPEC section 6)."""

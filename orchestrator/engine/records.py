@@ -28,6 +28,7 @@ class DeviceRun:
     fence: int
     current_batch: str | None
     queue: dict[NodeKey, None] = field(default_factory=dict)  # insertion-ordered set
+    recovering: bool = False  # connected before an engine (re)start and not heard from since
 
     def merged_labels(self) -> dict[str, str]:
         """SPEC section 2: enrollment labels win over what the agent reports."""

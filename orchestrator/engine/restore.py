@@ -84,9 +84,12 @@ def recover(eng: Engine, snap: RuntimeSnapshot, now: float) -> None:
     for row in snap.devices:
         dev = device_from_row(row)
         if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
-            # Nobody is connected yet: take no new work until the agent comes back, and let the
-            # gateway's grace period decide whether it is lost (peers.md: restart grace).
+            # Nobody is known to be connected yet: take no new work until the device is heard
+            # from, and give it a full heartbeat timeout before judging it lost (peers.md: restart
+            # grace). The replica holding its socket announces it, or the agent says hello again.
             dev.liveness = Liveness.SUSPECT
+            dev.recovering = True
+            eng._timer(now + eng.settings.heartbeat_timeout_s, "grace", dev.id)
         eng.devices[dev.id] = dev
     for bundle in snap.tasks:
         if bundle.task.state == TaskState.PLANNING:

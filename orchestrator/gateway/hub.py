@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from orchestrator.cluster import Cluster, LocalCluster
 from orchestrator.config import Settings
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.core import Engine
@@ -69,15 +70,11 @@ class Gateway:
         self.links: dict[str, Link] = {}
         self.handshakes = RateLimiter(settings.handshakes_per_minute, 60.0)
         self._monitor: asyncio.Task[None] | None = None
-        engine.links = self
+        self.cluster: Cluster = LocalCluster(engine, self)  # replaced by a RedisCluster on replicas
 
     # ================================================================ lifecycle
 
     async def start(self) -> None:
-        # Restart grace: devices that were connected before get a full timeout to come back.
-        for dev in self.engine.devices.values():
-            if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
-                self.links[dev.id] = Link(dev.id, liveness=Liveness.SUSPECT)
         self._monitor = asyncio.create_task(self._watch_liveness(), name="orrery-liveness")
 
     async def stop(self) -> None:
@@ -107,6 +104,14 @@ class Gateway:
         link = self.links.pop(device_id, None)
         if link and link.conn:
             link.conn.close(code, reason)
+
+    def holds(self, device_id: str) -> bool:
+        """This replica has the device's live session (a socket, or one just dropped that may resume)."""
+        link = self.links.get(device_id)
+        return link is not None and link.session is not None
+
+    def connected(self) -> list[str]:
+        return [d for d, link in self.links.items() if link.conn is not None and not link.conn.closed]
 
     def is_connected(self, device_id: str) -> bool:
         link = self.links.get(device_id)
@@ -196,7 +201,8 @@ class Gateway:
         conn.push(text)
         for frame in resend:
             conn.push(frame)
-        await self.engine.submit(DeviceHello(device_id, hello, resumed))
+        self.cluster.device_connected(device_id)
+        await self.cluster.submit(DeviceHello(device_id, hello, resumed))
         log.info("device %s connected (session %s, resumed=%s)", device_id, session.session_id, resumed)
         return hello
 
@@ -220,11 +226,11 @@ class Gateway:
                 continue
             if isinstance(msg, BatchAccepted):
                 # Nothing durable hangs on an acceptance: do not hold the reader for it.
-                self.engine.notify(FrameIn(device_id, msg))
+                self.cluster.notify(FrameIn(device_id, msg))
                 assert link.session is not None
                 link.session.confirm(msg.seq)
             elif is_reliable(msg):
-                await self.engine.submit(FrameIn(device_id, msg))
+                await self.cluster.submit(FrameIn(device_id, msg))
                 assert link.session is not None
                 link.session.confirm(msg.seq)
                 # Acknowledge soon, so the agent's outbox can let go of what is now durable here;
@@ -258,9 +264,10 @@ class Gateway:
 
     def _touch(self, link: Link) -> None:
         link.last_frame = time.monotonic()
+        self.cluster.device_seen(link.device_id)
         if link.liveness is not Liveness.ONLINE:
             link.liveness = Liveness.ONLINE
-            self.engine.notify(LivenessChanged(link.device_id, Liveness.ONLINE))
+            self.cluster.notify(LivenessChanged(link.device_id, Liveness.ONLINE))
 
     async def _watch_liveness(self) -> None:
         """SPEC section 4: suspect after two silent intervals, offline after the timeout."""
@@ -274,7 +281,7 @@ class Gateway:
                     self._go_offline(link)
                 elif silent > self.settings.suspect_after_s and link.liveness is Liveness.ONLINE:
                     link.liveness = Liveness.SUSPECT
-                    self.engine.notify(LivenessChanged(link.device_id, Liveness.SUSPECT))
+                    self.cluster.notify(LivenessChanged(link.device_id, Liveness.SUSPECT))
 
     def _go_offline(self, link: Link) -> None:
         """The session ends with the device: a later hello starts afresh and is fenced."""
@@ -283,7 +290,8 @@ class Gateway:
         if link.conn:
             link.conn.close(CloseCode.GOING_AWAY, "heartbeat timeout")
         log.warning("device %s is offline (no frame for %.1fs)", link.device_id, time.monotonic() - link.last_frame)
-        self.engine.notify(LivenessChanged(link.device_id, Liveness.OFFLINE))
+        self.cluster.device_gone(link.device_id)
+        self.cluster.notify(LivenessChanged(link.device_id, Liveness.OFFLINE))
 
 
 async def _receive(ws: WebSocket) -> str | bytes | None:

@@ -155,6 +155,17 @@ class Event(Base):
     at: Mapped[datetime]
 
 
+class Lease(Base):
+    """A named lease with an expiry and a fencing counter (the engine lease of SPEC section 7)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(80))
+    fence: Mapped[int] = mapped_column(BigInteger, default=0)
+    expires_at: Mapped[datetime | None]
+
+
 class LlmCall(Base):
     """One call to the model: what it was shown (secrets removed), what it said, what it cost."""
 
@@ -187,4 +198,17 @@ class DagEdit(Base):
     at: Mapped[datetime]
 
 
-__all__ = ["ApiKey", "Attempt", "Base", "DagEdit", "Device", "Edge", "Event", "LlmCall", "Node", "Task", "Text"]
+__all__ = [
+    "ApiKey",
+    "Attempt",
+    "Base",
+    "DagEdit",
+    "Device",
+    "Edge",
+    "Event",
+    "Lease",
+    "LlmCall",
+    "Node",
+    "Task",
+    "Text",
+]

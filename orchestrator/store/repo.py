@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, and_, bindparam, func, select
+from sqlalchemy import Connection, Table, and_, bindparam, case, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from orchestrator.store.db import is_sqlite, make_engine, make_sessionmaker
-from orchestrator.store.models import ApiKey, Attempt, Base, DagEdit, Device, Edge, Event, LlmCall, Node, Task
+from orchestrator.store.models import ApiKey, Attempt, Base, DagEdit, Device, Edge, Event, Lease, LlmCall, Node, Task
 from orchestrator.store.sqlite_writer import SqliteWriter
 
 ACTIVE_TASK_STATES = ("planning", "running")
@@ -24,6 +25,10 @@ ACTIVE_TASK_STATES = ("planning", "running")
 
 class WriteConflict(Exception):
     """A write broke a uniqueness rule (e.g. an Idempotency-Key used concurrently)."""
+
+
+class LeaseLost(Exception):
+    """A fenced write found that its lease has moved on: the writer is no longer the owner."""
 
 
 @dataclass
@@ -34,6 +39,7 @@ class ChangeSet:
     updates: dict[type[Base], dict[tuple[Any, ...], dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
     events: list[dict[str, Any]] = field(default_factory=list)
     deletes: dict[type[Base], list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
+    guard: tuple[str, str, int] | None = None  # (lease, holder, fence): write only while it still holds
 
     def delete(self, model: type[Base], key: tuple[Any, ...]) -> None:
         """Delete the row with primary key `key` (applied after inserts and updates)."""
@@ -223,6 +229,46 @@ class Store:
             q = select(Event).where(Event.task_id == task_id, Event.id > after).order_by(Event.id).limit(limit)
             return list((await s.execute(q)).scalars().all())
 
+    async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        """Take or renew lease `name` for `holder`; its fence (bumped on a new holder), or None.
+
+        One conditional UPDATE decides: it succeeds only if the lease is free, expired or already
+        ours, so two replicas can never both win (SPEC section 7). Times are the database's."""
+        leases = _table(Lease)
+        expires = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, ttl_s)
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                postgres_insert(leases)
+                .values(name=name, holder=None, fence=0, expires_at=None)
+                .on_conflict_do_nothing(index_elements=["name"])
+            )
+            row = (
+                await conn.execute(
+                    update(leases)
+                    .where(leases.c.name == name)
+                    .where(or_(leases.c.holder == holder, leases.c.holder.is_(None), leases.c.expires_at < func.now()))
+                    .values(
+                        holder=holder,
+                        expires_at=expires,
+                        fence=case((leases.c.holder == holder, leases.c.fence), else_=leases.c.fence + 1),
+                    )
+                    .returning(leases.c.fence)
+                )
+            ).first()
+            return int(row[0]) if row else None
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        leases = _table(Lease)
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(leases).where(leases.c.name == name, leases.c.holder == holder).values(expires_at=func.now())
+            )
+
+    async def lease_holder(self, name: str) -> str | None:
+        async with self.sessions() as s:
+            lease = await s.get(Lease, name)
+            return lease.holder if lease is not None else None
+
     async def llm_calls(self, task_id: str) -> list[LlmCall]:
         async with self.sessions() as s:
             q = select(LlmCall).where(LlmCall.task_id == task_id).order_by(LlmCall.id)
@@ -263,7 +309,25 @@ class Store:
 
 
 def _write(conn: Connection, changes: ChangeSet) -> list[int]:
-    """The group commit in SQLAlchemy Core: executemany inserts, keyed updates, events."""
+    """The group commit in SQLAlchemy Core: executemany inserts, keyed updates, events.
+
+    With a `guard`, the first statement checks (and locks) the lease row: a writer whose lease
+    was taken over writes nothing (SPEC section 7: fencing)."""
+    if changes.guard is not None:
+        name, holder, fence = changes.guard
+        leases = _table(Lease)
+        held = conn.execute(
+            select(leases.c.fence)
+            .where(
+                leases.c.name == name,
+                leases.c.holder == holder,
+                leases.c.fence == fence,
+                leases.c.expires_at > func.now(),
+            )
+            .with_for_update()
+        ).first()
+        if held is None:
+            raise LeaseLost(f"lease '{name}' (fence {fence}) is no longer held by {holder}")
     for model in _INSERT_ORDER:
         rows = changes.inserts.get(model)
         if rows:

@@ -72,6 +72,20 @@ export function when(value) {
   return t === null ? "—" : dateFmt.format(new Date(t));
 }
 
+const clockFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" });
+
+/** Just the time of day, e.g. "18:18:52" (for the end of a span that started the same day). */
+export function clock(value) {
+  const t = parseTime(value);
+  return t === null ? "—" : clockFmt.format(new Date(t));
+}
+
+export function sameDay(a, b) {
+  const x = parseTime(a);
+  const y = parseTime(b);
+  return x !== null && y !== null && new Date(x).toDateString() === new Date(y).toDateString();
+}
+
 /** Full ISO text for tooltips. */
 export function iso(value) {
   const t = parseTime(value);

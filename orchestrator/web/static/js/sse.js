@@ -9,6 +9,7 @@ export class SseParser {
   constructor(onEvent) {
     this.onEvent = onEvent;
     this.buffer = "";
+    this.skipLF = false;
     this.reset();
   }
 
@@ -19,6 +20,9 @@ export class SseParser {
   }
 
   push(text) {
+    // A CR LF pair split across two chunks is one line end, not two.
+    if (this.skipLF && text.startsWith("\n")) text = text.slice(1);
+    this.skipLF = text.endsWith("\r");
     this.buffer += text;
     const lines = this.buffer.split(/\r\n|\r|\n/);
     this.buffer = lines.pop(); // an incomplete last line waits for more text

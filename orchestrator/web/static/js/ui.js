@@ -2,7 +2,7 @@
 // node-count bar used by the task list and the task page.
 
 import { h, icon } from "./dom.js";
-import { ago, duration, iso, span, when } from "./format.js";
+import { ago, clock, duration, iso, sameDay, span, when } from "./format.js";
 
 export const NODE_STATES = ["pending", "ready", "queued", "running", "succeeded", "failed", "skipped", "cancelled"];
 export const TASK_STATES = ["planning", "running", "succeeded", "failed", "cancelled"];
@@ -19,6 +19,17 @@ export function timeAgo(value) {
 export function timeAt(value) {
   if (!value) return h("span", { class: "muted" }, "—");
   return h("time", { datetime: iso(value), title: iso(value) }, when(value));
+}
+
+/** "start → end", the end as a bare time when it is the same day. */
+export function timeRange(start, end) {
+  if (!start) return h("span", { class: "muted" }, "not started");
+  const tail = end
+    ? sameDay(start, end)
+      ? h("time", { datetime: iso(end), title: iso(end) }, clock(end))
+      : timeAt(end)
+    : h("span", { class: "muted" }, "now");
+  return h("span", { class: "nowrap" }, timeAt(start), " → ", tail);
 }
 
 /** A duration that keeps growing while `end` is missing (updated by the ticker). */

@@ -145,7 +145,7 @@ export function mountDevices(root) {
         "td",
         {},
         h("div", {}, d.platform || "other"),
-        h("div", { class: "muted small", title: os }, [os, `${(d.tools || []).length} tools`].filter(Boolean).join(" · ")),
+        h("div", { class: "muted small clip", title: os }, [os, `${(d.tools || []).length} tools`].filter(Boolean).join(" · ")),
       ),
       h(
         "td",

@@ -6,7 +6,7 @@
 import { api } from "../api.js";
 import { h, icon, pill, replace } from "../dom.js";
 import { duration, labelList, pretty, shortId, span } from "../format.js";
-import { liveDuration, loading, timeAt } from "../ui.js";
+import { liveDuration, loading, timeAt, timeRange } from "../ui.js";
 
 const CUT_LINES = 18;
 const CUT_CHARS = 1400;
@@ -79,7 +79,7 @@ export class NodePanel {
 
   details(node) {
     const ran = node.started_at
-      ? [timeAt(node.started_at), " → ", node.finished_at ? timeAt(node.finished_at) : "now", " · ", liveDuration(node.started_at, node.finished_at)]
+      ? [timeRange(node.started_at, node.finished_at), " · ", liveDuration(node.started_at, node.finished_at)]
       : h("span", { class: "muted" }, "not started");
     const facts = [
       ["Kind", node.kind],
@@ -113,6 +113,7 @@ export class NodePanel {
   }
 
   attemptCard(a) {
+    const several = (this.node?.attempts || []).length > 1;
     const sent = new Map((a.commands || []).map((c) => [c.call_id, c]));
     const templates = (this.node?.commands || []).map((c) => JSON.stringify(c.arguments ?? {}));
     return h(
@@ -132,10 +133,9 @@ export class NodePanel {
         { class: "attempt-meta muted small" },
         h("span", { class: "mono", title: a.batch_id }, `batch ${shortId(a.batch_id, 14)}`),
         " · ",
-        timeAt(a.started_at),
-        a.ended_at ? [" → ", timeAt(a.ended_at)] : " → running",
+        timeRange(a.started_at, a.ended_at),
       ),
-      a.error ? errorBox(a.error) : null,
+      a.error && (several || !sameError(a.error, this.node?.error)) ? errorBox(a.error) : null,
       (a.results || []).map((r, i) =>
         h(
           "div",
@@ -149,7 +149,7 @@ export class NodePanel {
             r.duration_ms !== null && r.duration_ms !== undefined ? h("span", { class: "muted small num" }, duration(r.duration_ms)) : null,
           ),
           resolvedArgs(sent.get(r.call_id), templates[i], (v) => this.json(v, `a${a.n}.args${i}`)),
-          r.error ? errorBox(r.error) : null,
+          r.error && !sameError(r.error, a.error) ? errorBox(r.error) : null,
           r.result === null || r.result === undefined ? null : this.json(r.result, `a${a.n}.r${i}`),
         ),
       ),
@@ -318,6 +318,11 @@ function commandCard(c, i) {
     ),
     h("pre", { class: "json" }, pretty(c.arguments ?? {})),
   );
+}
+
+/** Errors repeat down the chain (result -> attempt -> node): show each once. */
+function sameError(a, b) {
+  return Boolean(a && b) && a.code === b.code && a.message === b.message;
 }
 
 function errorBox(error) {

@@ -50,18 +50,15 @@ export function mountTask(root, taskId) {
   let fetchAgain = false;
   let lastFetch = 0;
 
-  function scheduleFetch(now = false) {
+  /** Re-fetch the task soon: one request at a time, at most one per REFETCH_MS. */
+  function scheduleFetch() {
     if (stopped) return;
     if (fetching) {
       fetchAgain = true;
       return;
     }
-    if (fetchTimer) {
-      if (!now) return;
-      clearTimeout(fetchTimer);
-    }
-    const wait = now ? 0 : Math.max(0, lastFetch + REFETCH_MS - Date.now());
-    fetchTimer = setTimeout(fetchTask, wait);
+    if (fetchTimer) return;
+    fetchTimer = setTimeout(fetchTask, Math.max(0, lastFetch + REFETCH_MS - Date.now()));
   }
 
   async function fetchTask() {
@@ -157,12 +154,12 @@ export function mountTask(root, taskId) {
       task.state = data.state;
       if (data.error) task.error = data.error;
       drawHead();
-      if (TERMINAL_TASK.has(data.state)) scheduleFetch(true);
+      if (TERMINAL_TASK.has(data.state)) scheduleFetch();
     } else if (type === "node.state") {
       eventStates.set(data.node_id, { state: data.state, seq: id });
       const node = findNode(data.node_id);
       if (!node) {
-        scheduleFetch(true); // a node we have not seen: the DAG changed
+        scheduleFetch(); // a node we have not seen: the DAG changed
         return;
       }
       node.state = data.state;
@@ -175,16 +172,19 @@ export function mountTask(root, taskId) {
     } else if (type === "node.attempt") {
       scheduleFetch();
     } else if (type === "dag.edited") {
-      scheduleFetch(true);
+      scheduleFetch();
     }
   }
 
+  let connStatus = "";
+
   function setConnection(status, detail) {
+    if (status === "live" && connStatus === "reconnecting") scheduleFetch(); // catch up after a drop
+    connStatus = status;
     const text = { live: "Live", reconnecting: "Reconnecting…", ended: "Final", error: `Stream stopped: ${detail || ""}` }[status] || status;
     connection.className = `conn conn-${status}`;
     connection.dataset.status = status;
     replace(connection, h("span", { class: "conn-dot", "aria-hidden": "true" }), text);
-    if (status === "reconnecting") scheduleFetch(); // catch up on what the drop hid
   }
 
   // ---- header -----------------------------------------------------------------------------
@@ -240,7 +240,7 @@ export function mountTask(root, taskId) {
     try {
       await api(`${base}/cancel`, { method: "POST" });
       flash("Cancelling: queued and pending nodes stop, running batches are told to stop.", "ok");
-      scheduleFetch(true);
+      scheduleFetch();
     } catch (err) {
       flash(err.message, "error", "Cancel refused");
     } finally {

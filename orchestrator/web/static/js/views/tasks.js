@@ -68,6 +68,7 @@ export function mountTasks(root, params) {
     if (n < 0 || n >= cursors.length + (next ? 1 : 0)) return;
     if (n === cursors.length) cursors.push(next);
     page = n;
+    newer.disabled = older.disabled = true; // until this page's cursor is known
     replace(body, loading("Loading tasks…"));
     load();
   }

@@ -1,0 +1,24 @@
+"""Every Redis key and channel Orrery uses, in one place (DESIGN, habit 4)."""
+
+from __future__ import annotations
+
+PREFIX = "orrery"
+
+EVENTS = f"{PREFIX}:events"  # pub/sub: committed task events, for every replica's SSE readers
+LEADER = f"{PREFIX}:leader"  # pub/sub: "replica R now leads the engine (fence F)"
+INBOX = f"{PREFIX}:engine:inbox"  # pub/sub: engine inputs from any replica, read by the leader
+
+
+def replica_out(replica: str) -> str:
+    """pub/sub: frames to send to (and connections to close for) devices connected to `replica`."""
+    return f"{PREFIX}:replica:{replica}:out"
+
+
+def replica_replies(replica: str) -> str:
+    """pub/sub: the leader's replies to inputs `replica` sent and waits on."""
+    return f"{PREFIX}:replica:{replica}:replies"
+
+
+def presence(device_id: str) -> str:
+    """string with a TTL: the replica holding the device's socket, refreshed by its heartbeats."""
+    return f"{PREFIX}:presence:device:{device_id}"

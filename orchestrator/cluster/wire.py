@@ -1,0 +1,54 @@
+"""Engine inputs as JSON, so replicas can hand them to the engine leader through Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.domain.model import Liveness
+from orchestrator.engine.records import (
+    CancelTask,
+    DeviceChanged,
+    DeviceHello,
+    FrameIn,
+    Input,
+    LivenessChanged,
+    TaskCreated,
+)
+from protocol.codec import decode, encode
+
+
+class NotPortable(ValueError):
+    """This input only makes sense inside one process."""
+
+
+def dump(item: Input) -> dict[str, Any]:
+    if isinstance(item, TaskCreated):
+        return {"kind": "task_created", "task_id": item.task_id}
+    if isinstance(item, CancelTask):
+        return {"kind": "cancel_task", "task_id": item.task_id}
+    if isinstance(item, DeviceChanged):
+        return {"kind": "device_changed", "device_id": item.device_id}
+    if isinstance(item, DeviceHello):
+        return {"kind": "hello", "device_id": item.device_id, "frame": encode(item.hello), "resumed": item.resumed}
+    if isinstance(item, LivenessChanged):
+        return {"kind": "liveness", "device_id": item.device_id, "liveness": item.liveness.value}
+    if isinstance(item, FrameIn):
+        return {"kind": "frame", "device_id": item.device_id, "frame": encode(item.message)}
+    raise NotPortable(f"{type(item).__name__} cannot cross replicas")
+
+
+def load(data: dict[str, Any]) -> Input:
+    kind = data["kind"]
+    if kind == "task_created":
+        return TaskCreated(data["task_id"])
+    if kind == "cancel_task":
+        return CancelTask(data["task_id"])
+    if kind == "device_changed":
+        return DeviceChanged(data["device_id"])
+    if kind == "hello":
+        return DeviceHello(data["device_id"], decode(data["frame"]), bool(data["resumed"]))
+    if kind == "liveness":
+        return LivenessChanged(data["device_id"], Liveness(data["liveness"]))
+    if kind == "frame":
+        return FrameIn(data["device_id"], decode(data["frame"]))
+    raise NotPortable(f"unknown input kind {kind!r}")
