@@ -104,7 +104,7 @@ class SimDevice:
             while not self._stop:
                 try:
                     await self._connect_once()
-                except (OSError, ConnectionClosed, TimeoutError):
+                except Exception:  # like the real agent, never give up (refused, reset, mid-restart...)
                     if self._stop:
                         break
                     await asyncio.sleep(0.2)

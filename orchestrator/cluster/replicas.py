@@ -68,6 +68,7 @@ class RedisCluster:
         self._out: asyncio.Queue[tuple[str, str, dict[str, Any]]] = asyncio.Queue()
         self._seen: dict[str, float] = {}
         self._listening = asyncio.Event()
+        self._became_leader = asyncio.Event()
         self._stopping = False
 
     # ================================================================ lifecycle
@@ -127,6 +128,7 @@ class RedisCluster:
         self.engine.lease_guard = (LEASE, self.replica_id, fence)
         await self.engine.start()  # recovery from the store, exactly as after a restart
         self._leader = True
+        self._became_leader.set()
         log.warning("replica %s now leads the engine (fence %d)", self.replica_id, fence)
         await self.redis.publish(keys.LEADER, orjson.dumps({"replica": self.replica_id, "fence": fence}))
         self._announce_devices()
@@ -172,13 +174,15 @@ class RedisCluster:
                     {"op": "submit", "id": request_id, "reply_to": keys.replica_replies(self.replica_id), "input": body}
                 ),
             )
+            leading = asyncio.ensure_future(self._became_leader.wait())
             try:
-                async with asyncio.timeout(RPC_TIMEOUT_S):
-                    answer = await reply
-            except TimeoutError:
-                continue  # no leader right now (failover): ask again
+                await asyncio.wait({reply, leading}, timeout=RPC_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
             finally:
+                leading.cancel()
                 self._pending.pop(request_id, None)
+            if not reply.done():
+                continue  # no leader answered (a failover, or we lead now): ask again
+            answer = reply.result()
             if answer.get("ok"):
                 fut.set_result(None)
             else:

@@ -20,7 +20,7 @@ from orchestrator.cluster import Cluster, LocalCluster
 from orchestrator.config import Settings
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.core import Engine
-from orchestrator.engine.records import DeviceHello, FrameIn, LivenessChanged
+from orchestrator.engine.records import DeviceHello, FrameIn, Input, LivenessChanged
 from orchestrator.gateway.limits import RateLimiter
 from orchestrator.ids import new_id
 from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
@@ -59,6 +59,7 @@ class Link:
     conn: Connection | None = None
     last_frame: float = field(default_factory=time.monotonic)
     liveness: Liveness = Liveness.ONLINE
+    waiting: int = 0  # the reader awaits the engine: frames queue up unread, but the device is alive
 
 
 class Gateway:
@@ -202,7 +203,7 @@ class Gateway:
         for frame in resend:
             conn.push(frame)
         self.cluster.device_connected(device_id)
-        await self.cluster.submit(DeviceHello(device_id, hello, resumed))
+        await self._engine(link, DeviceHello(device_id, hello, resumed))
         log.info("device %s connected (session %s, resumed=%s)", device_id, session.session_id, resumed)
         return hello
 
@@ -230,12 +231,22 @@ class Gateway:
                 assert link.session is not None
                 link.session.confirm(msg.seq)
             elif is_reliable(msg):
-                await self.cluster.submit(FrameIn(device_id, msg))
+                await self._engine(link, FrameIn(device_id, msg))
                 assert link.session is not None
                 link.session.confirm(msg.seq)
                 # Acknowledge soon, so the agent's outbox can let go of what is now durable here;
                 # usually the next command batch carries the ack first and no extra frame is sent.
                 asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack_if_needed, link, conn)
+
+    async def _engine(self, link: Link, item: Input) -> None:
+        """Hand an input to the engine and wait for it to be durable. Meanwhile (possibly an
+        engine failover) the reader reads nothing, so liveness must not count the silence."""
+        link.waiting += 1
+        try:
+            await self.cluster.submit(item)
+        finally:
+            link.waiting -= 1
+            self._touch(link)
 
     def _ack_if_needed(self, link: Link, conn: Connection) -> None:
         if link.conn is conn and link.session is not None and link.session.ack_sent < link.session.confirmed_seq:
@@ -276,6 +287,8 @@ class Gateway:
             await asyncio.sleep(period)
             now = time.monotonic()
             for link in list(self.links.values()):
+                if link.waiting:
+                    continue
                 silent = now - link.last_frame
                 if silent > self.settings.heartbeat_timeout_s:
                     self._go_offline(link)
