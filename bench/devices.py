@@ -96,7 +96,7 @@ async def enroll(fleet: Fleet, count: int, start: int) -> list[dict[str, Any]]:
 
 
 async def run(args: argparse.Namespace) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     steps = [int(s) for s in args.steps.split(",")]
     rows = []
@@ -120,7 +120,7 @@ async def run(args: argparse.Namespace) -> None:
             devices = [Device(url, e["id"], e["token"], args.interval, lags) for e in enrolled]
             sem = asyncio.Semaphore(64)
 
-            async def start(d: Device) -> None:
+            async def start(d: Device, sem: asyncio.Semaphore = sem) -> None:
                 async with sem:
                     tasks.append(asyncio.create_task(d.run()))
                     await asyncio.wait_for(d.ready.wait(), 300)

@@ -3,6 +3,7 @@ replica, a killed leader's tasks finish elsewhere, and nothing runs twice."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import threading
@@ -76,7 +77,7 @@ def test_killing_the_leader_mid_task_hands_the_task_to_another_replica_without_r
         steps = [f"s{i}" for i in range(5)]
         dag = {
             "nodes": [{"id": s, "commands": [shell(["sh", "-c", f"echo {s} >> ran.txt; sleep 0.6"])]} for s in steps],
-            "edges": [{"from": x, "to": y} for x, y in zip(steps, steps[1:], strict=False)],
+            "edges": [{"from": x, "to": y} for x, y in itertools.pairwise(steps)],
         }
         with other.client() as c:
             task = c.post("/v1/tasks", json={"dag": dag}).json()
