@@ -74,6 +74,8 @@ class Agent:
         self.connected = asyncio.Event()
         self.sessions_opened = 0
         self._lock = asyncio.Lock()
+        self._announcing: set[asyncio.Task[None]] = set()
+        router.on_tools_changed = self._on_tools_changed
 
     # ================================================================ top level
 
@@ -308,6 +310,11 @@ class Agent:
 
     async def tools_changed(self) -> None:
         await self._send(ToolsChanged(tools=self.router.catalogue()))
+
+    def _on_tools_changed(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.tools_changed())
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
 
 
 def _log_retry(state: RetryCallState) -> None:

@@ -24,7 +24,9 @@ class McpServerConfig(BaseModel):
     command: str | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    cwd: Path | None = None
     url: str | None = None
+    bearer_token: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     read_only_tools: list[str] = Field(default_factory=list)
 
@@ -45,7 +47,10 @@ class AgentConfig(BaseSettings):
 
     shell_allow: list[str] | None = None
     shell_deny: list[str] = Field(default_factory=list)
-    approval_required: list[str] = Field(default_factory=lambda: ["gui.*"])
+    # Screen input needs the owner's approval unless the agent runs --unattended (device-safety).
+    approval_required: list[str] = Field(
+        default_factory=lambda: ["gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"]
+    )
     unattended: bool = False
     kill_switch: bool = False
     max_output_bytes: int = Field(default=1_000_000, ge=1024)

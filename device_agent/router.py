@@ -15,11 +15,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
-from mcp.types import CallToolResult, ImageContent, TextContent, Tool
+from mcp.types import CallToolResult, ImageContent, TextContent, Tool, ToolListChangedNotification
 
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
@@ -28,8 +31,28 @@ from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolS
 
 log = logging.getLogger("orrery.agent.router")
 
-KNOWN_CODES = frozenset(c.value for c in ErrorCode) | {"stale_observation", "id_conflict", "busy", "stopped"}
-Target = MCPServer | StdioServerParameters | str
+KNOWN_CODES = frozenset(c.value for c in ErrorCode) | {
+    "stale_observation",
+    "id_conflict",
+    "busy",
+    "stopped",
+    "action_limit",
+}
+MAX_IMAGE_BYTES = 3 * 1024 * 1024  # base64 screenshots pass the result cap up to this, for vision models
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    """A third-party MCP server over streamable HTTP, with optional headers (a bearer token)."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def transport(self, client: httpx2.AsyncClient) -> Any:
+        return streamable_http_client(self.url, http_client=client)
+
+
+Target = MCPServer | StdioServerParameters | HttpTarget
 
 
 class ToolsetUnavailable(Exception):
@@ -37,17 +60,26 @@ class ToolsetUnavailable(Exception):
 
 
 class ToolsetHost:
-    """Keeps one MCP client open in a task of its own, and restarts it if it breaks."""
+    """Keeps one MCP client open in a task of its own, restarts it (with backoff) if the server dies,
+    and reports changes of its tool list (a restart, or the server's list_changed notification)."""
 
-    def __init__(self, namespace: str, target: Target, read_only_tools: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        target: Target,
+        read_only_tools: frozenset[str] = frozenset(),
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.namespace = namespace
         self.target = target
         self.read_only_tools = read_only_tools
+        self.on_change = on_change
         self.tools: list[Tool] = []
         self.restarts = 0
         self._client: Client | None = None
         self._ready = asyncio.Event()
         self._broken = asyncio.Event()
+        self._relist = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -89,14 +121,23 @@ class ToolsetHost:
     async def _serve(self) -> None:
         backoff = 0.5
         while not self._stopping:
+            http: httpx2.AsyncClient | None = None
             try:
-                async with Client(self.target) as client:
-                    self.tools = list((await client.list_tools()).tools)
+                target: Any = self.target
+                if isinstance(target, HttpTarget):
+                    http = httpx2.AsyncClient(headers=dict(target.headers), timeout=httpx2.Timeout(30, read=300))
+                    target = target.transport(http)
+                async with Client(target, message_handler=self._on_message) as client:
                     self._client = client
                     self._broken.clear()
+                    await self._list(client)
                     self._ready.set()
                     backoff = 0.5
-                    await self._broken.wait()
+                    while not self._broken.is_set():
+                        await _first(self._broken.wait(), self._relist.wait())
+                        if self._relist.is_set() and not self._broken.is_set():
+                            self._relist.clear()
+                            await self._list(client)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # it could not start, or died under us
@@ -104,6 +145,8 @@ class ToolsetHost:
                 log.warning("toolset %s failed (%s); restarting in %.1fs", self.namespace, exc, backoff)
             finally:
                 self._client = None
+                if http is not None:
+                    await http.aclose()
             if self._stopping:
                 return
             self._ready.set()
@@ -113,6 +156,28 @@ class ToolsetHost:
 
     def catalogue(self) -> list[ToolSpec]:
         return [tool_spec(self.namespace, t, t.name in self.read_only_tools) for t in self.tools]
+
+    async def _list(self, client: Client) -> None:
+        before = self.catalogue()
+        self.tools = list((await client.list_tools()).tools)
+        if self._ready.is_set() and self.catalogue() != before and self.on_change is not None:
+            self.on_change()
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            self._relist.set()
+        elif isinstance(message, Exception):  # the transport failed: the server is gone
+            self._broken.set()
+
+
+async def _first(*waits: Any) -> None:
+    """Return when the first of `waits` finishes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 def tool_spec(namespace: str, tool: Tool, force_read_only: bool = False) -> ToolSpec:
@@ -148,10 +213,17 @@ class Router:
         self.max_result_bytes = max_result_bytes
         self.hosts: dict[str, ToolsetHost] = {}
         self.kill_running = on_kill
+        self.on_tools_changed: Callable[[], None] | None = None  # the agent sends `tools_changed`
+
+    def tools_changed(self) -> None:
+        if self.on_tools_changed is not None:
+            self.on_tools_changed()
 
     def add(self, host: ToolsetHost) -> None:
         if host.namespace in self.hosts:
-            raise ValueError(f"toolset namespace '{host.namespace}' is configured twice")
+            raise ValueError(
+                f"toolset namespace '{host.namespace}' is configured twice; give each MCP server its own namespace"
+            )
         self.hosts[host.namespace] = host
 
     async def start(self) -> None:
@@ -198,7 +270,8 @@ class Router:
         return self._finish(cmd, namespace, started, audit, "allowed", raw)
 
     def _policy_denial(self, tool: str, spec: ToolSpec) -> str | None:
-        if self.policy.kill_switch and not spec.annotations.read_only:
+        harmless = spec.annotations.read_only or (spec.annotations.idempotent and not spec.annotations.destructive)
+        if self.policy.kill_switch and not harmless:
             return (
                 f"the device owner has switched off action tools (kill switch), so '{tool}' is refused; "
                 "only read-only tools may run"
@@ -225,8 +298,10 @@ class Router:
         return result
 
     def _convert(self, call_id: str, namespace: str, raw: CallToolResult, duration_ms: float) -> Result:
-        value = _value(raw)
-        value = self._cap(value)
+        value = self._cap(_value(raw))
+        images = _images(raw)
+        if images and isinstance(value, dict):
+            value = {**value, "images": images}
         if raw.is_error:
             detail = raw.structured_content if isinstance(raw.structured_content, dict) else {}
             message = str(detail.get("message") or _text(raw) or "the tool failed")
@@ -236,7 +311,7 @@ class Router:
             extra = {k: v for k, v in detail.items() if k not in ("code", "message")}
             return Result(
                 call_id=call_id,
-                status="failure",
+                status="uncertain" if code == "uncertain" else "failure",
                 result=self._cap(extra) if extra else None,
                 error=ErrorInfo(code=code if code in KNOWN_CODES else "tool_error", message=message[:4000]),
                 namespace=namespace,
@@ -264,6 +339,21 @@ def _error(code: str, message: str) -> CallToolResult:
 
 def _text(raw: CallToolResult) -> str:
     return "\n".join(c.text for c in raw.content if isinstance(c, TextContent))
+
+
+def _images(raw: CallToolResult) -> list[dict[str, Any]]:
+    """Image parts of a structured result, kept out of the text cap (a model may need to see them)."""
+    if raw.structured_content is None or raw.is_error:
+        return []
+    out, total = [], 0
+    for c in raw.content:
+        if isinstance(c, ImageContent):
+            total += len(c.data)
+            if total > MAX_IMAGE_BYTES:
+                out.append({"type": "image", "mime_type": c.mime_type, "omitted": f"over {MAX_IMAGE_BYTES} bytes"})
+                break
+            out.append({"type": "image", "mime_type": c.mime_type, "data": c.data})
+    return out
 
 
 def _value(raw: CallToolResult) -> Any:

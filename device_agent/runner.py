@@ -16,7 +16,7 @@ from device_agent.agent import Agent
 from device_agent.audit import AuditLog
 from device_agent.config import AgentConfig
 from device_agent.ledger import Ledger
-from device_agent.router import Router, ToolsetHost
+from device_agent.router import HttpTarget, Router, ToolsetHost
 from device_agent.toolsets import files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
 
@@ -56,18 +56,36 @@ def build(config: AgentConfig) -> Agent:
         factory = BUILTIN.get(name)
         if factory is None:
             raise ConfigError(f"unknown toolset '{name}'; built-in ones are {sorted(BUILTIN)}")
-        router.add(ToolsetHost(name, factory(ctx)))
+        _add(router, ToolsetHost(name, factory(ctx), on_change=router.tools_changed))
     for server in config.mcp_servers:
         target: Any
         if server.url:
-            target = server.url
+            headers = dict(server.headers)
+            if server.bearer_token:
+                headers["Authorization"] = f"Bearer {server.bearer_token}"
+            target = HttpTarget(server.url, tuple(headers.items()))
         elif server.command:
-            target = StdioServerParameters(command=server.command, args=server.args, env=server.env or None)
+            target = StdioServerParameters(
+                command=server.command,
+                args=server.args,
+                env=server.env or None,
+                cwd=str(server.cwd) if server.cwd else None,
+            )
         else:
-            raise ConfigError(f"MCP server '{server.namespace}' needs a 'command' or a 'url'")
-        router.add(ToolsetHost(server.namespace, target, frozenset(server.read_only_tools)))
+            raise ConfigError(f"MCP server '{server.namespace}' needs a 'command' (stdio) or a 'url' (HTTP)")
+        _add(
+            router,
+            ToolsetHost(server.namespace, target, frozenset(server.read_only_tools), on_change=router.tools_changed),
+        )
     ledger = Ledger(data_dir / "ledger.sqlite3")
     return Agent(config, router, ledger, system.device_info())
+
+
+def _add(router: Router, host: ToolsetHost) -> None:
+    try:
+        router.add(host)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def toolset_context(config: AgentConfig) -> ToolsetContext:
@@ -116,6 +134,9 @@ async def serve(config: AgentConfig) -> None:
         await agent.run()
     except asyncio.CancelledError:
         log.info("agent stopping")
+    except ValueError as exc:  # e.g. two toolsets offering the same tool name
+        log.error("%s", exc)
+        raise ConfigError(str(exc)) from None
     finally:
         agent.ledger.close()
         agent.router.audit.close()
