@@ -6,9 +6,12 @@ import json
 import logging
 import sys
 import time
+from contextvars import ContextVar
 from typing import Any
 
 CONTEXT_FIELDS = ("task_id", "node_id", "batch_id", "device_id", "request_id")
+# Fields that apply to everything logged in the current context (e.g. a REST request's id).
+context: ContextVar[dict[str, str] | None] = ContextVar("orrery_log_context", default=None)
 
 
 class JsonFormatter(logging.Formatter):
@@ -19,13 +22,23 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        entry.update(context.get() or {})
         for key in CONTEXT_FIELDS:
-            value = getattr(record, key, None)
-            if value is not None:
-                entry[key] = value
+            field = getattr(record, key, None)
+            if field is not None:
+                entry[key] = field
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """Human lines, with the context ids appended as `key=value` when a record carries them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        ids = {**(context.get() or {}), **{k: getattr(record, k) for k in CONTEXT_FIELDS if getattr(record, k, None)}}
+        return line + "".join(f" {k}={v}" for k, v in ids.items()) if ids else line
 
 
 def setup_logging(fmt: str = "text", level: str = "info") -> None:
@@ -33,7 +46,7 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

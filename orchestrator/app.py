@@ -15,6 +15,7 @@ from fastapi import FastAPI, WebSocket
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from device_agent.logs import context as log_context
 from orchestrator import __version__, web
 from orchestrator.api import devices, errors, health, keys, tasks
 from orchestrator.api.deps import Components
@@ -66,6 +67,7 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
         await comp.gateway.serve(ws)
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestId)
     return app
 
 
@@ -143,6 +145,32 @@ async def bootstrap_admin_key(store: Store, hasher: Hasher, data_dir: Path, give
     path = data_dir / "admin.key"
     write_private(path, key + "\n")
     log.warning("created an admin API key; it is in %s (mode 0600)", path.resolve())
+
+
+class RequestId:
+    """A request id for every REST call: the caller's `X-Request-ID` if it sent a sane one, else a
+    new one; echoed in the response and attached to every log line written while serving it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if given and len(given) <= 64 and given.replace("-", "").isalnum() else new_id("req")
+        token = log_context.set({"request_id": request_id})
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            log_context.reset(token)
 
 
 class BodyLimit:

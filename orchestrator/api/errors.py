@@ -94,19 +94,28 @@ def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONR
     return JSONResponse(problem_body(status, code, detail, **extra), status, media_type=PROBLEM, headers=headers)
 
 
+def _count(req: Request, code: str) -> None:
+    components = getattr(req.app.state, "components", None)
+    if components is not None:
+        components.engine.metrics.errors.labels(code).inc()
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(req: Request, exc: ApiError) -> JSONResponse:
+        _count(req, exc.code)
         return problem_response(exc.status, exc.code, exc.detail, **exc.extra)
 
     @app.exception_handler(DomainError)
-    async def _domain_error(_req: Request, exc: DomainError) -> JSONResponse:
+    async def _domain_error(req: Request, exc: DomainError) -> JSONResponse:
+        _count(req, exc.code)
         return problem_response(
             exc.status, exc.code, exc.problems[0].message, problems=[p.as_dict() for p in exc.problems]
         )
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(req: Request, exc: RequestValidationError) -> JSONResponse:
+        _count(req, "validation_error")
         problems = [
             {
                 "code": "validation_error",
@@ -119,13 +128,15 @@ def install(app: FastAPI) -> None:
         return problem_response(422, "validation_error", detail, problems=problems)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
+        _count(req, code)
         response = problem_response(exc.status_code, code, str(exc.detail))
         response.headers.update(exc.headers or {})  # e.g. Allow on a 405 (RFC 9110)
         return response
 
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        _count(req, "internal_error")
         log.exception("unhandled error on %s %s", req.method, req.url.path)
         return problem_response(500, "internal_error", "the server failed to handle this request; see its log")

@@ -5,12 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from orchestrator import __version__
 from orchestrator.api.deps import Comp
 
 router = APIRouter(tags=["health"])
+
+
+@router.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(comp: Comp) -> Response:
+    """Prometheus metrics of this replica."""
+    return Response(generate_latest(comp.engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz")

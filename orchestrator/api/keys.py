@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from orchestrator.api.deps import Admin, Comp
+from orchestrator.api.deps import Admin, Comp, Viewer
 from orchestrator.api.errors import COMMON, ApiError, problems
 from orchestrator.api.schemas import ApiKeyCreate, ApiKeyCreated
 from orchestrator.engine.times import utc
@@ -34,6 +34,12 @@ async def create(body: ApiKeyCreate, comp: Comp, _p: Admin) -> ApiKeyCreated:
         },
     )
     return ApiKeyCreated(id=key_id, role=body.role, key=key, name=body.name)
+
+
+@router.get("/me")
+async def whoami(principal: Viewer) -> dict[str, Any]:
+    """The key in use: its id and role (so a UI can offer only what the role allows)."""
+    return {"id": principal.key_id, "role": principal.role.value}
 
 
 @router.delete("/{key_id}")

@@ -91,6 +91,8 @@ def device_out(row: Device, queue_length: int, connected: bool, last_frame_mono:
         id=row.id,
         name=row.name,
         state=state.value,
+        admin_state=row.admin_state,
+        liveness=row.liveness,
         labels={**(row.reported_labels or {}), **(row.labels or {})},
         platform=row.platform,
         info=row.info or {},

@@ -120,6 +120,8 @@ class DeviceOut(BaseModel):
     id: str
     name: str
     state: str
+    admin_state: str = "active"  # what operators asked: active, draining, cordoned, revoked
+    liveness: str = "enrolled"  # what heartbeats say: enrolled, online, suspect, offline
     labels: dict[str, str]
     platform: str
     info: dict[str, Any]

@@ -93,7 +93,9 @@ async def llm_calls(task_id: str, comp: Comp, _p: Viewer) -> Page:
         }
         for r in rows
     ]
-    items += [{"dag_edit": e.version, "reason": e.reason, "edits": e.edits, "at": e.at} for e in edits]
+    items += [
+        {"kind": "dag_edit", "dag_edit": e.version, "reason": e.reason, "edits": e.edits, "at": e.at} for e in edits
+    ]
     return Page(items=items)
 
 

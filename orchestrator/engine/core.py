@@ -52,6 +52,7 @@ from orchestrator.engine.restore import device_from_row, recover, task_from_bund
 from orchestrator.engine.times import iso, utc
 from orchestrator.engine.validation import known_tools, validate_against
 from orchestrator.ids import new_id
+from orchestrator.metrics import Metrics
 from orchestrator.store.models import Attempt, Device, Node, Task
 from orchestrator.store.repo import ChangeSet, Store
 from protocol.errors import CloseCode, ErrorCode
@@ -121,7 +122,9 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self.ready_event = asyncio.Event()
         self.failed: BaseException | None = None
-        self.lease_guard: tuple[str, str, int] | None = None  # replicated: the engine lease every commit re-checks
+        self.lease_guard: tuple[str, str, int] | None = None
+        self.metrics = Metrics()
+        self.metrics.watch(self)  # replicated: the engine lease every commit re-checks
         self.on_fatal: Callable[[BaseException], None] = _terminate
 
     # ================================================================ lifecycle
@@ -491,6 +494,19 @@ class Engine:
         if att.kind == "agent" and self.planner is not None:
             self.planner.cancel_agent(att.batch_id)
         self.attempts.pop(att.batch_id, None)
+        self.metrics.batches.labels("succeeded" if outcome.succeeded else outcome.error_code or "failed").inc()
+        self.metrics.command_roundtrip.observe(max(0.0, now - att.started))
+        if not outcome.succeeded:
+            log.info(
+                "attempt failed: %s",
+                outcome.error_code,
+                extra={
+                    "task_id": att.task_id,
+                    "node_id": att.node_id,
+                    "batch_id": att.batch_id,
+                    "device_id": att.device_id,
+                },
+            )
         self._closed[att.batch_id] = (att.device_id, att.fence, results is not None)
         if len(self._closed) > 10_000:
             self._closed.popitem(last=False)
@@ -574,6 +590,12 @@ class Engine:
         self._apply(run, run.mark_running(key[1]), now)
         if att.n == 1:
             self._changes.update(Node, key, started_at=utc(now))
+        if rec.ready_since:
+            self.metrics.schedule_to_start.observe(max(0.0, now - rec.ready_since))
+        log.debug(
+            "batch dispatched",
+            extra={"task_id": att.task_id, "node_id": att.node_id, "batch_id": att.batch_id, "device_id": dev.id},
+        )
         self._event(
             "node.attempt",
             att.task_id,
@@ -801,6 +823,7 @@ class Engine:
             key = (run.id, t.node_id)
             rec = run.nodes[t.node_id]
             new = NodeState(t.new)
+            self.metrics.node_transitions.labels(new.value).inc()
             if t.old == NodeState.QUEUED and new is not NodeState.QUEUED:
                 self._take_from_queue(key)
             if new is NodeState.READY:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,7 @@ class AttemptRun:
     waiter: asyncio.Future[list[dict[str, Any]]] | None = None  # a step's results, for its agent loop
     tools_used: list[str] = field(default_factory=list)  # an agent attempt's tools, for retry safety
     step: str | None = None  # an agent attempt's step batch in flight
+    started: float = field(default_factory=time.time)  # when it was dispatched (round-trip metrics)
 
     @property
     def key(self) -> NodeKey:

@@ -137,6 +137,9 @@ class Gateway:
             await _deny(ws, 401, "unauthorized", "a valid device token is required (Authorization: Bearer ...)")
             return
         await ws.accept()
+        metrics = self.engine.metrics
+        metrics.websocket_opens.inc()
+        metrics.websockets.inc()
         channel = Channel(Role.SERVER, self.settings.max_frame_bytes)
         conn = Connection(ws, channel)
         writer = asyncio.create_task(self._write(conn), name=f"ws-writer-{device.id}")
@@ -145,11 +148,13 @@ class Gateway:
             if hello is not None:
                 await self._read(conn, device.id)
         except ProtocolError as exc:
+            metrics.errors.labels(exc.code.value).inc()
             conn.push(encode(Error(code=exc.code, message=exc.message)))
             conn.close(exc.close_code, exc.code.value)
         except WebSocketDisconnect:
             conn.closed = True
         finally:
+            metrics.websockets.dec()
             conn.close(CloseCode.NORMAL, "")
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer, 5)
@@ -215,11 +220,13 @@ class Gateway:
             link = self.links.get(device_id)
             if link is None or link.conn is not conn:
                 return  # superseded or revoked while we waited
+            silence = time.monotonic() - link.last_frame
             msg = conn.channel.receive(data)
             self._touch(link)
             if msg is None:
                 continue
             if isinstance(msg, Heartbeat):
+                self.engine.metrics.heartbeat_lag.observe(max(0.0, silence - self.settings.heartbeat_interval_s))
                 self._heartbeat_reply(link, conn)
                 continue
             if isinstance(msg, Error):

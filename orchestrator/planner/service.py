@@ -139,6 +139,10 @@ class PlannerService:
 
     async def _record(self, rec: CallRecord) -> None:
         self._calls[rec.task_id] = self._calls.get(rec.task_id, 0) + 1
+        metrics = self.engine.metrics
+        metrics.llm_calls.labels(rec.purpose, "error" if rec.error else "ok").inc()
+        metrics.llm_tokens.labels(rec.purpose, "prompt").inc(rec.prompt_tokens)
+        metrics.llm_tokens.labels(rec.purpose, "completion").inc(rec.completion_tokens)
         changes = ChangeSet()
         changes.insert(
             LlmCall,

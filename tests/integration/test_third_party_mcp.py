@@ -136,7 +136,7 @@ env = {{ SLOW_MCP_DIR = "{state}", PYTHONPATH = "{ROOT}" }}
                 ]
             }
         )
-        wait_until(lambda: (state / "pid").exists(), 30, "the slow call to start")
+        wait_until((state / "pid").exists, 30, "the slow call to start")
         (state / "extra").write_text("yes")  # the restarted server will offer one more tool
         os.kill(int((state / "pid").read_text()), signal.SIGKILL)
         done = f.wait_task(task["id"], timeout=30)  # fails at once instead of hanging for 60 s

@@ -105,3 +105,10 @@ def test_failed_authentications_are_rate_limited_per_address(tmp_path: Path) -> 
         assert codes[3:] == [429, 429]
         limited = call(f, "GET", "/v1/tasks", f.server.api_key)
         assert limited.status_code == 429 and limited.json()["code"] == "rate_limited"
+
+
+def test_a_key_can_ask_for_its_own_role_and_devices_show_both_halves_of_their_state(fleet: Fleet) -> None:
+    me = call(fleet, "GET", "/v1/api-keys/me", key(fleet, "viewer")).json()
+    assert me["role"] == "viewer" and me["id"].startswith("key_")
+    device = call(fleet, "GET", f"/v1/devices/{fleet.agents[0].device_id}", key(fleet, "viewer")).json()
+    assert (device["admin_state"], device["liveness"]) == ("active", "online")
