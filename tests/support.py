@@ -52,6 +52,7 @@ class Server:
     port: int
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
+    extra_args: list[str] = field(default_factory=list)
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +78,7 @@ class Server:
                     str(self.port),
                     "--data-dir",
                     str(self.data_dir),
+                    *self.extra_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
 import logging
 import os
 import random
@@ -48,7 +47,9 @@ from orchestrator.engine.records import (
     TaskCreated,
     Wake,
 )
-from orchestrator.engine.restore import device_from_row, recover, task_from_bundle
+from orchestrator.engine.restore import attempt_row, device_from_row, recover, task_from_bundle
+from orchestrator.engine.results import ResultHandling
+from orchestrator.engine.scheduling import Scheduling
 from orchestrator.engine.times import iso, utc
 from orchestrator.engine.validation import known_tools, validate_against
 from orchestrator.ids import new_id
@@ -61,7 +62,6 @@ from protocol.messages import (
     Cancel,
     Command,
     CommandBatch,
-    Error,
     Hello,
     Message,
     Result,
@@ -86,7 +86,7 @@ class EventSink(Protocol):
     async def publish(self, events: list[dict[str, Any]]) -> None: ...
 
 
-class Engine:
+class Engine(Scheduling, ResultHandling):
     def __init__(
         self,
         settings: Settings,
@@ -415,73 +415,6 @@ class Engine:
             self._capable_cache.clear()
             self._changes.update(Device, (dev.id,), tools=list(dev.tools.values()))
 
-    async def _on_results(self, dev: DeviceRun, msg: ResultBatch, now: float) -> None:
-        att = self.attempts.get(msg.batch_id)
-        if att is None or att.device_id != dev.id or att.fence != msg.fence:
-            await self._refuse_results(dev, msg)
-            return
-        if dev.current_batch == att.batch_id:
-            self._set_current(dev, None)
-        self._end_attempt(att, self._outcome(att, dev, msg.results), now, msg.results)
-
-    async def _refuse_results(self, dev: DeviceRun, msg: ResultBatch) -> None:
-        """Results for a batch that is not open on this device with this fence.
-
-        A duplicate of results already recorded is acknowledged silently; anything else gets a
-        non-fatal error frame. Either way nothing changes (SPEC section 4: fencing).
-        """
-        if dev.current_batch == msg.batch_id:
-            self._set_current(dev, None)  # the device finished work we had already given up on
-        closed = self._closed.get(msg.batch_id)
-        if closed is None:
-            row = await self.store.find_attempt(msg.batch_id)
-            closed = (row.device_id, row.fence, row.results is not None) if row is not None else None
-        if closed == (dev.id, msg.fence, True):
-            return  # a re-send of results already recorded: the ack it gets is all it needs
-        if closed is None or closed[0] != dev.id:
-            code, text = ErrorCode.UNKNOWN_BATCH, f"batch {msg.batch_id} was not sent to this device"
-        else:
-            code = ErrorCode.STALE_FENCE
-            text = (
-                f"batch {msg.batch_id} (fence {msg.fence}) is no longer current on this device (fence "
-                f"{dev.fence}); its attempt ended without these results and they are discarded"
-            )
-        log.warning("refused results from %s: %s", dev.id, text)
-        self._send(dev.id, Error(code=code, message=text))
-
-    def _outcome(self, att: AttemptRun, dev: DeviceRun, results: list[Result]) -> AttemptOutcome:
-        by_call = {r.call_id: r for r in results}
-        ordered = [by_call.get(c["call_id"]) for c in att.commands]
-        ran = [(c, r) for c, r in zip(att.commands, ordered, strict=True) if r and r.status != "skipped"]
-        hints = tuple(dev.hints(c["tool"]) for c, _ in ran)
-        dumped = [r.model_dump(mode="json") for r in results]
-        if all(r is not None and r.status == "success" for r in ordered):
-            last = ordered[-1]
-            return AttemptOutcome(True, output=last.result if last else None, results=dumped, tool_hints=hints)
-        bad = next((r for r in ordered if r is not None and r.status in ("failure", "uncertain")), None)
-        if bad is None:
-            code, message = ErrorCode.CANCELLED.value, "the batch was stopped before its commands ran"
-            if att.cancel_reason is None:
-                code, message = ErrorCode.TOOL_ERROR.value, "the device returned no result for some commands"
-        elif bad.status == "uncertain":
-            code = ErrorCode.UNCERTAIN.value
-            message = bad.error.message if bad.error else "the command may or may not have run"
-        else:
-            code = bad.error.code if bad.error else ErrorCode.TOOL_ERROR.value
-            message = bad.error.message if bad.error else "the command failed"
-        if att.cancel_reason == "timeout":
-            code, message = ErrorCode.TIMEOUT.value, f"the attempt ran past its timeout_s; {message}"
-        cancelled = att.cancel_reason == "cancelled"
-        return AttemptOutcome(
-            False,
-            results=dumped,
-            error_code=code,
-            error_message=message,
-            started=bool(ran),
-            tool_hints=hints,
-            cancelled=cancelled,
-        )
-
     # ================================================================ attempts
 
     def _end_attempt(
@@ -557,45 +490,41 @@ class Engine:
         except templates.TemplateError as exc:
             self._apply(run, run.fail(key[1], ErrorCode.TEMPLATE_ERROR, str(exc), now), now)
             return
+        att = self._open_attempt(dev, key, commands, now)
+        self._timer(now + self.settings.batch_accept_timeout_s, "accept_deadline", att.batch_id)
+        self._effects.append(lambda: self._dispatch(att))
+
+    def _open_attempt(
+        self, dev: DeviceRun, key: NodeKey, commands: list[dict[str, Any]], now: float, kind: str = "tool"
+    ) -> AttemptRun:
+        """A new attempt of `key` on `dev`: next fence, device held, attempt stored, node running."""
+        run = self.tasks[key[0]]
+        rec = run.nodes[key[1]]
         dev.fence += 1
         timeout = rec.spec.timeout_s
         att = AttemptRun(
-            batch_id=new_id("b"),
-            task_id=key[0],
-            node_id=key[1],
-            n=rec.attempts + 1,
-            device_id=dev.id,
-            fence=dev.fence,
-            commands=commands,
-            deadline=now + timeout if timeout else None,
+            new_id("b"),
+            key[0],
+            key[1],
+            rec.attempts + 1,
+            dev.id,
+            dev.fence,
+            commands,
+            now + timeout if timeout else None,
+            kind=kind,
+            sent=kind == "agent",
         )
         self.attempts[att.batch_id] = att
         self._set_current(dev, att.batch_id)
         self._changes.update(Device, (dev.id,), fence=dev.fence)
-        self._changes.insert(
-            Attempt,
-            {
-                "batch_id": att.batch_id,
-                "task_id": att.task_id,
-                "node_id": att.node_id,
-                "n": att.n,
-                "device_id": dev.id,
-                "fence": att.fence,
-                "commands": commands,
-                "status": "dispatched",
-                "deadline": utc(att.deadline) if att.deadline else None,
-                "started_at": utc(now),
-            },
-        )
+        self._changes.insert(Attempt, attempt_row(att, now, "running" if kind == "agent" else "dispatched"))
         self._apply(run, run.mark_running(key[1]), now)
         if att.n == 1:
             self._changes.update(Node, key, started_at=utc(now))
         if rec.ready_since:
             self.metrics.schedule_to_start.observe(max(0.0, now - rec.ready_since))
-        log.debug(
-            "batch dispatched",
-            extra={"task_id": att.task_id, "node_id": att.node_id, "batch_id": att.batch_id, "device_id": dev.id},
-        )
+        ids = {"task_id": att.task_id, "node_id": att.node_id, "batch_id": att.batch_id, "device_id": dev.id}
+        log.debug("batch dispatched", extra=ids)
         self._event(
             "node.attempt",
             att.task_id,
@@ -608,8 +537,7 @@ class Engine:
         )
         if att.deadline:
             self._timer(att.deadline, "attempt_deadline", att.batch_id)
-        self._timer(now + self.settings.batch_accept_timeout_s, "accept_deadline", att.batch_id)
-        self._effects.append(lambda: self._dispatch(att))
+        return att
 
     def _dispatch(self, att: AttemptRun) -> None:
         if att.batch_id not in self.attempts:
@@ -639,178 +567,12 @@ class Engine:
 
     # ================================================================ scheduling
 
-    def _schedule(self, now: float) -> None:
-        """Give READY nodes (highest priority, oldest first) a free capable device at once, or a
-        place in the shortest capable queue; then give every free device its next queued node."""
-        if self.ready:
-            for key in sorted(self.ready, key=self._queue_order):
-                run = self.tasks[key[0]]
-                rec = run.nodes[key[1]]
-                if rec.not_before and rec.not_before > now:
-                    continue  # backing off before a retry
-                capable = self._capable(rec.spec)
-                if not capable:
-                    self._maybe_fail_unplaceable(key, now)
-                    continue
-                candidates = [d for d in capable if _takes_work(d)]
-                if not candidates:
-                    continue  # capable devices exist but none is in service now: wait (queue timeout)
-                dev = min(
-                    candidates, key=lambda d: placement.preference(d.id, rec.failed_on, _occupied(d), len(d.queue))
-                )
-                if not _occupied(dev):
-                    self.ready.pop(key, None)
-                    self._assign(dev, key, now)  # a free device takes it at once: no queue to wait in
-                else:
-                    self._enqueue(key, dev, now)
-        for dev in self.devices.values():
-            if dev.current_batch is None and _takes_work(dev):
-                picked = self._next_for(dev)
-                if picked is not None:
-                    self._take_from_queue(picked)
-                    self._assign(dev, picked, now)
-
-    def _capable(self, spec: NodeSpec) -> list[DeviceRun]:
-        """Non-revoked devices that could run `spec`, cached per placement signature (the cache is
-        dropped whenever a device's tools, labels, name or admin state change)."""
-        sig = _signature(spec)
-        ids = self._capable_cache.get(sig)
-        if ids is None:
-            ids = [
-                d.id
-                for d in self.devices.values()
-                if d.admin is not AdminState.REVOKED and placement.capable(spec, d.view())
-            ]
-            self._capable_cache[sig] = ids
-        return [self.devices[i] for i in ids]
-
-    def _next_for(self, dev: DeviceRun) -> NodeKey | None:
-        """Its own queue first (priority, then age); else steal a node it can run elsewhere."""
-        if dev.queue:
-            return min(dev.queue, key=self._queue_order)
-        view = dev.view()
-        stealable = [k for k in self.queued_at if self._may_steal(k, dev.id, view)]
-        return min(stealable, key=self._queue_order) if stealable else None
-
-    def _may_steal(self, key: NodeKey, device_id: str, view: placement.DeviceView) -> bool:
-        rec = self.tasks[key[0]].nodes[key[1]]
-        return device_id not in rec.failed_on and placement.capable(rec.spec, view)
-
-    def _queue_order(self, key: NodeKey) -> tuple[int, float]:
-        run = self.tasks[key[0]]
-        rec = run.nodes[key[1]]
-        return (-(run.priority + rec.spec.priority), rec.ready_since or 0.0)
-
-    def _enqueue(self, key: NodeKey, dev: DeviceRun, now: float) -> None:
-        self.ready.pop(key, None)
-        dev.queue[key] = None
-        self.queued_at[key] = dev.id
-        run = self.tasks[key[0]]
-        self._apply(run, run.mark_queued(key[1], dev.id), now)
-
-    def _take_from_queue(self, key: NodeKey) -> None:
-        device_id = self.queued_at.pop(key, None)
-        if device_id is not None:
-            self.devices[device_id].queue.pop(key, None)
-
-    def _unqueue_all(self, dev: DeviceRun, now: float) -> None:
-        for key in list(dev.queue):
-            self._take_from_queue(key)
-            run = self.tasks[key[0]]
-            self._apply(run, run.unqueue(key[1]), now)
-
-    def _maybe_fail_unplaceable(self, key: NodeKey, now: float) -> None:
-        run = self.tasks[key[0]]
-        spec = run.nodes[key[1]].spec
-        views = [d.view() for d in self.devices.values()]
-        if not placement.could_ever_run(spec, views):
-            problem = placement.no_capable_device(spec, views)
-            self._apply(run, run.fail(key[1], ErrorCode.NO_CAPABLE_DEVICE, problem.message, now), now)
-
     def _set_current(self, dev: DeviceRun, batch_id: str | None) -> None:
         if dev.current_batch != batch_id:
             dev.current_batch = batch_id
             self._changes.update(Device, (dev.id,), current_batch_id=batch_id)
 
     # ================================================================ timers
-
-    def _timer(self, when: float, kind: str, key: Any) -> None:
-        self._timer_seq += 1
-        heapq.heappush(self._timers, (when, self._timer_seq, kind, key))
-
-    def _fire_timers(self, now: float) -> None:
-        while self._timers and self._timers[0][0] <= now:
-            when, _, kind, key = heapq.heappop(self._timers)
-            if kind == "queue_timeout":
-                self._queue_timeout(key[0], key[1], when, now)
-            elif kind == "attempt_deadline":
-                att = self.attempts.get(key)
-                if att is not None and att.kind == "agent":
-                    llm_work.stop_agent(
-                        self,
-                        att,
-                        ErrorCode.TIMEOUT,
-                        "the agent node did not finish within its "
-                        "timeout_s; raise timeout_s or simplify the instruction",
-                        now,
-                        "timeout",
-                    )
-                elif att is not None:
-                    self._timeout_attempt(
-                        att,
-                        "the attempt did not finish within the node's timeout_s; the device was told "
-                        "to stop. Raise timeout_s if the work needs longer.",
-                        now,
-                    )
-            elif kind == "accept_deadline":
-                att = self.attempts.get(key)
-                if att is not None and not att.accepted:
-                    dev = self.devices.get(att.device_id)
-                    if dev is not None and dev.liveness is Liveness.ONLINE:
-                        limit = self.settings.batch_accept_timeout_s
-                        self._timeout_attempt(att, f"the device did not accept the batch within {limit:g}s", now)
-            elif kind == "grace":
-                dev = self.devices.get(key)
-                if dev is not None and dev.recovering:
-                    dev.recovering = False  # not back within the timeout after a restart: lost
-                    self._on_liveness(dev.id, Liveness.OFFLINE, now)
-            # "wake" timers only make the loop run a scheduling pass
-
-    def _queue_timeout(self, key: NodeKey, due_since: float, fired: float, now: float) -> None:
-        run = self.tasks.get(key[0])
-        if run is None:
-            return
-        rec = run.nodes[key[1]]
-        if rec.state not in (NodeState.READY, NodeState.QUEUED) or rec.ready_since != due_since:
-            return
-        limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
-        self._take_from_queue(key)
-        self._apply(
-            run,
-            run.fail(
-                key[1],
-                ErrorCode.QUEUE_TIMEOUT,
-                f"no capable device took this node within queue_timeout_s={limit:g}; check that a "
-                "matching device is connected and in service, or raise queue_timeout_s",
-                now,
-            ),
-            now,
-        )
-
-    def _timeout_attempt(self, att: AttemptRun, message: str, now: float) -> None:
-        self._send_cancel(att, "timeout")
-        dev = self.devices.get(att.device_id)
-        self._end_attempt(
-            att,
-            AttemptOutcome(
-                succeeded=False,
-                error_code=ErrorCode.TIMEOUT,
-                error_message=message,
-                started=att.sent,
-                tool_hints=tuple(dev.hints(c["tool"]) for c in att.commands) if dev else (),
-            ),
-            now,
-        )
 
     # ================================================================ recording
 
@@ -926,16 +688,3 @@ def _steps_first(att: AttemptRun) -> int:
 
 def _terminate(_exc: BaseException) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _takes_work(dev: DeviceRun) -> bool:
-    return dev.admin is AdminState.ACTIVE and dev.liveness is Liveness.ONLINE
-
-
-def _occupied(dev: DeviceRun) -> bool:
-    return dev.current_batch is not None or bool(dev.queue)
-
-
-def _signature(spec: NodeSpec) -> tuple[Any, ...]:
-    p = spec.placement
-    return (spec.kind, p.device, p.platform, tuple(sorted(p.labels.items())), tuple(sorted(set(spec.tools()))))

@@ -23,9 +23,10 @@ from orchestrator.engine.records import (
     PlanReady,
     ReplanDone,
 )
+from orchestrator.engine.restore import attempt_row
 from orchestrator.engine.times import utc
 from orchestrator.ids import new_id
-from orchestrator.store.models import Attempt, DagEdit, Device, Edge, Node, Task
+from orchestrator.store.models import Attempt, DagEdit, Edge, Node, Task
 from orchestrator.store.rows import node_rows
 
 if TYPE_CHECKING:
@@ -110,39 +111,7 @@ def assign_agent(eng: Engine, dev: DeviceRun, key: NodeKey, now: float) -> None:
             run, run.fail(key[1], "planner_unavailable", "agent nodes need an LLM; none is configured", now), now
         )
         return
-    dev.fence += 1
-    timeout = rec.spec.timeout_s
-    att = AttemptRun(
-        new_id("b"),
-        key[0],
-        key[1],
-        rec.attempts + 1,
-        dev.id,
-        dev.fence,
-        [],
-        now + timeout if timeout else None,
-        kind="agent",
-        sent=True,
-    )
-    eng.attempts[att.batch_id] = att
-    eng._set_current(dev, att.batch_id)
-    eng._changes.update(Device, (dev.id,), fence=dev.fence)
-    eng._changes.insert(Attempt, _attempt_row(att, now, status="running"))
-    eng._apply(run, run.mark_running(key[1]), now)
-    if att.n == 1:
-        eng._changes.update(Node, key, started_at=utc(now))
-    eng._event(
-        "node.attempt",
-        att.task_id,
-        att.node_id,
-        now,
-        state="dispatched",
-        attempt=att.n,
-        batch_id=att.batch_id,
-        device_id=dev.id,
-    )
-    if att.deadline:
-        eng._timer(att.deadline, "attempt_deadline", att.batch_id)
+    att = eng._open_attempt(dev, key, [], now, kind="agent")
     device = {"id": dev.id, "name": dev.name, "platform": dev.platform, "tools": list(dev.tools.values())}
     eng._effects.append(
         functools.partial(
@@ -190,7 +159,7 @@ def on_agent_step(eng: Engine, item: AgentStep, now: float) -> asyncio.Future[li
     parent.step = step.batch_id
     parent.tools_used += [c["tool"] for c in commands]
     eng.attempts[step.batch_id] = step
-    eng._changes.insert(Attempt, _attempt_row(step, now, status="dispatched"))
+    eng._changes.insert(Attempt, attempt_row(step, now, "dispatched"))
     eng._timer(now + eng.settings.batch_accept_timeout_s, "accept_deadline", step.batch_id)
     eng._effects.append(lambda: eng._dispatch(step))
     return waiter
@@ -370,20 +339,3 @@ def _apply_edits(eng: Engine, run: TaskRun, item: ReplanDone, now: float) -> Non
 
 def _spec_of(result: edits_.EditResult) -> DagSpec:
     return DagSpec(nodes=result.nodes, edges=result.edges)
-
-
-def _attempt_row(att: AttemptRun, now: float, status: str) -> dict[str, Any]:
-    return {
-        "batch_id": att.batch_id,
-        "parent_batch_id": att.parent,
-        "kind": att.kind,
-        "task_id": att.task_id,
-        "node_id": att.node_id,
-        "n": att.n,
-        "device_id": att.device_id,
-        "fence": att.fence,
-        "commands": att.commands,
-        "status": status,
-        "deadline": utc(att.deadline) if att.deadline else None,
-        "started_at": utc(now),
-    }

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.domain.model import AdminState, EdgeSpec, Liveness, NodeSpec, NodeState, TaskState
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine.records import AttemptRun, DeviceRun
+from orchestrator.engine.times import utc
 from orchestrator.store.models import Attempt, Device
 from orchestrator.store.repo import RuntimeSnapshot, TaskBundle
 from protocol.errors import ErrorCode
@@ -73,6 +74,24 @@ def attempt_from_row(a: Attempt) -> AttemptRun:
         kind=a.kind,
         parent=a.parent_batch_id,
     )
+
+
+def attempt_row(att: AttemptRun, now: float, status: str) -> dict[str, Any]:
+    """The stored row of a new attempt (or an agent attempt's step batch)."""
+    return {
+        "batch_id": att.batch_id,
+        "parent_batch_id": att.parent,
+        "kind": att.kind,
+        "task_id": att.task_id,
+        "node_id": att.node_id,
+        "n": att.n,
+        "device_id": att.device_id,
+        "fence": att.fence,
+        "commands": att.commands,
+        "status": status,
+        "deadline": utc(att.deadline) if att.deadline else None,
+        "started_at": utc(now),
+    }
 
 
 def recover(eng: Engine, snap: RuntimeSnapshot, now: float) -> None:

@@ -91,39 +91,17 @@ class ReplicaSet(Fleet):
 
 class Replica(Server):
     def __init__(self, data_dir: Path, port: int, env: dict[str, str], admin_key: str) -> None:
-        super().__init__(data_dir, port, env)
+        super().__init__(
+            data_dir,
+            port,
+            env,
+            extra_args=["--no-migrate", "--heartbeat-interval-s", "0.5", "--heartbeat-timeout-s", "4"],
+        )
         self._key = admin_key
 
     @property
     def api_key(self) -> str:
         return self._key
-
-    def start(self) -> Replica:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "orchestrator.cli",
-                    "serve",
-                    "--no-migrate",
-                    "--port",
-                    str(self.port),
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--heartbeat-interval-s",
-                    "0.5",
-                    "--heartbeat-timeout-s",
-                    "4",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=ROOT,
-                start_new_session=True,
-            )
-        wait_until(self._ready, 60, f"replica on port {self.port}")
-        return self
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -1,0 +1,99 @@
+"""Results from devices: applied when the batch is open with that fence, refused otherwise
+(SPEC section 4: fencing, de-duplication). A mixin of `Engine`."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from orchestrator.domain.run import AttemptOutcome
+from orchestrator.engine.records import AttemptRun, DeviceRun
+from orchestrator.store.repo import Store
+from protocol.errors import ErrorCode
+from protocol.messages import Error, Message, Result, ResultBatch
+
+log = logging.getLogger("orrery.engine")
+
+
+class ResultHandling:
+    store: Store
+    attempts: dict[str, AttemptRun]
+    _closed: OrderedDict[str, tuple[str, int, bool]]
+
+    # provided by Engine
+    def _set_current(self, dev: DeviceRun, batch_id: str | None) -> None:
+        raise NotImplementedError  # Engine's
+
+    def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None:
+        raise NotImplementedError  # Engine's
+
+    def _send(self, device_id: str, message: Message) -> bool:
+        raise NotImplementedError  # Engine's
+
+    async def _on_results(self, dev: DeviceRun, msg: ResultBatch, now: float) -> None:
+        att = self.attempts.get(msg.batch_id)
+        if att is None or att.device_id != dev.id or att.fence != msg.fence:
+            await self._refuse_results(dev, msg)
+            return
+        if dev.current_batch == att.batch_id:
+            self._set_current(dev, None)
+        self._end_attempt(att, self._outcome(att, dev, msg.results), now, msg.results)
+
+    async def _refuse_results(self, dev: DeviceRun, msg: ResultBatch) -> None:
+        """Results for a batch that is not open on this device with this fence.
+
+        A duplicate of results already recorded is acknowledged silently; anything else gets a
+        non-fatal error frame. Either way nothing changes (SPEC section 4: fencing).
+        """
+        if dev.current_batch == msg.batch_id:
+            self._set_current(dev, None)  # the device finished work we had already given up on
+        closed = self._closed.get(msg.batch_id)
+        if closed is None:
+            row = await self.store.find_attempt(msg.batch_id)
+            closed = (row.device_id, row.fence, row.results is not None) if row is not None else None
+        if closed == (dev.id, msg.fence, True):
+            return  # a re-send of results already recorded: the ack it gets is all it needs
+        if closed is None or closed[0] != dev.id:
+            code, text = ErrorCode.UNKNOWN_BATCH, f"batch {msg.batch_id} was not sent to this device"
+        else:
+            code = ErrorCode.STALE_FENCE
+            text = (
+                f"batch {msg.batch_id} (fence {msg.fence}) is no longer current on this device (fence "
+                f"{dev.fence}); its attempt ended without these results and they are discarded"
+            )
+        log.warning("refused results from %s: %s", dev.id, text)
+        self._send(dev.id, Error(code=code, message=text))
+
+    def _outcome(self, att: AttemptRun, dev: DeviceRun, results: list[Result]) -> AttemptOutcome:
+        by_call = {r.call_id: r for r in results}
+        ordered = [by_call.get(c["call_id"]) for c in att.commands]
+        ran = [(c, r) for c, r in zip(att.commands, ordered, strict=True) if r and r.status != "skipped"]
+        hints = tuple(dev.hints(c["tool"]) for c, _ in ran)
+        dumped = [r.model_dump(mode="json") for r in results]
+        if all(r is not None and r.status == "success" for r in ordered):
+            last = ordered[-1]
+            return AttemptOutcome(True, output=last.result if last else None, results=dumped, tool_hints=hints)
+        bad = next((r for r in ordered if r is not None and r.status in ("failure", "uncertain")), None)
+        if bad is None:
+            code, message = ErrorCode.CANCELLED.value, "the batch was stopped before its commands ran"
+            if att.cancel_reason is None:
+                code, message = ErrorCode.TOOL_ERROR.value, "the device returned no result for some commands"
+        elif bad.status == "uncertain":
+            code = ErrorCode.UNCERTAIN.value
+            message = bad.error.message if bad.error else "the command may or may not have run"
+        else:
+            code = bad.error.code if bad.error else ErrorCode.TOOL_ERROR.value
+            message = bad.error.message if bad.error else "the command failed"
+        if att.cancel_reason == "timeout":
+            code, message = ErrorCode.TIMEOUT.value, f"the attempt ran past its timeout_s; {message}"
+        cancelled = att.cancel_reason == "cancelled"
+        return AttemptOutcome(
+            False,
+            results=dumped,
+            error_code=code,
+            error_message=message,
+            started=bool(ran),
+            tool_hints=hints,
+            cancelled=cancelled,
+        )
