@@ -79,6 +79,7 @@ async def llm_calls(task_id: str, comp: Comp, _p: Viewer) -> Page:
     edits = await comp.store.dag_edits(task_id)
     items: list[Any] = [
         {
+            "kind": "call",
             "id": r.id,
             "node_id": r.node_id,
             "purpose": r.purpose,

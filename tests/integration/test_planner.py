@@ -71,7 +71,8 @@ def test_a_valid_plan_runs_to_success_and_the_model_was_shown_the_inventory(tmp_
         assert "say something on a and keep it on b" in shown
         assert llm.requests[0]["response_format"]["type"] == "json_schema"
         log = llm_log(f, task["id"])
-        assert log[0]["purpose"] == "plan" and log[0]["prompt_tokens"] > 0 and log[0]["latency_ms"] > 0
+        assert log[0]["kind"] == "call" and log[0]["purpose"] == "plan"
+        assert log[0]["prompt_tokens"] > 0 and log[0]["latency_ms"] > 0
         assert "sk-test-not-a-real-key" not in json.dumps(log)
         from tests.integration.test_cli import orrery
 
@@ -213,7 +214,7 @@ def test_a_failed_node_is_replanned_with_a_compensating_node(tmp_path: Path, llm
         shown = json.dumps(llm.requests[0]["messages"])
         assert "break" in shown and "failed" in shown and "tool_error" in shown
         log = llm_log(f, done["id"])
-        assert any(i.get("dag_edit") == 2 and i["reason"] == "write the fallback" for i in log)
+        assert any(i["kind"] == "dag_edit" and i["dag_edit"] == 2 and i["reason"] == "write the fallback" for i in log)
 
 
 def test_an_edit_touching_a_finished_node_is_refused_and_rolled_back(tmp_path: Path, llm: FakeLLM) -> None:
