@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.domain.run import AttemptOutcome
 from orchestrator.engine.records import AttemptRun, DeviceRun
@@ -21,15 +21,13 @@ class ResultHandling:
     attempts: dict[str, AttemptRun]
     _closed: OrderedDict[str, tuple[str, int, bool]]
 
-    # provided by Engine
-    def _set_current(self, dev: DeviceRun, batch_id: str | None) -> None:
-        raise NotImplementedError  # Engine's
+    if TYPE_CHECKING:  # provided by Engine and its other mixins (no runtime stubs: they would shadow them)
 
-    def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None:
-        raise NotImplementedError  # Engine's
+        def _set_current(self, dev: DeviceRun, batch_id: str | None) -> None: ...
 
-    def _send(self, device_id: str, message: Message) -> bool:
-        raise NotImplementedError  # Engine's
+        def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None: ...
+
+        def _send(self, device_id: str, message: Message) -> bool: ...
 
     async def _on_results(self, dev: DeviceRun, msg: ResultBatch, now: float) -> None:
         att = self.attempts.get(msg.batch_id)

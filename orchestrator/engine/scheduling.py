@@ -31,21 +31,17 @@ class Scheduling:
     _timers: list[tuple[float, int, str, Any]]
     _timer_seq: int
 
-    # provided by Engine
-    def _apply(self, run: TaskRun, transitions: list[Transition], now: float) -> None:
-        raise NotImplementedError  # Engine's
+    if TYPE_CHECKING:  # provided by Engine and its other mixins (no runtime stubs: they would shadow them)
 
-    def _assign(self, dev: DeviceRun, key: NodeKey, now: float) -> None:
-        raise NotImplementedError  # Engine's
+        def _apply(self, run: TaskRun, transitions: list[Transition], now: float) -> None: ...
 
-    def _send_cancel(self, att: AttemptRun, reason: str) -> None:
-        raise NotImplementedError  # Engine's
+        def _assign(self, dev: DeviceRun, key: NodeKey, now: float) -> None: ...
 
-    def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None:
-        raise NotImplementedError  # Engine's
+        def _send_cancel(self, att: AttemptRun, reason: str) -> None: ...
 
-    def _on_liveness(self, device_id: str, liveness: Liveness, now: float) -> None:
-        raise NotImplementedError  # Engine's
+        def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None: ...
+
+        def _on_liveness(self, device_id: str, liveness: Liveness, now: float) -> None: ...
 
     def _schedule(self, now: float) -> None:
         """Give READY nodes (highest priority, oldest first) a free capable device at once, or a
