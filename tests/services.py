@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -298,28 +298,44 @@ def postgres_server() -> Iterator[str]:
             f"package or set {POSTGRES_ENV}"
         )
     run_as = RunAs.for_postgres()
-    last: ServiceError | None = None
-    for _ in range(START_ATTEMPTS):
+
+    def make() -> PostgresServer:
         # Not under pytest's basetemp (or a private TMPDIR): that is 0700 and ours, so the Postgres
         # account could not reach into it. /tmp is world-traversable; the directory itself is 0700.
         root = Path(tempfile.mkdtemp(prefix="orrery-pg-", dir="/tmp" if run_as.uid is not None else None))
         run_as.own(root)
-        server = PostgresServer(root, free_port(), run_as)
+        return PostgresServer(root, free_port(), run_as)
+
+    def start(server: PostgresServer) -> None:
+        server.init(str(binaries["initdb"]))
+        server.start(str(binaries["postgres"]), postgres_binary("pg_isready"))
+
+    yield from _throwaway("Postgres", make, start)
+
+
+_S = TypeVar("_S", "PostgresServer", "RedisServer")
+
+
+def _throwaway(what: str, make: Callable[[], _S], start: Callable[[_S], None]) -> Iterator[str]:
+    """Start a server on a fresh directory and port, retrying a few times (a port can be taken
+    between choosing and binding it); yield its URL, then stop it and remove its directory."""
+    last: ServiceError | None = None
+    for _ in range(START_ATTEMPTS):
+        server = make()
         try:
-            server.init(str(binaries["initdb"]))
-            server.start(str(binaries["postgres"]), postgres_binary("pg_isready"))
+            start(server)
         except ServiceError as exc:
             last = exc
             server.stop()
-            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(server.root, ignore_errors=True)
             continue
         try:
             yield server.url
         finally:
             server.stop()
-            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(server.root, ignore_errors=True)
         return
-    raise ServiceError(f"could not start a throwaway Postgres: {last}")
+    raise ServiceError(f"could not start a throwaway {what}: {last}")
 
 
 # ---------------------------------------------------------------- Redis
@@ -381,24 +397,11 @@ def redis_server() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         unavailable(f"redis-server not found; install Debian's redis-server package or set {REDIS_ENV}")
-    last: ServiceError | None = None
-    for _ in range(START_ATTEMPTS):
-        root = Path(tempfile.mkdtemp(prefix="orrery-redis-"))
-        server = RedisServer(root, free_port())
-        try:
-            server.start(binary)
-        except ServiceError as exc:
-            last = exc
-            server.stop()
-            shutil.rmtree(root, ignore_errors=True)
-            continue
-        try:
-            yield server.url
-        finally:
-            server.stop()
-            shutil.rmtree(root, ignore_errors=True)
-        return
-    raise ServiceError(f"could not start a throwaway Redis: {last}")
+    yield from _throwaway(
+        "Redis",
+        lambda: RedisServer(Path(tempfile.mkdtemp(prefix="orrery-redis-")), free_port()),
+        lambda server: server.start(binary),
+    )
 
 
 class RedisDatabases:
