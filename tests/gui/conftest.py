@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 TK_APP = Path(__file__).with_name("tk_app.py")
-APT_PACKAGES = "xvfb xdotool x11-utils"
+APT_PACKAGES = "xvfb xdotool x11-utils python3-tk"
 
 
 def poll(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "a condition") -> Any:
