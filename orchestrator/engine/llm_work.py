@@ -271,7 +271,7 @@ def on_replan_done(eng: Engine, item: ReplanDone, now: float) -> None:
     if item.edits is not None and item.edits.edits and not run.cancel_requested:
         _apply_edits(eng, run, item, now)
     elif item.error:
-        eng._event("dag.edited", run.id, None, now, version=run.version, applied=False, reason=item.error, problems=[])
+        _edit_refused(eng, run, now, item.error, [])
     eng._changes.update(Task, (run.id,), replans_used=run.replans_used)
     eng._apply(run, run.release(item.node_id, now), now)
 
@@ -285,16 +285,7 @@ def _apply_edits(eng: Engine, run: TaskRun, item: ReplanDone, now: float) -> Non
             run.specs(), run.edges, run.states(), list(item.edits.edits), eng.known_tools(), eng.settings.dag_limits
         )
     except DomainError as exc:
-        eng._event(
-            "dag.edited",
-            run.id,
-            None,
-            now,
-            version=run.version,
-            applied=False,
-            reason=item.edits.reason,
-            problems=[p.as_dict() for p in exc.problems],
-        )
+        _edit_refused(eng, run, now, item.edits.reason, [p.as_dict() for p in exc.problems])
         return
     run.replace_graph(result.nodes, result.edges)
     run.version += 1
@@ -335,6 +326,11 @@ def _apply_edits(eng: Engine, run: TaskRun, item: ReplanDone, now: float) -> Non
         if run.nodes[node_id].state is NodeState.PENDING:
             eng._event("node.state", run.id, node_id, now, state=NodeState.PENDING.value)
     eng._apply(run, run.start(now), now)  # new nodes whose edges are already decided become ready
+
+
+def _edit_refused(eng: Engine, run: TaskRun, now: float, reason: str, problems: list[dict[str, Any]]) -> None:
+    """The graph stays as it was; the event says why, for the dashboard and the CLI."""
+    eng._event("dag.edited", run.id, None, now, version=run.version, applied=False, reason=reason, problems=problems)
 
 
 def _spec_of(result: edits_.EditResult) -> DagSpec:
