@@ -101,6 +101,10 @@ class Hello(_Frame):
     labels: dict[str, str] = Field(default_factory=dict)
     tools: list[ToolSpec] = Field(default_factory=list)
     resume: Resume | None = None
+    # The highest fence the agent's ledger accepted for this device from this server. A server
+    # whose own counter is lower (its database was restored from a backup) raises it past this
+    # before assigning anything, so its next batch is not refused as stale.
+    fence_seen: int = Field(default=0, ge=0)
 
 
 class Welcome(_Frame):
@@ -111,6 +115,9 @@ class Welcome(_Frame):
     heartbeat_timeout_s: float
     max_frame_bytes: int
     resumed: bool
+    # Names the orchestrator's store (the same on every replica and across restarts): the agent
+    # binds its ledger's fence high-water mark to (server_id, device_id).
+    server_id: str | None = Field(default=None, max_length=200)
 
 
 class Heartbeat(_Frame):
@@ -145,6 +152,9 @@ class ResultBatch(_Frame):
     batch_id: Identifier
     fence: int = Field(ge=1)
     results: list[Result]
+    # Set when the agent refused the batch without running it (every result `skipped`, error
+    # `stale_fence`): the highest fence its ledger has seen, so the server can assign above it.
+    fence_seen: int = Field(default=0, ge=0)
 
 
 class Cancel(_Frame):
