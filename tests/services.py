@@ -157,6 +157,7 @@ class PostgresServer:
     port: int
     run_as: RunAs
     proc: subprocess.Popen[bytes] | None = None
+    binaries: tuple[str, str | None] | None = None  # postgres, pg_isready: set by `start`, for `restart`
 
     @property
     def data_dir(self) -> Path:
@@ -214,6 +215,7 @@ class PostgresServer:
             conf.write("\n# tests/services.py\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
 
     def start(self, postgres: str, pg_isready: str | None) -> None:
+        self.binaries = (postgres, pg_isready)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [postgres, "-D", str(self.data_dir), "-p", str(self.port)],
@@ -235,6 +237,20 @@ class PostgresServer:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process(self.proc, signal.SIGINT)  # SIGINT is Postgres's "fast shutdown"
+
+    def start_again(self) -> None:
+        """Start after `stop`, on the same data directory and port: the same database."""
+        assert self.binaries is not None, "start the server first"
+        self.start(*self.binaries)
+
+    def restart(self) -> None:
+        """Fast shutdown (every client connection is cut), then start again on the same data
+        directory and port: the same database, briefly unreachable."""
+        self.stop()
+        self.start_again()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
 
 def asyncpg_dsn(url: str) -> str:
@@ -290,6 +306,19 @@ def postgres_server() -> Iterator[str]:
             raise ServiceError(f"{POSTGRES_ENV} must be a postgresql+asyncpg:// URL, got {given.split('://')[0]}://...")
         yield given
         return
+    yield from _throwaway("Postgres", *_postgres_recipe())
+
+
+@contextlib.contextmanager
+def owned_postgres_server() -> Iterator[PostgresServer]:
+    """A throwaway Postgres server of the caller's own, to stop and restart at will (fault tests).
+    Started from the local binaries even when `ORRERY_TEST_POSTGRES_URL` names a server: a shared
+    server is not ours to restart."""
+    yield from _throwaway_server("Postgres", *_postgres_recipe())
+
+
+def _postgres_recipe() -> tuple[Callable[[], PostgresServer], Callable[[PostgresServer], None]]:
+    """How to make and start a throwaway Postgres (skips, or fails under CI, without binaries)."""
     binaries = {name: postgres_binary(name) for name in ("initdb", "postgres")}
     missing = [name for name, path in binaries.items() if path is None]
     if missing:
@@ -310,15 +339,21 @@ def postgres_server() -> Iterator[str]:
         server.init(str(binaries["initdb"]))
         server.start(str(binaries["postgres"]), postgres_binary("pg_isready"))
 
-    yield from _throwaway("Postgres", make, start)
+    return make, start
 
 
 _S = TypeVar("_S", "PostgresServer", "RedisServer")
 
 
 def _throwaway(what: str, make: Callable[[], _S], start: Callable[[_S], None]) -> Iterator[str]:
+    """Start a server on a fresh directory and port (see `_throwaway_server`); yield its URL."""
+    with contextlib.contextmanager(_throwaway_server)(what, make, start) as server:
+        yield server.url
+
+
+def _throwaway_server(what: str, make: Callable[[], _S], start: Callable[[_S], None]) -> Iterator[_S]:
     """Start a server on a fresh directory and port, retrying a few times (a port can be taken
-    between choosing and binding it); yield its URL, then stop it and remove its directory."""
+    between choosing and binding it); yield it, then stop it and remove its directory."""
     last: ServiceError | None = None
     for _ in range(START_ATTEMPTS):
         server = make()
@@ -330,7 +365,7 @@ def _throwaway(what: str, make: Callable[[], _S], start: Callable[[_S], None]) -
             shutil.rmtree(server.root, ignore_errors=True)
             continue
         try:
-            yield server.url
+            yield server
         finally:
             server.stop()
             shutil.rmtree(server.root, ignore_errors=True)
@@ -346,6 +381,7 @@ class RedisServer:
     root: Path
     port: int
     proc: subprocess.Popen[bytes] | None = None
+    binary: str | None = None  # set by `start`, for `restart`
 
     @property
     def url(self) -> str:
@@ -356,6 +392,7 @@ class RedisServer:
         return self.root / "redis.log"
 
     def start(self, redis_server: str) -> None:
+        self.binary = redis_server
         argv = [
             redis_server,
             "--port", str(self.port),
@@ -376,6 +413,20 @@ class RedisServer:
         if self.proc is not None:
             stop_process(self.proc, signal.SIGTERM)
 
+    def start_again(self) -> None:
+        """Start after `stop`, on the same port. Nothing is persisted (`--save ""`), so the new
+        server is empty: every key, subscription and connection of the old one is gone."""
+        assert self.binary is not None, "start the server first"
+        self.start(self.binary)
+
+    def restart(self) -> None:
+        """Stop, then start again on the same port (see `start_again`)."""
+        self.stop()
+        self.start_again()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
 
 def redis_pings(host: str, port: int) -> bool:
     """One PING over a raw socket (no client library needed to tell that the server is up)."""
@@ -394,11 +445,21 @@ def redis_server() -> Iterator[str]:
     if given:
         yield given
         return
+    yield from _throwaway("Redis", *_redis_recipe())
+
+
+@contextlib.contextmanager
+def owned_redis_server() -> Iterator[RedisServer]:
+    """A throwaway Redis server of the caller's own, to stop, restart or disturb at will (fault
+    tests). Started from the local binary even when `ORRERY_TEST_REDIS_URL` names a server."""
+    yield from _throwaway_server("Redis", *_redis_recipe())
+
+
+def _redis_recipe() -> tuple[Callable[[], RedisServer], Callable[[RedisServer], None]]:
     binary = shutil.which("redis-server")
     if binary is None:
         unavailable(f"redis-server not found; install Debian's redis-server package or set {REDIS_ENV}")
-    yield from _throwaway(
-        "Redis",
+    return (
         lambda: RedisServer(Path(tempfile.mkdtemp(prefix="orrery-redis-")), free_port()),
         lambda server: server.start(binary),
     )
