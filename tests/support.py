@@ -67,6 +67,16 @@ class Server:
         return (self.data_dir / "admin.key").read_text().strip()
 
     def start(self) -> Server:
+        self.launch()
+        return self.wait_ready()
+
+    def wait_ready(self, timeout: float = 60) -> Server:
+        """Until `/readyz` answers 200; fails early, with the log, if the process exits."""
+        wait_until(self._ready, timeout, f"server on port {self.port} to be ready ({self.log_path})")
+        return self
+
+    def launch(self) -> Server:
+        """Start the process without waiting for it to be ready (see `wait_ready`)."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -86,7 +96,6 @@ class Server:
                 cwd=ROOT,
                 start_new_session=True,
             )
-        wait_until(self._ready, 60, f"server on port {self.port} to be ready ({self.log_path})")
         return self
 
     def _ready(self) -> bool:
@@ -307,6 +316,8 @@ class TcpProxy:
         self.target_port = target_port
         self.port = free_port()
         self.connections = 0
+        self.attempts = 0  # every incoming connection, also those refused or failing upstream
+        self.attempt_times: list[float] = []  # when each came (time.monotonic())
         self.paused = False
         self._writers: set[Any] = set()
         self._loop = asyncio.new_event_loop()
@@ -331,6 +342,8 @@ class TcpProxy:
                 writer.close()
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.attempts += 1
+            self.attempt_times.append(time.monotonic())
             if self.paused:
                 writer.transport.abort()
                 return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,11 @@ from tests.support import ROOT, Agent, Fleet, Server, child_env, free_port, wait
 class ReplicaSet(Fleet):
     """A `Fleet` whose `server` is replica A, with more replicas in `replicas` (all sharing state)."""
 
-    def __init__(self, tmp: Path, database_url: str, redis_url: str, count: int = 2, **settings: str) -> None:
+    def __init__(
+        self, tmp: Path, database_url: str, redis_url: str, count: int = 2, together: bool = False, **settings: str
+    ) -> None:
         super().__init__(tmp)
+        self.together = together  # start the replicas at once rather than one after the other
         self.admin_key = "orrk_" + secrets.token_urlsafe(32)
         self.env = child_env(
             ORRERY_DATABASE_URL=database_url,
@@ -49,9 +53,22 @@ class ReplicaSet(Fleet):
             check=False,
         )
         assert migrate.returncode == 0, migrate.stderr
+        if self.together:
+            self.revive()
+            return self
         for replica in self.replicas:
             replica.start()
         return self
+
+    def revive(self) -> list[Replica]:
+        """Start every replica whose process is not running, all at once; wait until each is
+        ready. Returns those started."""
+        down = [r for r in self.replicas if not r.alive()]
+        for replica in down:
+            replica.launch()
+        for replica in down:
+            replica.wait_ready()
+        return down
 
     def __exit__(self, *_: object) -> None:
         for agent in self.agents:
@@ -88,6 +105,30 @@ class ReplicaSet(Fleet):
         self.wait_device(agent.device_id, "idle")
         return agent
 
+    def agent_at(
+        self, url: str, name: str, also: Sequence[str] = (), labels: dict[str, str] | None = None, **env: str
+    ) -> Agent:
+        """Enroll and start an agent that dials `url` (a replica's, or a `TcpProxy` in front of
+        one) and fails over to `also` in turn; it is not waited for (see `wait_device`)."""
+        enrolled = self.enroll(name, labels)
+        extra = [arg for other in also for arg in ("--also-server", other)]
+        agent = Agent(
+            name,
+            enrolled["id"],
+            enrolled["token"],
+            self.tmp / "agents" / name,
+            url,
+            labels or {},
+            child_env(**env),
+            extra,
+        )
+        self.agents.append(agent)
+        return agent.start()
+
+    def live(self) -> list[Replica]:
+        """The replicas whose process is running."""
+        return [r for r in self.replicas if r.alive()]
+
 
 class Replica(Server):
     def __init__(self, data_dir: Path, port: int, env: dict[str, str], admin_key: str) -> None:
@@ -115,3 +156,10 @@ class Replica(Server):
 
     def is_leader(self) -> bool:
         return bool(self.status().get("cluster", {}).get("leader"))
+
+    def ready(self) -> bool:
+        """`/readyz` answers 200 (its database and Redis are reachable)."""
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
