@@ -1,0 +1,493 @@
+"""The fault matrix: one DAG of a few hundred nodes on three real agents, one fault injected while
+work is in flight, and the same referee for every fault (tests/chaos/invariants.py): every node
+ends, none is lost, none runs twice, failures are honest and the task's outcome follows the DAG
+rules (SPEC sections 2, 4 and 7).
+
+Faults: an agent SIGKILLed at each point of its ledger, the single SQLite orchestrator SIGKILLed,
+a replica SIGKILLed, Redis restarted, Redis pub/sub clients killed, Postgres restarted, a TCP cut
+between an agent and its replica, and a device hopping from one replica to another and back.
+
+Every case has agents, devices and a task of its own; cases share a server only where their fault
+leaves it as it was (the agent crashes, and the TCP cut and hop on one replica set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from device_agent.reconnect import FAST_CAP_S
+from tests.chaos import harness
+from tests.chaos.harness import Case, restart_without
+from tests.chaos.invariants import executions_on_disk, judge
+from tests.cluster.replicaset import Replica, ReplicaSet
+from tests.services import PostgresServer, RedisServer, fresh_database, owned_postgres_server, owned_redis_server
+from tests.support import ROOT, Agent, Fleet, TcpProxy, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+CRASH_ENV = "ORRERY_AGENT_CRASH_AT"
+CRASH_POINTS = ("received", "accepted", "call_started", "call_done", "finished", "sent")
+# A crash at these points interrupts a command the device had started: it may end `uncertain`.
+INTERRUPTING = frozenset({"call_started", "call_done"})
+CRASH_AFTER = 20  # the agent kills itself the 20th time it passes the point: mid-workload
+# The orchestrator stays down until every agent has tried this often: long enough that a backoff
+# without a fast window (0.5 s doubling to 30 s) would have grown past the recovery goal.
+ATTEMPTS_WHILE_DOWN = 6
+RECONNECT_WITHIN_S = 5.0  # the recovery goal: every agent back this soon after the orchestrator
+
+
+def _agent_has_crash_points() -> bool:
+    return any(CRASH_ENV in p.read_text() for p in (ROOT / "device_agent").rglob("*.py"))
+
+
+needs_crash_points = pytest.mark.xfail(
+    not _agent_has_crash_points(),
+    reason=f"the agent does not implement {CRASH_ENV} yet (being added in the agent worktree), so it never crashes",
+    strict=True,
+)
+
+
+def start_agents(fleet: Fleet, prefix: str, env: dict[int, dict[str, str]] | None = None) -> list[Agent]:
+    """Three agents of one case, started together, waited for together."""
+    agents = [fleet.agent(f"{prefix}-{i}", wait=False, **(env or {}).get(i, {})) for i in range(3)]
+    for a in agents:
+        fleet.wait_device(a.device_id, "idle")
+    return agents
+
+
+def stop_all(agents: list[Agent]) -> None:
+    for a in agents:
+        a.stop()
+
+
+# ================================================================ one orchestrator on SQLite
+
+
+@pytest.fixture(scope="module")
+def sqlite_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """One orchestrator for the agent-crash cases (an agent crash leaves it as it was)."""
+    with Fleet(tmp_path_factory.mktemp("agent-crashes"), heartbeat_interval_s="1", heartbeat_timeout_s="10") as f:
+        yield f
+
+
+@needs_crash_points
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_an_agent_killed_at_each_ledger_point_loses_nothing_and_runs_nothing_twice(
+    sqlite_fleet: Fleet, point: str
+) -> None:
+    agents = start_agents(sqlite_fleet, f"crash-{point}", {0: {CRASH_ENV: f"{point}:{CRASH_AFTER}"}})
+    victim = agents[0]
+    try:
+        case = Case(sqlite_fleet, agents)
+        case.submit()
+        wait_until(
+            lambda: (
+                victim.proc is not None and (victim.proc.poll() is not None or case.executed(victim) > 2 * CRASH_AFTER)
+            ),
+            60,
+            f"the agent to crash at {point} or to run {2 * CRASH_AFTER} commands",
+        )
+        status = victim.proc.poll() if victim.proc else None
+        assert status == -signal.SIGKILL, f"the agent did not kill itself at {point}:{CRASH_AFTER} (status {status})"
+        if point in INTERRUPTING:
+            case.interrupted[victim.device_id] = 1
+        restart_without(victim, CRASH_ENV)
+        case.finish()
+    finally:
+        stop_all(agents)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="agent backoff: device_agent/agent.py still reconnects with tenacity's wait_random_exponential(0.5, max=30) "
+    "and no fast window, so after ~6 failed attempts it pauses 8-30 s between tries and the agents come back "
+    "10-20 s after the orchestrator is ready; with heartbeat_timeout_s=10 the restarted orchestrator then "
+    "declares them offline and fails their in-flight nodes with device_lost although they were never lost",
+)
+def test_the_orchestrator_killed_with_work_in_flight_restarts_and_loses_nothing(tmp_path: Path) -> None:
+    with Fleet(tmp_path, heartbeat_interval_s="1", heartbeat_timeout_s="10") as fleet:
+        # Each agent dials through a proxy of its own, which counts and times its attempts.
+        proxies = [TcpProxy(fleet.server.port) for _ in range(3)]
+        agents: list[Agent] = []
+        try:
+            for i, proxy in enumerate(proxies):
+                agents.append(fleet.agent(f"orch-{i}", start=False))
+                agents[-1].server_url = proxy.url
+                agents[-1].start()
+            for a in agents:
+                fleet.wait_device(a.device_id, "idle")
+            case = Case(fleet, agents)
+            case.submit()
+            case.wait_executed(case.work.size // 3)
+            fleet.server.kill(signal.SIGKILL)
+            down = time.monotonic()
+            seen = [p.attempts for p in proxies]
+            wait_until(
+                lambda: all(p.attempts - n >= ATTEMPTS_WHILE_DOWN for p, n in zip(proxies, seen, strict=True)),
+                60,
+                f"every agent to try {ATTEMPTS_WHILE_DOWN} times to reach the dead orchestrator",
+            )
+            fleet.server.start()  # the same store and port; returns once /readyz answers 200
+            # SPEC 4 and the recovery goal: agents retry quickly while an outage is young, so the
+            # whole fleet is back within seconds of the orchestrator, not after a 30 s backoff.
+            try:
+                wait_until(
+                    lambda: all(fleet.device(a.device_id)["connected"] for a in agents),
+                    RECONNECT_WITHIN_S,
+                    f"every agent to be back within {RECONNECT_WITHIN_S:.0f}s of the restart",
+                )
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; {_gaps(proxies, down)}") from None
+            back = time.monotonic()
+            assert max(_longest_gap(p, down, back) for p in proxies) <= FAST_CAP_S + 1.0, _gaps(proxies, down)
+            case.finish()
+        finally:
+            for proxy in proxies:
+                proxy.close()
+
+
+def _longest_gap(proxy: TcpProxy, start: float, end: float) -> float:
+    """The longest pause between an agent's connection attempts (through its proxy) in a window."""
+    times = [start, *(t for t in proxy.attempt_times if start <= t <= end), end]
+    return round(max(b - a for a, b in itertools.pairwise(times)), 2)
+
+
+def _gaps(proxies: list[TcpProxy], down: float) -> str:
+    now = time.monotonic()
+    return "longest pauses between each agent's reconnect attempts since the kill: " + ", ".join(
+        f"{_longest_gap(p, down, now)}s" for p in proxies
+    )
+
+
+# ================================================================ replicas on Postgres and Redis
+
+
+@dataclass
+class Cluster:
+    """Two replicas on a Postgres and a Redis of this module's own (so faults can restart them)."""
+
+    rs: ReplicaSet
+    postgres: PostgresServer
+    redis: RedisServer
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("replicas")
+    with (
+        owned_postgres_server() as postgres,
+        owned_redis_server() as redis_server,
+        fresh_database(postgres.url) as database,
+        ReplicaSet(tmp, database, redis_server.url, together=True) as rs,
+    ):
+        yield Cluster(rs, postgres, redis_server)
+        for replica in rs.live():
+            if not replica.ready():
+                replica.kill(signal.SIGKILL)  # a wedged replica would not stop on SIGTERM
+
+
+@pytest.fixture
+def replicas(cluster: Cluster, backend: str) -> Iterator[ReplicaSet]:
+    """The module's replica set, whole again whatever an earlier case did to it: Redis and
+    Postgres running, every replica ready (one that is not is killed and started again), one
+    leading the engine. The case's agents are stopped after it."""
+    if backend == "postgres":
+        pytest.skip("replicas always run on Postgres: the SQLite pass already ran this case")
+    rs = heal(cluster)
+    before = len(rs.agents)
+    yield rs
+    for agent in rs.agents[before:]:
+        agent.stop()
+
+
+def heal(cluster: Cluster) -> ReplicaSet:
+    if not cluster.redis.running():
+        cluster.redis.start_again()
+    if not cluster.postgres.running():
+        cluster.postgres.start_again()
+    rs = cluster.rs
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: all(r.ready() for r in rs.live()), 10, "the running replicas to be ready")
+    for replica in rs.live():
+        if not replica.ready():
+            replica.kill(signal.SIGKILL)  # e.g. wedged in its shutdown after a fatal error
+    rs.revive()
+    wait_until(lambda: all(r.ready() for r in rs.replicas), 60, "every replica to be ready")
+    rs.server = rs.leader()
+    return rs
+
+
+def spread(rs: ReplicaSet, prefix: str, urls: list[list[str]]) -> list[Agent]:
+    """One agent per entry of `urls` (the URL it dials first, then its failovers)."""
+    agents = [rs.agent_at(first, f"{prefix}-{i}", also=rest) for i, (first, *rest) in enumerate(urls)]
+    for a in agents:
+        rs.wait_device(a.device_id, "idle")
+    return agents
+
+
+def both_ways(rs: ReplicaSet) -> tuple[Replica, Replica, list[list[str]]]:
+    """The leader, another replica, and the dial lists of three agents: two on the leader, one on
+    the other, each failing over to the other replica."""
+    leader = rs.leader()
+    other = next(r for r in rs.replicas if r is not leader)
+    return leader, other, [[leader.url, other.url], [other.url, leader.url], [leader.url, other.url]]
+
+
+def assert_replicas_survived(rs: ReplicaSet) -> None:
+    """SPEC section 7: losing Redis, Postgres for a while or a message never stops a replica."""
+    dead = [f"{r.data_dir.name} exited with {r.proc.returncode}" for r in rs.replicas if r.proc and not r.alive()]
+    assert not dead, f"replicas stopped: {dead}"
+    wait_until(lambda: all(r.ready() for r in rs.replicas), 30, "every replica to be ready again")
+
+
+def test_a_tcp_cut_between_an_agent_and_its_replica_resumes_and_loses_nothing(replicas: ReplicaSet) -> None:
+    rs = replicas
+    _, other, urls = both_ways(rs)
+    proxy = TcpProxy(other.port)
+    try:
+        urls[0] = [proxy.url]  # the first agent reaches the non-leader through the proxy, and only that way
+        case = Case(rs, spread(rs, "cut", urls))
+        case.submit()
+        for cut in (1, 2):
+            case.wait_executed(25 * cut, case.agents[0])
+            proxy.sever()
+        case.finish()
+        assert proxy.connections >= 3, f"the agent connected {proxy.connections} time(s) through the proxy"
+    finally:
+        proxy.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="replica A keeps the Link (session) of a device that moved to replica B: A's gateway.holds() stays true, so "
+    "the leader (A) stamps the device's frames into the dead session instead of routing them to B and the "
+    "hopper gets no new batch; 4 s later A's liveness watcher declares it offline, the engine fails its "
+    "in-flight batch with device_lost and marks it offline for good (B's link never changes liveness, so "
+    "nothing says it is online again): its remaining nodes stay ready",
+)
+def test_a_device_hopping_between_replicas_and_back_is_never_declared_lost(replicas: ReplicaSet) -> None:
+    rs = replicas
+    a, b, _ = both_ways(rs)
+    to_a, to_b = TcpProxy(a.port), TcpProxy(b.port)
+    try:
+        agents = spread(rs, "hop", [[to_a.url, to_b.url], [b.url, a.url], [a.url, b.url]])
+        hopper = agents[0]
+        # The hopper gets half the nodes, so it is busy through both moves.
+        case = Case(rs, agents, spread_over=[hopper, agents[1], hopper, agents[2]])
+        case.submit()
+        case.wait_executed(15, hopper)
+        to_a.pause()  # replica A is out of the hopper's reach: it moves to B
+        wait_until(lambda: to_b.connections >= 1, 30, "the hopper to connect to replica B")
+        case.wait_executed(15 + 70, hopper)  # B holds it for longer than A's heartbeat timeout
+        to_a.resume()
+        to_b.pause()  # and back to A
+        wait_until(lambda: to_a.connections >= 2, 30, "the hopper to connect to replica A again")
+        to_b.resume()
+        case.finish()
+        left = [r.data_dir.name for r in rs.replicas if f"device {hopper.device_id} is offline" in r.log()]
+        assert not left, f"{left} declared the hopper offline although it only moved to another replica"
+    finally:
+        to_a.close()
+        to_b.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pub/sub is the only carrier of cross-replica inputs and replies: after CLIENT KILL TYPE pubsub the "
+    "leader's reply to a non-leader's result_batch RPC is lost, the non-leader's gateway reader waits 5 s "
+    "(RPC_TIMEOUT_S) without reading or answering heartbeats, the agent (heartbeat timeout 4 s) drops it "
+    "and fails over to the leader, and the replica it left then declares it offline (the hop defect): the "
+    "engine marks it offline and ~40 of its nodes stay ready forever",
+)
+def test_killed_redis_subscriptions_lose_no_relayed_input_or_frame(replicas: ReplicaSet, cluster: Cluster) -> None:
+    rs = replicas
+    case = Case(rs, spread(rs, "pubsub", both_ways(rs)[2]))
+    case.submit()
+    admin = redis.Redis.from_url(cluster.redis.url)
+    try:
+        for kill in (1, 2):  # twice, while the replicas relay inputs and frames for each other
+            case.wait_executed(case.work.size * kill // 4)
+            killed = admin.client_kill_filter(_type="pubsub")
+            assert killed >= 2, f"CLIENT KILL TYPE pubsub killed {killed} client(s)"
+    finally:
+        admin.close()
+    case.finish()
+    assert_replicas_survived(rs)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a Redis outage stops the leader: Engine._commit publishes events with RedisBus.publish after the "
+    "store commit, the ConnectionError is taken for a rejected commit ('the store rejected a commit; "
+    "stopping the orchestrator') and the replica then wedges in its shutdown (alive, never ready); and "
+    "a non-leader's POST /cordon hangs forever: RedisCluster._rpc's redis.publish raises, the task dies "
+    "('Task exception was never retrieved') and the request's future is never resolved",
+)
+def test_a_redis_restart_delays_work_but_loses_none_hangs_no_request_and_stops_no_replica(
+    replicas: ReplicaSet, cluster: Cluster
+) -> None:
+    rs = replicas
+    _, other, urls = both_ways(rs)
+    case = Case(rs, spread(rs, "redis", urls))
+    case.submit()
+    case.wait_executed(case.work.size // 3)
+    probe = case.agents[1].device_id
+    answer: list[int] = []
+    cluster.redis.stop()
+    try:
+        # A request that needs the engine, made to a replica that does not lead it, while Redis is
+        # down: it may wait for Redis, but must answer once Redis is back (SPEC 7: no hung request).
+        threading.Thread(target=_cordon, args=(other, probe, answer), daemon=True).start()
+        wait_until(lambda: _admin_state(other, probe) == "cordoned", 30, "the cordon to reach the store")
+    finally:
+        cluster.redis.start_again()
+    rs.server = other
+    wait_until(lambda: answer, 30, "POST /cordon to the non-leader to answer after Redis came back")
+    with other.client() as c:
+        assert c.post(f"/v1/devices/{probe}/uncordon").status_code == 200
+    case.finish()
+    assert_replicas_survived(rs)
+
+
+def _cordon(replica: Replica, device_id: str, answer: list[int]) -> None:
+    with replica.client() as c, contextlib.suppress(httpx.HTTPError):
+        answer.append(c.post(f"/v1/devices/{device_id}/cordon", timeout=120).status_code)
+
+
+def _admin_state(replica: Replica, device_id: str) -> str:
+    with replica.client() as c, contextlib.suppress(httpx.HTTPError, ValueError):
+        return str(c.get(f"/v1/devices/{device_id}").json().get("admin_state"))
+    return ""
+
+
+def test_a_postgres_restart_delays_work_but_loses_none_and_stops_no_replica(
+    replicas: ReplicaSet, cluster: Cluster
+) -> None:
+    rs = replicas
+    case = Case(rs, spread(rs, "postgres", both_ways(rs)[2]))
+    case.submit()
+    case.wait_executed(case.work.size // 3)
+    cluster.postgres.restart()
+    case.finish()
+    assert_replicas_survived(rs)
+
+
+def test_a_killed_replica_hands_its_devices_and_the_engine_to_another_and_loses_nothing(
+    replicas: ReplicaSet,
+) -> None:
+    rs = replicas
+    leader, other, urls = both_ways(rs)
+    case = Case(rs, spread(rs, "kill", urls))
+    case.submit()
+    case.wait_executed(case.work.size // 3)
+    leader.kill(signal.SIGKILL)  # it leads the engine and holds two of the three devices
+    rs.server = other
+    case.finish()
+
+
+# ================================================================ the referee itself
+
+
+def _node(node_id: str, state: str, code: str | None = None, device: str = "d1") -> dict[str, Any]:
+    error = {"code": code, "message": "..."} if code else None
+    attempts = (
+        [] if state in ("skipped", "pending") else [{"n": 1, "device_id": device, "status": state, "error": error}]
+    )
+    return {"id": node_id, "state": state, "error": error, "attempts": attempts}
+
+
+def _clean() -> tuple[dict[str, Any], dict[str, int]]:
+    """a -> b (success), bad -> undo (failure), bad -> never (success); bad fails on purpose."""
+    task = {
+        "state": "succeeded",
+        "nodes": [
+            _node("a", "succeeded"),
+            _node("b", "succeeded"),
+            _node("bad", "failed", "tool_error"),
+            _node("undo", "succeeded"),
+            _node("never", "skipped"),
+        ],
+        "edges": [
+            {"from": "a", "to": "b", "on": "success"},
+            {"from": "bad", "to": "undo", "on": "failure"},
+            {"from": "bad", "to": "never", "on": "success"},
+        ],
+    }
+    return task, {"a": 1, "b": 1, "bad": 1, "undo": 1}
+
+
+def _set(task: dict[str, Any], node: dict[str, Any]) -> None:
+    task["nodes"] = [node if n["id"] == node["id"] else n for n in task["nodes"]]
+
+
+MUTATIONS: dict[str, tuple[Callable[[dict[str, Any], dict[str, int]], None], str, str]] = {
+    "clean": (lambda t, r: None, "", ""),
+    "ran twice": (lambda t, r: r.update(a=2), "ran twice", "a [succeeded"),
+    "succeeded without running": (lambda t, r: r.pop("b"), "lost: succeeded without any execution", "b ["),
+    "skipped although it must run": (
+        lambda t, r: (_set(t, _node("b", "skipped")), r.pop("b")),
+        "lost: the DAG rules say it must run",
+        "b [skipped",
+    ),
+    "ran although it must be skipped": (
+        lambda t, r: (_set(t, _node("never", "succeeded")), r.update(never=1)),
+        "should be skipped",
+        "never [succeeded",
+    ),
+    "not terminal": (lambda t, r: (_set(t, _node("b", "pending")), r.pop("b")), "not terminal", "b [pending"),
+    "device_lost on a device never lost": (
+        lambda t, r: (_set(t, _node("a", "failed", "device_lost")), t.update(state="failed")),
+        "dishonest failure",
+        "device_lost, but that device was never lost",
+    ),
+    "uncertain with no interrupted command": (
+        lambda t, r: (_set(t, _node("a", "failed", "uncertain")), t.update(state="failed")),
+        "dishonest failure",
+        "no fault interrupted a command",
+    ),
+    "wrong task state": (lambda t, r: t.update(state="failed"), "task state 'failed'", "unhandled failures: []"),
+}
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_the_referee_passes_a_clean_run_and_names_each_broken_invariant_and_node(tmp_path: Path, mutation: str) -> None:
+    task, runs = _clean()
+    change, invariant, offender = MUTATIONS[mutation]
+    change(task, runs)
+    for node, count in runs.items():
+        for k in range(count):
+            (tmp_path / "d1" / "runs").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "d1" / "runs" / f"{node}.{k}.1").touch()
+    verdict = judge(task, executions_on_disk({"d1": tmp_path / "d1"}), expected_failures=harness.FAILS_ON_PURPOSE)
+    if not invariant:
+        assert verdict.ok, verdict.report()
+        return
+    assert not verdict.ok
+    assert any(invariant in name and any(offender in o for o in nodes) for name, nodes in verdict.broken.items()), (
+        verdict.report()
+    )
+
+
+def test_the_referee_accepts_one_uncertain_node_per_interrupted_command_and_no_more(tmp_path: Path) -> None:
+    task, _ = _clean()
+    _set(task, _node("a", "failed", "uncertain"))
+    _set(task, _node("b", "skipped"))
+    task["state"] = "failed"
+    (tmp_path / "runs").mkdir()
+    for node in ("a", "bad", "undo"):
+        (tmp_path / "runs" / f"{node}.0.1").touch()
+    runs = executions_on_disk({"d1": tmp_path})
+    assert judge(task, runs, expected_failures=harness.FAILS_ON_PURPOSE, interrupted={"d1": 1}).ok
+    assert not judge(task, runs, expected_failures=harness.FAILS_ON_PURPOSE, interrupted={"d2": 1}).ok
