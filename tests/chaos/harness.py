@@ -17,9 +17,9 @@ import httpx
 from tests.chaos.invariants import Execution, InvariantViolation, Verdict, executions_on_disk, judge, marker_argv
 from tests.support import Agent, Fleet, wait_until
 
-PAUSE_S = 0.05  # how long each command lingers after leaving its mark: keeps work in flight
+PAUSE_S = 0.03  # how long each command lingers after leaving its mark: keeps work in flight
 TASK_TIMEOUT_S = 150.0
-STALL_S = 20.0  # no progress for this long: stuck (every recovery here takes a few seconds)
+STALL_S = 15.0  # no progress for this long: stuck (every recovery here takes a few seconds)
 FAILS_ON_PURPOSE = {"bad": {"tool_error"}}
 
 
@@ -36,7 +36,7 @@ class Workload:
 
 
 def workload(
-    devices: Sequence[str], independent: int = 180, chains: int = 8, chain_len: int = 5, fan_in: int = 12
+    devices: Sequence[str], independent: int = 165, chains: int = 6, chain_len: int = 5, fan_in: int = 12
 ) -> Workload:
     """Mostly independent nodes, some chains that cross devices, a fan-in, an `always` edge and a
     node that fails on purpose with its compensation (SPEC section 2 edges), spread round-robin

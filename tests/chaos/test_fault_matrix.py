@@ -76,8 +76,10 @@ def stop_all(agents: list[Agent]) -> None:
 
 
 @pytest.fixture(scope="module")
-def sqlite_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def sqlite_fleet(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[Fleet]:
     """One orchestrator for the agent-crash cases (an agent crash leaves it as it was)."""
+    if backend == "postgres":
+        pytest.skip("an agent crash is the agent's and its ledger's business: the SQLite pass covers it")
     with Fleet(tmp_path_factory.mktemp("agent-crashes"), heartbeat_interval_s="1", heartbeat_timeout_s="10") as f:
         yield f
 
@@ -176,7 +178,8 @@ def _gaps(proxies: list[TcpProxy], down: float) -> str:
 
 @dataclass
 class Cluster:
-    """Two replicas on a Postgres and a Redis of this module's own (so faults can restart them)."""
+    """Two replicas of one case, on a database of their own on this module's Postgres server and
+    on a Redis server of their own, so a case may restart either and leave nothing behind."""
 
     rs: ReplicaSet
     postgres: PostgresServer
@@ -184,49 +187,29 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    tmp = tmp_path_factory.mktemp("replicas")
-    with (
-        owned_postgres_server() as postgres,
-        owned_redis_server() as redis_server,
-        fresh_database(postgres.url) as database,
-        ReplicaSet(tmp, database, redis_server.url, together=True) as rs,
-    ):
-        yield Cluster(rs, postgres, redis_server)
-        for replica in rs.live():
-            if not replica.ready():
-                replica.kill(signal.SIGKILL)  # a wedged replica would not stop on SIGTERM
+def postgres(backend: str) -> Iterator[PostgresServer]:
+    if backend == "postgres":
+        pytest.skip("replicas always run on Postgres: the SQLite pass already ran this case")
+    with owned_postgres_server() as server:
+        yield server
 
 
 @pytest.fixture
-def replicas(cluster: Cluster, backend: str) -> Iterator[ReplicaSet]:
-    """The module's replica set, whole again whatever an earlier case did to it: Redis and
-    Postgres running, every replica ready (one that is not is killed and started again), one
-    leading the engine. The case's agents are stopped after it."""
-    if backend == "postgres":
-        pytest.skip("replicas always run on Postgres: the SQLite pass already ran this case")
-    rs = heal(cluster)
-    before = len(rs.agents)
-    yield rs
-    for agent in rs.agents[before:]:
-        agent.stop()
-
-
-def heal(cluster: Cluster) -> ReplicaSet:
-    if not cluster.redis.running():
-        cluster.redis.start_again()
-    if not cluster.postgres.running():
-        cluster.postgres.start_again()
-    rs = cluster.rs
-    with contextlib.suppress(AssertionError):
-        wait_until(lambda: all(r.ready() for r in rs.live()), 10, "the running replicas to be ready")
-    for replica in rs.live():
-        if not replica.ready():
-            replica.kill(signal.SIGKILL)  # e.g. wedged in its shutdown after a fatal error
-    rs.revive()
-    wait_until(lambda: all(r.ready() for r in rs.replicas), 60, "every replica to be ready")
-    rs.server = rs.leader()
-    return rs
+def cluster(postgres: PostgresServer, tmp_path: Path) -> Iterator[Cluster]:
+    if not postgres.running():
+        postgres.start_again()
+    with (
+        owned_redis_server() as redis_server,
+        fresh_database(postgres.url) as database,
+        ReplicaSet(tmp_path, database, redis_server.url, together=True) as rs,
+    ):
+        try:
+            yield Cluster(rs, postgres, redis_server)
+        finally:
+            for agent in rs.agents:
+                agent.stop()
+            for replica in rs.live():
+                replica.kill(signal.SIGKILL)  # their shutdown is not under test, and a wedged one never ends
 
 
 def spread(rs: ReplicaSet, prefix: str, urls: list[list[str]]) -> list[Agent]:
@@ -252,8 +235,8 @@ def assert_replicas_survived(rs: ReplicaSet) -> None:
     wait_until(lambda: all(r.ready() for r in rs.replicas), 30, "every replica to be ready again")
 
 
-def test_a_tcp_cut_between_an_agent_and_its_replica_resumes_and_loses_nothing(replicas: ReplicaSet) -> None:
-    rs = replicas
+def test_a_tcp_cut_between_an_agent_and_its_replica_resumes_and_loses_nothing(cluster: Cluster) -> None:
+    rs = cluster.rs
     _, other, urls = both_ways(rs)
     proxy = TcpProxy(other.port)
     try:
@@ -277,8 +260,8 @@ def test_a_tcp_cut_between_an_agent_and_its_replica_resumes_and_loses_nothing(re
     "in-flight batch with device_lost and marks it offline for good (B's link never changes liveness, so "
     "nothing says it is online again): its remaining nodes stay ready",
 )
-def test_a_device_hopping_between_replicas_and_back_is_never_declared_lost(replicas: ReplicaSet) -> None:
-    rs = replicas
+def test_a_device_hopping_between_replicas_and_back_is_never_declared_lost(cluster: Cluster) -> None:
+    rs = cluster.rs
     a, b, _ = both_ways(rs)
     to_a, to_b = TcpProxy(a.port), TcpProxy(b.port)
     try:
@@ -311,8 +294,8 @@ def test_a_device_hopping_between_replicas_and_back_is_never_declared_lost(repli
     "and fails over to the leader, and the replica it left then declares it offline (the hop defect): the "
     "engine marks it offline and ~40 of its nodes stay ready forever",
 )
-def test_killed_redis_subscriptions_lose_no_relayed_input_or_frame(replicas: ReplicaSet, cluster: Cluster) -> None:
-    rs = replicas
+def test_killed_redis_subscriptions_lose_no_relayed_input_or_frame(cluster: Cluster) -> None:
+    rs = cluster.rs
     case = Case(rs, spread(rs, "pubsub", both_ways(rs)[2]))
     case.submit()
     admin = redis.Redis.from_url(cluster.redis.url)
@@ -335,10 +318,8 @@ def test_killed_redis_subscriptions_lose_no_relayed_input_or_frame(replicas: Rep
     "a non-leader's POST /cordon hangs forever: RedisCluster._rpc's redis.publish raises, the task dies "
     "('Task exception was never retrieved') and the request's future is never resolved",
 )
-def test_a_redis_restart_delays_work_but_loses_none_hangs_no_request_and_stops_no_replica(
-    replicas: ReplicaSet, cluster: Cluster
-) -> None:
-    rs = replicas
+def test_a_redis_restart_delays_work_but_loses_none_hangs_no_request_and_stops_no_replica(cluster: Cluster) -> None:
+    rs = cluster.rs
     _, other, urls = both_ways(rs)
     case = Case(rs, spread(rs, "redis", urls))
     case.submit()
@@ -372,10 +353,8 @@ def _admin_state(replica: Replica, device_id: str) -> str:
     return ""
 
 
-def test_a_postgres_restart_delays_work_but_loses_none_and_stops_no_replica(
-    replicas: ReplicaSet, cluster: Cluster
-) -> None:
-    rs = replicas
+def test_a_postgres_restart_delays_work_but_loses_none_and_stops_no_replica(cluster: Cluster) -> None:
+    rs = cluster.rs
     case = Case(rs, spread(rs, "postgres", both_ways(rs)[2]))
     case.submit()
     case.wait_executed(case.work.size // 3)
@@ -385,9 +364,9 @@ def test_a_postgres_restart_delays_work_but_loses_none_and_stops_no_replica(
 
 
 def test_a_killed_replica_hands_its_devices_and_the_engine_to_another_and_loses_nothing(
-    replicas: ReplicaSet,
+    cluster: Cluster,
 ) -> None:
-    rs = replicas
+    rs = cluster.rs
     leader, other, urls = both_ways(rs)
     case = Case(rs, spread(rs, "kill", urls))
     case.submit()
