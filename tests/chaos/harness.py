@@ -188,6 +188,7 @@ class Case:
         if not verdict.ok:
             notes = "".join(f"\nnote: {n}" for n in self.notes)
             raise AssertionError(f"{InvariantViolation(verdict)}{notes}{self.logs()}")
+        print(f"verdict: {verdict.summary()}")  # shown with pytest -rP
         return verdict
 
     def logs(self) -> str:

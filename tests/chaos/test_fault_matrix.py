@@ -106,7 +106,9 @@ def test_an_agent_killed_at_each_ledger_point_loses_nothing_and_runs_nothing_twi
         if point in INTERRUPTING:
             case.interrupted[victim.device_id] = 1
         restart_without(victim, CRASH_ENV)
-        case.finish()
+        verdict = case.finish()
+        if point in INTERRUPTING:  # the command it cut short is reported, honestly, as uncertain
+            assert verdict.failure_codes["uncertain"] == 1, verdict.summary()
     finally:
         stop_all(agents)
 
