@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -68,6 +68,16 @@ def tool(name: str, read_only: bool = False, idempotent: bool = False) -> ToolSp
 
 
 DEFAULT_TOOLS = [tool("sim.noop", read_only=True), tool("sim.act"), tool("sim.sleep", read_only=True)]
+FIXED_RETRY_S = 0.2  # without a reconnect policy, a simulated device retries at this fixed pace
+STABLE_SESSION_S = 10.0  # as the real agent: a session this long ends an outage (policy.reset())
+
+
+class ReconnectPolicy(Protocol):
+    """When to dial again: the interface of `device_agent.reconnect.Backoff`."""
+
+    def next_delay(self) -> float: ...
+
+    def reset(self) -> None: ...
 
 
 async def _default(name: str, arguments: dict[str, Any], attempt: int) -> Any:
@@ -97,21 +107,41 @@ class SimDevice:
     _seen: dict[str, list[Result] | None] = field(default_factory=dict)
     _cancelled: set[str] = field(default_factory=set)
     _stop: bool = False
+    # With a policy, reconnects pace themselves as the real agent's loop does (device_agent/agent.py):
+    # after a failed or short-lived connection wait `next_delay()`; after a session that lasted
+    # STABLE_SESSION_S, `reset()` and dial again at once. Without one: a fixed FIXED_RETRY_S.
+    reconnect: ReconnectPolicy | None = None
+    attempts: list[float] = field(default_factory=list)  # time.monotonic() of every dial
+    welcomes: list[float] = field(default_factory=list)  # time.monotonic() of every welcome
 
     async def run(self) -> None:
         worker = asyncio.create_task(self._worker())
         try:
             while not self._stop:
+                opened = len(self.welcomes)
                 try:
                     await self._connect_once()
                 except Exception:  # like the real agent, never give up (refused, reset, mid-restart...)
                     if self._stop:
                         break
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(self._delay(opened))
+                else:
+                    if self.reconnect is not None:
+                        await asyncio.sleep(self._delay(opened))
         finally:
             worker.cancel()
 
+    def _delay(self, opened: int) -> float:
+        if self.reconnect is None:
+            return FIXED_RETRY_S
+        stable = len(self.welcomes) > opened and time.monotonic() - self.welcomes[-1] >= STABLE_SESSION_S
+        if stable:
+            self.reconnect.reset()
+            return 0.0
+        return self.reconnect.next_delay()
+
     async def _connect_once(self) -> None:
+        self.attempts.append(time.monotonic())
         async with connect(
             self.url, additional_headers={"Authorization": f"Bearer {self.token}"}, max_size=None, compression=None
         ) as ws:
@@ -145,6 +175,7 @@ class SimDevice:
             for text in resend:
                 await ws.send(text)
             self.heartbeat_s = welcome.heartbeat_interval_s
+            self.welcomes.append(time.monotonic())
             self.welcomed.set()
             beat = asyncio.create_task(self._beat(ws, channel))
             try:
@@ -254,12 +285,19 @@ class SimFleet:
         tools: list[ToolSpec] | None = None,
         handlers: dict[str, Handler] | None = None,
         wait: bool = True,
+        reconnect: ReconnectPolicy | None = None,
     ) -> SimDevice:
         url = server_url.replace("http://", "ws://") + "/v1/agent"
 
         async def make() -> SimDevice:
             return SimDevice(
-                url, enrolled["token"], enrolled["id"], labels or {}, tools or list(DEFAULT_TOOLS), handlers or {}
+                url,
+                enrolled["token"],
+                enrolled["id"],
+                labels or {},
+                tools or list(DEFAULT_TOOLS),
+                handlers or {},
+                reconnect=reconnect,
             )
 
         device = asyncio.run_coroutine_threadsafe(make(), self.loop).result(10)
