@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -195,6 +196,35 @@ class Case:
         servers = getattr(self.fleet, "replicas", [self.fleet.server])
         paths = [str(s.log_path) for s in servers] + [str(a.log_path) for a in self.agents]
         return "\nlogs: " + " ".join(paths)
+
+
+class StateWatch:
+    """Reads a device's state through the API every `interval` in a thread and keeps what it saw:
+    to show that something never happened (a device declared offline), one must look all along."""
+
+    def __init__(self, fleet: Fleet, device_id: str, interval: float = 0.25) -> None:
+        self.fleet, self.device_id, self.interval = fleet, device_id, interval
+        self.seen: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                self.seen.append((time.monotonic(), str(self.fleet.device(self.device_id)["state"])))
+
+    def watch_until(self, when: float) -> list[tuple[float, str]]:
+        """Keep watching until `when` (time.monotonic()), then stop; what was seen."""
+        self._stop.wait(max(0.0, when - time.monotonic()))
+        self._stop.set()
+        self._thread.join(5)
+        return self.seen
+
+    def states(self) -> list[str]:
+        """The states seen, each run of repeats counted once."""
+        runs = [s for _, s in self.seen]
+        return [s for i, s in enumerate(runs) if i == 0 or runs[i - 1] != s]
 
 
 def wait_killed(agent: Agent, timeout: float = 60) -> int:
