@@ -75,11 +75,13 @@ class Gateway:
         self.handshakes = RateLimiter(settings.handshakes_per_minute, 60.0)
         self._monitor: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
+        self.server_id = ""  # the store's identity, told to agents (they bind their fences to it)
         self.cluster: Cluster = LocalCluster(engine, self)  # replaced by a RedisCluster on replicas
 
     # ================================================================ lifecycle
 
     async def start(self) -> None:
+        self.server_id = await self.store.server_id()
         self._monitor = asyncio.create_task(self._watch_liveness(), name="orrery-liveness")
         self._reporter = asyncio.create_task(self._report_links(), name="orrery-link-reports")
 
@@ -238,6 +240,7 @@ class Gateway:
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
             max_frame_bytes=self.settings.max_frame_bytes,
             resumed=resumed,
+            server_id=self.server_id or None,
         )
         text, resend = conn.channel.accept(hello, session, welcome)
         conn.push(text)

@@ -123,7 +123,9 @@ async def test_a_device_is_not_left_busy_after_the_engine_gives_up_on_its_batch(
     dev = await h.enroll("mute")
     _, epoch = await h.connect(dev)
     task = await h.submit(one_node())
-    await h.live(h.settings.batch_accept_timeout_s + 1, "A", (dev, epoch, Liveness.ONLINE, 0.1, None))
+    await h.live(h.settings.batch_accept_timeout_s - 0.5, "A", (dev, epoch, Liveness.ONLINE, 0.1, None))
+    assert h.engine.devices[dev].current_batch is not None
+    await h.advance(1)  # the accept deadline passes; no report comes in between
     assert (await h.task(task))["errors"] == {"n": "timeout"}
     assert (await h.device(dev)).current_batch_id is None
     assert h.engine.devices[dev].current_batch is None
@@ -290,3 +292,31 @@ async def test_an_operator_change_whose_notice_was_lost_is_adopted_from_the_stor
     assert (run.admin.value, run.liveness) == ("cordoned", Liveness.ONLINE)
     await h.submit(one_node(placement={"device": "cordoned-quietly"}))
     assert h.batches(dev) == []
+
+
+async def test_a_device_still_marked_busy_with_a_closed_batch_is_freed_by_its_next_idle_heartbeat(h: Harness) -> None:
+    """Defect 7, re-derived: whatever left `current_batch` pointing at a batch the engine closed,
+    the device's own heartbeat (it runs nothing) frees it."""
+    from orchestrator.store.models import Device
+
+    dev = await h.enroll("stale-busy")
+    _, epoch = await h.connect(dev)
+    await h.store.update(Device, (dev,), current_batch_id="b_closed_long_ago")
+    h.engine.devices[dev].current_batch = "b_closed_long_ago"
+    await h.step(h.report("A", (dev, epoch, Liveness.ONLINE, 0.1, None)))
+    assert h.engine.devices[dev].current_batch is None
+    assert (await h.device(dev)).current_batch_id is None
+
+
+async def test_a_task_waiting_for_its_plan_is_planned_even_if_its_created_hint_was_lost(tmp_path: Path) -> None:
+    from orchestrator.store.models import Task
+
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open(planner=True)
+    try:
+        task = await h.submit(one_node(), notify=False)
+        await h.store.update(Task, (task,), state="planning", request="do something")
+        await h.advance(h.settings.reconcile_interval_s)
+        await h.advance(h.settings.reconcile_interval_s)
+        assert h.planner is not None and h.planner.plans == [task]  # asked once, not once per round
+    finally:
+        await h.close()
