@@ -103,7 +103,9 @@ def test_a_planner_that_breaks_on_a_malformed_reply_fails_the_task_instead_of_le
     message that is a string, not an object, which the client library does not catch."""
     with Fleet(tmp_path, **llm.env()) as f:
         f.agent("planner-a")
-        llm.add(raw({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [{"message": "?"}]}))
+        llm.add(
+            raw({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [{"message": "?"}]})
+        )
         done = f.wait_task(request(f, "anything")["id"], timeout=30)
         assert done["state"] == "failed", done
         assert done["error"]["code"] == "planning_failed"
