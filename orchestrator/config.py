@@ -76,8 +76,9 @@ class Settings(BaseSettings):
 
     @property
     def link_report_interval_s(self) -> float:
-        """How often each replica re-announces its device links to the engine (SPEC section 7)."""
-        return min(5.0, max(0.25, self.heartbeat_interval_s / 2))
+        """How often each replica re-announces its device links to the engine (SPEC section 7):
+        often enough that the engine hears of every live device several times per timeout."""
+        return max(0.05, min(5.0, self.heartbeat_interval_s / 2, self.heartbeat_timeout_s / 4))
 
     @property
     def suspect_after_s(self) -> float:
