@@ -13,7 +13,6 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
-
 from orchestrator.domain import templates
 from orchestrator.domain.model import DagSpec, EdgeCondition, EdgeSpec, NodeKind, NodeState
 from orchestrator.domain.problems import Problem

@@ -22,6 +22,7 @@ from orchestrator.config import Settings
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.core import Engine
 from orchestrator.engine.records import DeviceHello, FrameIn, Input, LinkReport, LinkState, LivenessChanged
+from orchestrator.engine.times import utc
 from orchestrator.gateway.limits import RateLimiter
 from orchestrator.ids import new_id
 from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
@@ -241,6 +242,7 @@ class Gateway:
             max_frame_bytes=self.settings.max_frame_bytes,
             resumed=resumed,
             server_id=self.server_id or None,
+            server_time=utc(time.time()),
         )
         text, resend = conn.channel.accept(hello, session, welcome)
         conn.push(text)
