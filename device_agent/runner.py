@@ -56,7 +56,7 @@ def build(config: AgentConfig) -> Agent:
         factory = BUILTIN.get(name)
         if factory is None:
             raise ConfigError(f"unknown toolset '{name}'; built-in ones are {sorted(BUILTIN)}")
-        _add(router, ToolsetHost(name, factory(ctx), on_change=router.tools_changed))
+        _add(router, ToolsetHost(name, factory(ctx), on_change=router.tools_changed, strict_arguments=True))
     for server in config.mcp_servers:
         target: Any
         if server.url:
