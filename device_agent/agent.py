@@ -14,11 +14,10 @@ import logging
 import time
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_random_exponential
-
 from device_agent import __version__
 from device_agent.config import AgentConfig
 from device_agent.ledger import Ledger, Receipt, namespace_of, skipped
+from device_agent.reconnect import Backoff
 from device_agent.router import Router
 from device_agent.transport import Closed, Refused, Transport
 from protocol.codec import encode
@@ -44,13 +43,8 @@ from protocol.session import Channel, Role, Session
 
 log = logging.getLogger("orrery.agent")
 
-# SPEC section 4: reconnect with capped exponential backoff and full jitter, 0.5 s doubling to 30 s.
-BACKOFF_BASE_S = 0.5
-BACKOFF_MAX_S = 30.0
 WELCOME_TIMEOUT_S = 15.0
 STABLE_SESSION_S = 10.0  # a session this long resets the backoff
-# Everything short of cancellation is retried: an agent never gives up (SPEC section 4).
-RETRYABLE = (Exception,)
 
 
 class Agent:
@@ -94,20 +88,28 @@ class Agent:
             await self.router.stop()
 
     async def _connect_forever(self) -> None:
+        """Connect, and after every lost or failed connection try again (SPEC section 4).
+
+        Delays come from `Backoff` (capped exponential, full jitter, a short cap while an outage
+        is young). Everything short of cancellation is retried: an agent never gives up. Only a
+        session that stayed up `STABLE_SESSION_S` ends an outage; one that drops sooner counts as
+        another failure, so a server that accepts and then closes is not hammered. With
+        `--also-server`, each attempt goes to the next URL in turn.
+        """
         urls = self.config.server_urls()
+        backoff = Backoff()
         turn = 0
         while True:
-            retrying = AsyncRetrying(
-                wait=wait_random_exponential(multiplier=BACKOFF_BASE_S, max=BACKOFF_MAX_S),
-                stop=stop_never,
-                retry=retry_if_exception_type(RETRYABLE),
-                before_sleep=_log_retry,
-            )
-            async for attempt in retrying:
-                with attempt:
-                    url = urls[turn % len(urls)]
-                    turn += 1
-                    await self._session(url)
+            url = urls[turn % len(urls)]
+            turn += 1
+            try:
+                await self._session(url)
+            except Exception as exc:
+                delay = backoff.next_delay()
+                _log_retry(exc, delay)
+                await asyncio.sleep(delay)
+            else:
+                backoff.reset()
 
     # ================================================================ one connection
 
@@ -317,9 +319,7 @@ class Agent:
         task.add_done_callback(self._announcing.discard)
 
 
-def _log_retry(state: RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome else None
-    delay = state.next_action.sleep if state.next_action else 0.0
+def _log_retry(exc: Exception, delay: float) -> None:
     expected = isinstance(exc, (OSError, Refused, Closed, TimeoutError, ProtocolError))
     log.warning(
         "connection failed (%s: %s); retrying in %.1fs",
