@@ -123,6 +123,7 @@ class Agent:
             if isinstance(first, Error):
                 raise Closed(None, f"server refused hello: {first.code}: {first.message}")
             assert isinstance(first, Welcome)
+            self.ledger.welcomed(first.server_id)
             resend = self._open(channel, first)
             self.frame_limit = min(self.config.max_frame_bytes, first.max_frame_bytes)
             self.heartbeat_interval_s = first.heartbeat_interval_s
@@ -162,6 +163,7 @@ class Agent:
             labels=self.config.labels,
             tools=self.router.catalogue(),
             resume=resume,
+            fence_seen=self.ledger.max_fence,
         )
 
     def _open(self, channel: Channel, welcome: Welcome) -> list[str]:

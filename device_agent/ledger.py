@@ -5,7 +5,11 @@ SPEC section 4 guarantees rest here:
   batch gets the recorded results back instead of a second run;
 - results sit in the outbox until the server acknowledges them, so an agent killed with
   SIGKILL delivers them after it restarts;
-- a command that was running when the agent died is reported `uncertain`, never re-run.
+- a command that was running when the agent died is reported `uncertain`, never re-run;
+- a batch whose fence is older than the newest one this device accepted from this server is
+  refused (stale). The high-water mark is kept per (server_id, device_id): a data dir reused
+  for a new enrollment, or an orchestrator restored from a backup (another fence history), must
+  not make every batch stale. Batch ids are globally unique, so de-duplication stays global.
 
 One SQLite file in WAL mode, written synchronously from the agent's single event loop: every
 write is a short transaction, so the loop is held for well under a millisecond.
@@ -25,6 +29,12 @@ from protocol.messages import CommandBatch, ErrorInfo, Result
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS fences (
+    server_id TEXT NOT NULL,
+    device_id TEXT NOT NULL,
+    max_fence INTEGER NOT NULL,
+    PRIMARY KEY (server_id, device_id)
+);
 CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY,
     fence INTEGER NOT NULL,
@@ -67,25 +77,57 @@ class OutboxEntry:
 
 
 class Ledger:
-    def __init__(self, path: Path) -> None:
+    """The ledger of one agent, whose device is `device_id` (the token's device)."""
+
+    def __init__(self, path: Path, device_id: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.device_id = device_id
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a killed process (not a power cut) at a fraction of FULL's cost.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT value FROM meta WHERE key='max_fence'").fetchone()
-        self._max_fence = int(row[0]) if row else 0
+        # An older ledger kept one 'max_fence' for the whole data dir, bound to no server or
+        # device; it is not carried over (it is what made re-enrolled devices refuse every batch).
+        row = self._db.execute("SELECT value FROM meta WHERE key='server_id'").fetchone()
+        self._server_id: str = row[0] if row else ""
+        self._max_fence = self._load_fence()
 
     def close(self) -> None:
         self._db.close()
 
-    # ------------------------------------------------------------------ batches
+    # ------------------------------------------------------------------ fences
+
+    @property
+    def server_id(self) -> str:
+        """The orchestrator this ledger was last welcomed by ("" if it never said who it is)."""
+        return self._server_id
 
     @property
     def max_fence(self) -> int:
+        """The highest fence accepted for this device from `server_id`: `hello.fence_seen`."""
         return self._max_fence
+
+    def welcomed(self, server_id: str | None) -> None:
+        """A `welcome` named the orchestrator's store: fences from now on are compared with its history."""
+        server = server_id or ""
+        if server == self._server_id:
+            return
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES ('server_id', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (server,),
+        )
+        self._server_id = server
+        self._max_fence = self._load_fence()
+
+    def _load_fence(self) -> int:
+        row = self._db.execute(
+            "SELECT max_fence FROM fences WHERE server_id=? AND device_id=?", (self._server_id, self.device_id)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    # ------------------------------------------------------------------ batches
 
     def receive(self, batch: CommandBatch) -> Receipt:
         """Record a delivered batch before anything of it runs."""
@@ -101,9 +143,9 @@ class Ledger:
             )
             if batch.fence > self._max_fence:
                 self._db.execute(
-                    "INSERT INTO meta (key, value) VALUES ('max_fence', ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                    (str(batch.fence),),
+                    "INSERT INTO fences (server_id, device_id, max_fence) VALUES (?,?,?) "
+                    "ON CONFLICT(server_id, device_id) DO UPDATE SET max_fence=excluded.max_fence",
+                    (self._server_id, self.device_id, batch.fence),
                 )
         self._max_fence = max(self._max_fence, batch.fence)  # only once the transaction committed
         return Receipt.NEW

@@ -15,6 +15,7 @@ from mcp import StdioServerParameters
 from device_agent.agent import Agent
 from device_agent.audit import AuditLog
 from device_agent.config import AgentConfig
+from device_agent.datadir import DataDirBusy, DataDirLock
 from device_agent.ledger import Ledger
 from device_agent.router import HttpTarget, Router, ToolsetHost
 from device_agent.toolsets import files, gui, shell, system
@@ -77,7 +78,7 @@ def build(config: AgentConfig) -> Agent:
             router,
             ToolsetHost(server.namespace, target, frozenset(server.read_only_tools), on_change=router.tools_changed),
         )
-    ledger = Ledger(data_dir / "ledger.sqlite3")
+    ledger = Ledger(data_dir / "ledger.sqlite3", config.identity())
     return Agent(config, router, ledger, system.device_info())
 
 
@@ -123,6 +124,17 @@ async def check(config: AgentConfig) -> dict[str, Any]:
 
 
 async def serve(config: AgentConfig) -> None:
+    try:
+        lock = DataDirLock.acquire(config.data_dir.resolve())  # before the ledger is opened
+    except DataDirBusy as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        await _serve(config)
+    finally:
+        lock.release()
+
+
+async def _serve(config: AgentConfig) -> None:
     agent = build(config)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()

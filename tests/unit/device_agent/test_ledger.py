@@ -7,6 +7,8 @@ from pathlib import Path
 from device_agent.ledger import Ledger, Receipt
 from protocol.messages import Command, CommandBatch, Result
 
+DEVICE = "dev_1"
+
 
 def batch(batch_id: str, fence: int, n: int = 2) -> CommandBatch:
     return CommandBatch(
@@ -24,7 +26,7 @@ def ok(call_id: str) -> Result:
 
 
 def test_a_batch_is_new_once_then_pending_then_done_with_its_results(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
     b = batch("b1", 1)
     assert ledger.receive(b) is Receipt.NEW
     assert ledger.receive(b) is Receipt.PENDING
@@ -34,21 +36,72 @@ def test_a_batch_is_new_once_then_pending_then_done_with_its_results(tmp_path: P
 
 
 def test_a_batch_older_than_the_newest_fence_is_stale(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
     ledger.receive(batch("b2", 5))
     assert ledger.receive(batch("b1", 4)) is Receipt.STALE
     assert ledger.max_fence == 5
+    assert ledger.results("b1") is None and ledger.fence_of("b1") is None  # a refused batch leaves no trace
+
+
+def test_the_fence_high_water_mark_belongs_to_one_server_and_one_device(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    ledger.welcomed("srv-a")
+    ledger.receive(batch("a5", 5))
+    ledger.welcomed("srv-b")  # another orchestrator store: its fences have their own history
+    assert ledger.max_fence == 0
+    assert ledger.receive(batch("b1", 1)) is Receipt.NEW
+    ledger.welcomed("srv-a")
+    assert ledger.max_fence == 5
+    assert ledger.receive(batch("a3", 3)) is Receipt.STALE
+
+
+def test_a_data_dir_reused_by_a_new_enrollment_accepts_its_first_fences(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    old = Ledger(path, "dev_old")
+    old.welcomed("srv")
+    old.receive(batch("b9", 9))
+    old.close()
+    new = Ledger(path, "dev_new")
+    assert (new.server_id, new.max_fence) == ("srv", 0)
+    assert new.receive(batch("n1", 1)) is Receipt.NEW
+
+
+def test_the_last_server_and_its_mark_survive_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    ledger = Ledger(path, DEVICE)
+    ledger.welcomed("srv-a")
+    ledger.receive(batch("b7", 7))
+    ledger.close()
+    reopened = Ledger(path, DEVICE)
+    assert (reopened.server_id, reopened.max_fence) == ("srv-a", 7)
+    assert reopened.receive(batch("b6", 6)) is Receipt.STALE
+
+
+def test_a_server_that_names_no_store_is_the_empty_server_id(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    ledger.receive(batch("b4", 4))
+    ledger.welcomed(None)
+    assert (ledger.server_id, ledger.max_fence) == ("", 4)
+
+
+def test_batch_ids_are_deduplicated_across_servers(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    ledger.welcomed("srv-a")
+    ledger.receive(batch("b1", 3, n=1))
+    ledger.finish_batch("b1", 3, [ok("c1")])
+    ledger.welcomed("srv-b")
+    assert ledger.receive(batch("b1", 3, n=1)) is Receipt.DONE
 
 
 def test_after_a_crash_the_running_command_is_uncertain_and_the_rest_skipped(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    ledger = Ledger(path)
+    ledger = Ledger(path, DEVICE)
     ledger.receive(batch("b1", 1, n=3))
     ledger.start_call("b1", "c1")
     ledger.finish_call("b1", ok("c1"))
     ledger.start_call("b1", "c2")
     ledger.close()  # the process dies here
-    reopened = Ledger(path)
+    reopened = Ledger(path, DEVICE)
     assert reopened.recover() == ["b1"]
     statuses = [r.status for r in reopened.results("b1") or []]
     assert statuses == ["success", "uncertain", "skipped"]
@@ -57,11 +110,11 @@ def test_after_a_crash_the_running_command_is_uncertain_and_the_rest_skipped(tmp
 
 def test_results_stay_in_the_outbox_until_acknowledged_across_reopen(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    ledger = Ledger(path)
+    ledger = Ledger(path, DEVICE)
     ledger.receive(batch("b1", 1, n=1))
     ledger.finish_batch("b1", 1, [ok("c1")])
     ledger.close()
-    reopened = Ledger(path)
+    reopened = Ledger(path, DEVICE)
     assert [e.batch_id for e in reopened.outbox()] == ["b1"]
     reopened.acknowledged("b1")
     assert reopened.outbox() == []

@@ -1,0 +1,61 @@
+"""A real agent process against a scripted orchestrator: fences, stale batches, deadlines, the data-dir lock."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import ROOT, child_env
+from tests.unit.device_agent.scripted import TOKEN, scripted
+
+ECHO = {"tool": "system.echo", "arguments": {"text": "hi"}}
+
+
+async def test_hello_carries_the_fence_high_water_mark_of_the_last_server_for_this_device(tmp_path: Path) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        first = await server.next_connection()
+        await first.welcome(server_id="srv-1")
+        assert first.hello["fence_seen"] == 0
+        done = await first.result_for(await first.batch(ECHO, fence=7))
+        assert done["results"][0]["status"] == "success"
+
+        await asyncio.to_thread(agent.stop)
+        agent.start()
+        second = await server.next_connection()
+        await second.welcome(server_id="srv-2")  # another store: its own fence history
+        assert second.hello["fence_seen"] == 7
+        done = await second.result_for(await second.batch(ECHO, fence=1))
+        assert done["results"][0]["status"] == "success"
+
+        await asyncio.to_thread(agent.stop)
+        agent.start()
+        third = await server.next_connection()
+        await third.welcome(server_id="srv-2")
+        assert third.hello["fence_seen"] == 1  # the mark of the server it was last welcomed by
+
+
+async def test_a_second_agent_on_the_same_data_dir_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        second = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "device_agent", "--server", server.url, "--token", TOKEN],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=child_env(ORRERY_AGENT_DATA_DIR=str(agent.data_dir)),
+            cwd=ROOT,
+        )
+        assert second.returncode != 0
+        lines = [line for line in (second.stdout + second.stderr).splitlines() if line.strip()]
+        assert len(lines) == 1, lines
+        assert str(agent.data_dir.resolve()) in lines[0]
+        assert agent.proc is not None and f"pid {agent.proc.pid}" in lines[0]
+        # The holder is untouched: it still runs batches.
+        done = await conn.result_for(await conn.batch(ECHO, fence=1))
+        assert done["results"][0]["status"] == "success"
