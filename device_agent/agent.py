@@ -16,7 +16,7 @@ from typing import Any
 
 from device_agent import __version__
 from device_agent.config import AgentConfig
-from device_agent.ledger import Ledger, Receipt, namespace_of, skipped
+from device_agent.ledger import Ledger, Receipt, namespace_of, none_ran, skipped
 from device_agent.reconnect import Backoff
 from device_agent.router import Router
 from device_agent.transport import Closed, Refused, Transport
@@ -236,13 +236,7 @@ class Agent:
         assert self.session is not None
         self.session.confirm(batch.seq)
         if receipt is Receipt.STALE:
-            await self._send(
-                Error(
-                    code=ErrorCode.STALE_FENCE,
-                    message=f"batch {batch.batch_id} has fence {batch.fence}, older than "
-                    f"{self.ledger.max_fence} already seen; refused",
-                )
-            )
+            await self._refuse_stale(batch)
             return
         if receipt is Receipt.DONE:
             results = self.ledger.results(batch.batch_id) or []
@@ -253,6 +247,21 @@ class Agent:
         if not running and batch.batch_id not in self.queued:
             self.queued.add(batch.batch_id)
             self.work.put_nowait(batch)
+
+    async def _refuse_stale(self, batch: CommandBatch) -> None:
+        """A batch older than an assignment already accepted is answered, not dropped (SPEC
+        section 4, fencing): a `result_batch` with every command `skipped` (`stale_fence`) and
+        the ledger's mark in `fence_seen`, so the server can end the attempt and assign above the
+        mark. Nothing is recorded, so a redelivery is refused the same way."""
+        mark = self.ledger.max_fence
+        why = (
+            f"not run: batch {batch.batch_id} has fence {batch.fence}, but this device already accepted "
+            f"fence {mark} from this orchestrator, so the assignment it belongs to was superseded; "
+            "the device refused it and none of its commands ran"
+        )
+        log.warning("refused stale batch %s (fence %d < %d)", batch.batch_id, batch.fence, mark)
+        results = none_ran(batch, ErrorCode.STALE_FENCE, why)
+        await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results, fence_seen=mark))
 
     def _on_cancel(self, msg: Cancel) -> None:
         self.cancelling.add(msg.batch_id)

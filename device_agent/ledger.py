@@ -261,13 +261,18 @@ def namespace_of(tool: str) -> str:
     return tool.split(".", 1)[0]
 
 
-def skipped(call_id: str, tool: str, why: str) -> Result:
+def skipped(call_id: str, tool: str, why: str, code: str = "skipped") -> Result:
     return Result(
         call_id=call_id,
         status="skipped",
         namespace=namespace_of(tool),
-        error=ErrorInfo(code="skipped", message=why),
+        error=ErrorInfo(code=code, message=why),
     )
+
+
+def none_ran(batch: CommandBatch, code: str, why: str) -> list[Result]:
+    """Every command of `batch` `skipped` with `code`: the batch was refused or dropped unstarted."""
+    return [skipped(cmd.call_id, cmd.tool, why, code) for cmd in batch.commands]
 
 
 def uncertain(call_id: str, tool: str) -> Result:

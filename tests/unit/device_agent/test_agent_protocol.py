@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support import ROOT, child_env
 from tests.unit.device_agent.scripted import TOKEN, scripted
@@ -59,3 +62,35 @@ async def test_a_second_agent_on_the_same_data_dir_is_refused_with_the_holders_p
         # The holder is untouched: it still runs batches.
         done = await conn.result_for(await conn.batch(ECHO, fence=1))
         assert done["results"][0]["status"] == "success"
+
+
+def touch(name: str) -> dict[str, Any]:
+    return {"tool": "shell.run", "arguments": {"argv": ["sh", "-c", f"echo ran >> {name}"]}}
+
+
+def ledger_rows(data_dir: Path, batch_id: str) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{data_dir / 'ledger.sqlite3'}?mode=ro", uri=True)) as db:
+        return int(db.execute("SELECT count(*) FROM batches WHERE batch_id=?", (batch_id,)).fetchone()[0])
+
+
+async def test_a_stale_batch_is_answered_with_skipped_results_and_the_mark_and_never_runs(tmp_path: Path) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        await conn.result_for(await conn.batch(ECHO, fence=5))
+        stale = await conn.batch(touch("stale.txt"), ECHO, fence=3)
+        for attempt in ("first delivery", "redelivery"):
+            refused = await conn.result_for(stale)
+            assert (refused["fence"], refused["fence_seen"]) == (3, 5), attempt
+            assert [r["status"] for r in refused["results"]] == ["skipped", "skipped"], attempt
+            assert {r["error"]["code"] for r in refused["results"]} == {"stale_fence"}
+            message = refused["results"][0]["error"]["message"]
+            assert "fence 3" in message and "fence 5" in message and "none of its commands ran" in message
+            if attempt == "first delivery":
+                await conn.batch(touch("stale.txt"), ECHO, fence=3, batch_id=stale)
+        assert not (agent.workspace / "stale.txt").exists()
+        assert ledger_rows(agent.data_dir, stale) == 0  # nothing recorded for a refused batch
+        done = await conn.result_for(await conn.batch(touch("fresh.txt"), fence=6))
+        assert done["results"][0]["status"] == "success"
+        assert (agent.workspace / "fresh.txt").read_text() == "ran\n"
