@@ -16,7 +16,7 @@ from typing import Any
 
 from device_agent import __version__
 from device_agent.config import AgentConfig
-from device_agent.ledger import Ledger, Receipt, namespace_of, none_ran, skipped
+from device_agent.ledger import Ledger, Receipt, deadline_passed, namespace_of, none_ran, skipped
 from device_agent.reconnect import Backoff
 from device_agent.router import Router
 from device_agent.transport import Closed, Refused, Transport
@@ -275,6 +275,13 @@ class Agent:
             self.queued.discard(batch.batch_id)
             if self.ledger.results(batch.batch_id) is not None:
                 continue  # finished meanwhile (a redelivery raced with the first copy)
+            if batch.deadline is not None and batch.deadline.timestamp() <= time.time():
+                # Too late to start: say so rather than run work nobody waits for any more.
+                log.warning("batch %s not started: its deadline passed", batch.batch_id)
+                results = deadline_passed(batch)
+                self.ledger.finish_batch(batch.batch_id, batch.fence, results)
+                await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
+                continue
             self.current = batch
             try:
                 results = fit_to_frame(await self._run(batch), batch, self.frame_limit)

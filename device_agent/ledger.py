@@ -25,6 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from protocol.errors import ErrorCode
 from protocol.messages import CommandBatch, ErrorInfo, Result
 
 _SCHEMA = """
@@ -60,6 +61,8 @@ CREATE TABLE IF NOT EXISTS outbox (
 """
 
 KEEP_FINISHED_BATCHES = 10_000
+# A batch recorded but never started, with no deadline, is given up this long after it arrived.
+UNSTARTED_MAX_AGE_S = 24 * 3600.0
 
 
 class Receipt(StrEnum):
@@ -203,9 +206,17 @@ class Ledger:
 
     # ------------------------------------------------------------------ recovery
 
-    def recover(self) -> list[str]:
-        """After a crash: close every batch that was running. Commands that finished keep their
-        results; the one that was running is `uncertain`; the rest are `skipped`."""
+    def recover(self, now: float | None = None) -> list[str]:
+        """After a crash or a stop, close what the last run left open; returns the batch ids closed.
+
+        A batch that was running: commands that finished keep their results, the one that was
+        running is `uncertain`, the rest are `skipped`. A batch delivered but never started
+        whose deadline has passed (or, with no deadline, that arrived over 24 h ago) is closed
+        with every command `skipped` (`timeout`). Either way the results go to the outbox, so
+        the server hears of them. An unstarted batch not yet due stays, and runs only if the
+        server delivers it again.
+        """
+        now = time.time() if now is None else now
         closed = []
         rows = self._db.execute("SELECT batch_id, fence, frame FROM batches WHERE state='running'").fetchall()
         for batch_id, fence, frame in rows:
@@ -226,6 +237,22 @@ class Ledger:
                 else:
                     results.append(skipped(cmd.call_id, cmd.tool, "an earlier command did not finish"))
             self.finish_batch(batch_id, int(fence), results)
+            closed.append(batch_id)
+        unstarted = self._db.execute(
+            "SELECT batch_id, fence, frame, received_at FROM batches WHERE state='received'"
+        ).fetchall()
+        for batch_id, fence, frame, received_at in unstarted:
+            batch = CommandBatch.model_validate_json(frame)
+            if batch.deadline is not None and batch.deadline.timestamp() <= now:
+                self.finish_batch(batch_id, int(fence), deadline_passed(batch))
+            elif batch.deadline is None and now - float(received_at) >= UNSTARTED_MAX_AGE_S:
+                why = (
+                    f"not run: the batch arrived {(now - float(received_at)) / 3600:.0f} h ago and never "
+                    "started (the agent stopped first); with no deadline it is given up after 24 h"
+                )
+                self.finish_batch(batch_id, int(fence), none_ran(batch, ErrorCode.TIMEOUT, why))
+            else:
+                continue
             closed.append(batch_id)
         self._prune()
         return closed
@@ -273,6 +300,13 @@ def skipped(call_id: str, tool: str, why: str, code: str = "skipped") -> Result:
 def none_ran(batch: CommandBatch, code: str, why: str) -> list[Result]:
     """Every command of `batch` `skipped` with `code`: the batch was refused or dropped unstarted."""
     return [skipped(cmd.call_id, cmd.tool, why, code) for cmd in batch.commands]
+
+
+def deadline_passed(batch: CommandBatch) -> list[Result]:
+    """The results of a batch whose deadline passed before it started: nothing ran."""
+    when = batch.deadline.isoformat() if batch.deadline else "?"
+    why = f"not run: the batch's deadline ({when}) passed before it started on the device, so none of its commands ran"
+    return none_ran(batch, ErrorCode.TIMEOUT, why)
 
 
 def uncertain(call_id: str, tool: str) -> Result:

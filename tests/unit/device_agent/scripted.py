@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -158,6 +160,12 @@ class AgentProcess:
     async def exited(self, timeout: float = 30) -> int:
         assert self.proc is not None
         return await asyncio.to_thread(self.proc.wait, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or a power cut of the agent alone would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(15)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +98,60 @@ async def test_a_stale_batch_is_answered_with_skipped_results_and_the_mark_and_n
         done = await conn.result_for(await conn.batch(touch("fresh.txt"), fence=6))
         assert done["results"][0]["status"] == "success"
         assert (agent.workspace / "fresh.txt").read_text() == "ran\n"
+
+
+async def test_a_batch_whose_deadline_has_passed_is_reported_timeout_and_never_started(tmp_path: Path) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        late = await conn.result_for(await conn.batch(touch("late.txt"), ECHO, fence=1, deadline_in_s=-1))
+        assert [(r["status"], r["error"]["code"]) for r in late["results"]] == [("skipped", "timeout")] * 2
+        assert "deadline" in late["results"][0]["error"]["message"]
+        assert not (agent.workspace / "late.txt").exists()
+
+
+async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `check` without blocking the scripted server's loop; fail naming `what` after `timeout`."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not check():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+
+
+async def test_unstarted_batches_left_by_a_crash_are_reported_when_due_and_run_when_redelivered(
+    tmp_path: Path,
+) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        long = await conn.batch(
+            {"tool": "shell.run", "arguments": {"argv": ["sh", "-c", "echo $$ > pid; exec sleep 30"]}}, fence=1
+        )
+        soon = await conn.batch(touch("soon.txt"), fence=2, deadline_in_s=3)
+        later = await conn.batch(touch("later.txt"), fence=3, deadline_in_s=300)
+        pid = agent.workspace / "pid"
+        await until(lambda: pid.exists() and bool(pid.read_text().strip()), 30, "the long command to start")
+        for _ in range(3):
+            await conn.recv("batch_accepted")  # all three are in the ledger before the crash
+        await asyncio.to_thread(agent.kill)
+        os.kill(int(pid.read_text()), signal.SIGKILL)
+        deadline = time.time() + 3.5
+        await until(lambda: time.time() > deadline, 10, "the second batch's deadline to pass")
+
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        crashed = await conn.result_for(long)
+        assert crashed["results"][0]["status"] == "uncertain"
+        expired = await conn.result_for(soon)
+        assert [(r["status"], r["error"]["code"]) for r in expired["results"]] == [("skipped", "timeout")]
+        assert not (agent.workspace / "soon.txt").exists()
+
+        await conn.batch(touch("later.txt"), fence=3, deadline_in_s=300, batch_id=later)  # the server redelivers
+        ran = await conn.result_for(later)
+        assert ran["results"][0]["status"] == "success"
+        assert (agent.workspace / "later.txt").read_text() == "ran\n"

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from device_agent import ledger as ledger_module
 from device_agent.ledger import Ledger, Receipt
 from protocol.messages import Command, CommandBatch, Result
 
 DEVICE = "dev_1"
 
 
-def batch(batch_id: str, fence: int, n: int = 2) -> CommandBatch:
+def batch(batch_id: str, fence: int, n: int = 2, deadline: float | None = None) -> CommandBatch:
     return CommandBatch(
         batch_id=batch_id,
         task_id="t",
         node_id="n",
         attempt=1,
         fence=fence,
+        deadline=datetime.fromtimestamp(deadline, UTC) if deadline is not None else None,
         commands=[Command(call_id=f"c{i}", tool="shell.run") for i in range(1, n + 1)],
     )
 
@@ -106,6 +112,46 @@ def test_after_a_crash_the_running_command_is_uncertain_and_the_rest_skipped(tmp
     statuses = [r.status for r in reopened.results("b1") or []]
     assert statuses == ["success", "uncertain", "skipped"]
     assert [e.batch_id for e in reopened.outbox()] == ["b1"]
+
+
+def test_after_a_restart_unstarted_batches_past_their_deadline_are_closed_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    ledger = Ledger(path, DEVICE)
+    now = time.time()
+    ledger.receive(batch("late", 1, deadline=now + 60))
+    ledger.receive(batch("due-later", 2, deadline=now + 3600))
+    ledger.receive(batch("no-deadline", 3))
+    ledger.close()  # the agent stops before starting any of them
+    reopened = Ledger(path, DEVICE)
+    assert reopened.recover(now=now + 61) == ["late"]
+    results = reopened.results("late") or []
+    assert [(r.status, r.error.code if r.error else None) for r in results] == [("skipped", "timeout")] * 2
+    assert results[0].error is not None and "deadline" in results[0].error.message
+    assert [e.batch_id for e in reopened.outbox()] == ["late"]  # the server will hear of it
+    assert [b.batch_id for b in reopened.pending_batches()] == ["due-later", "no-deadline"]
+
+
+def test_an_unstarted_batch_without_a_deadline_is_closed_after_a_day(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    ledger.receive(batch("old", 1))
+    assert ledger.recover(now=time.time() + 23 * 3600) == []
+    assert ledger.recover(now=time.time() + 24 * 3600 + 1) == ["old"]
+    assert {r.error.code for r in ledger.results("old") or [] if r.error} == {"timeout"}
+    assert [e.batch_id for e in ledger.outbox()] == ["old"]
+
+
+def test_closed_unstarted_batches_are_pruned_like_any_finished_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ledger_module, "KEEP_FINISHED_BATCHES", 1)
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    now = time.time()
+    ledger.receive(batch("first", 1, deadline=now - 2))
+    ledger.recover(now=now)
+    ledger.receive(batch("second", 2, deadline=now - 1))
+    ledger.recover(now=now + 1)
+    assert ledger.results("first") is None
+    assert ledger.results("second") is not None
 
 
 def test_results_stay_in_the_outbox_until_acknowledged_across_reopen(tmp_path: Path) -> None:
