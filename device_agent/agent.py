@@ -16,7 +16,7 @@ from typing import Any
 
 from device_agent import __version__
 from device_agent.config import AgentConfig
-from device_agent.ledger import Ledger, Receipt, deadline_passed, namespace_of, none_ran, skipped
+from device_agent.ledger import Ledger, LedgerError, Receipt, deadline_passed, namespace_of, none_ran, skipped
 from device_agent.reconnect import Backoff
 from device_agent.router import Router
 from device_agent.transport import Closed, Refused, Transport
@@ -47,6 +47,11 @@ WELCOME_TIMEOUT_S = 15.0
 STABLE_SESSION_S = 10.0  # a session this long resets the backoff
 
 
+class AgentFailed(Exception):
+    """The agent cannot go on: its ledger failed, or its executor died. It exits non-zero so a
+    supervisor restarts it, and the ledger's recovery then reports the interrupted batch."""
+
+
 class Agent:
     def __init__(self, config: AgentConfig, router: Router, ledger: Ledger, info: dict[str, Any]) -> None:
         self.config = config
@@ -74,17 +79,33 @@ class Agent:
     # ================================================================ top level
 
     async def run(self) -> None:
+        """Run until cancelled; raise `AgentFailed` if the executor dies or the ledger fails.
+
+        The executor and the connection loop run side by side. Neither may die quietly: an agent
+        that keeps heartbeating and accepting batches it will never run is worse than one that
+        stops, so the first of them to end takes the agent down with it.
+        """
         await self.router.start()
         closed = self.ledger.recover()
         if closed:
             log.warning("closed %d batch(es) interrupted by the last stop: %s", len(closed), closed)
         executor = asyncio.create_task(self._executor(), name="agent-executor")
+        connector = asyncio.create_task(self._connect_forever(), name="agent-connection")
         try:
-            await self._connect_forever()
+            done, _ = await asyncio.wait({executor, connector}, return_when=asyncio.FIRST_COMPLETED)
+            ended = done.pop()
+            exc = ended.exception()
+            if isinstance(exc, LedgerError):
+                raise AgentFailed(str(exc)) from exc
+            what = "the batch executor" if ended is executor else "the connection loop"
+            reason = f"{type(exc).__name__}: {exc}" if exc else "it returned"
+            raise AgentFailed(f"{what} stopped unexpectedly ({reason})") from exc
         finally:
-            executor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await executor
+            for task in (executor, connector):
+                task.cancel()
+            for task in (executor, connector):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             await self.router.stop()
 
     async def _connect_forever(self) -> None:
@@ -104,6 +125,8 @@ class Agent:
             turn += 1
             try:
                 await self._session(url)
+            except LedgerError:
+                raise  # not a connection problem: the agent must stop (see run)
             except Exception as exc:
                 delay = backoff.next_delay()
                 _log_retry(exc, delay)

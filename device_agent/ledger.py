@@ -17,13 +17,15 @@ write is a short transaction, so the loop is held for well under a millisecond.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from protocol.errors import ErrorCode
 from protocol.messages import CommandBatch, ErrorInfo, Result
@@ -65,6 +67,31 @@ KEEP_FINISHED_BATCHES = 10_000
 UNSTARTED_MAX_AGE_S = 24 * 3600.0
 
 
+class LedgerError(Exception):
+    """The ledger could not be read or written (disk full, read-only, I/O error).
+
+    Never retried or worked around: an agent that cannot record what it runs cannot keep the
+    at-most-once guarantee, so it stops, and recovery sorts things out when it starts again.
+    """
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _durable(method: Callable[Concatenate[Ledger, _P], _T]) -> Callable[Concatenate[Ledger, _P], _T]:
+    """Turn a storage failure inside `method` into a `LedgerError` naming the ledger and the step."""
+
+    @functools.wraps(method)
+    def wrapper(self: Ledger, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError(f"the ledger {self.path} failed in {method.__name__}: {exc}") from exc
+
+    return wrapper
+
+
 class Receipt(StrEnum):
     NEW = "new"  # recorded now: run it
     PENDING = "pending"  # recorded earlier, not finished: it is queued or running
@@ -98,7 +125,10 @@ class Ledger:
         self._max_fence = self._load_fence()
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        except sqlite3.Error:
+            pass  # closing a ledger that already failed: the failure was reported where it happened
 
     # ------------------------------------------------------------------ fences
 
@@ -112,6 +142,7 @@ class Ledger:
         """The highest fence accepted for this device from `server_id`: `hello.fence_seen`."""
         return self._max_fence
 
+    @_durable
     def welcomed(self, server_id: str | None) -> None:
         """A `welcome` named the orchestrator's store: fences from now on are compared with its history."""
         server = server_id or ""
@@ -132,6 +163,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ batches
 
+    @_durable
     def receive(self, batch: CommandBatch) -> Receipt:
         """Record a delivered batch before anything of it runs."""
         with self._tx():
@@ -153,11 +185,13 @@ class Ledger:
         self._max_fence = max(self._max_fence, batch.fence)  # only once the transaction committed
         return Receipt.NEW
 
+    @_durable
     def pending_batches(self) -> list[CommandBatch]:
         """Batches recorded but not started, oldest first (run again only if redelivered)."""
         rows = self._db.execute("SELECT frame FROM batches WHERE state='received' ORDER BY received_at").fetchall()
         return [CommandBatch.model_validate_json(r[0]) for r in rows]
 
+    @_durable
     def start_call(self, batch_id: str, call_id: str) -> None:
         with self._tx():
             self._db.execute("UPDATE batches SET state='running' WHERE batch_id=? AND state='received'", (batch_id,))
@@ -166,12 +200,14 @@ class Ledger:
                 (batch_id, call_id),
             )
 
+    @_durable
     def finish_call(self, batch_id: str, result: Result) -> None:
         self._db.execute(
             "UPDATE calls SET state='done', result=? WHERE batch_id=? AND call_id=?",
             (result.model_dump_json(), batch_id, result.call_id),
         )
 
+    @_durable
     def finish_batch(self, batch_id: str, fence: int, results: list[Result]) -> None:
         """Results become final and enter the outbox in one transaction."""
         payload = json.dumps([r.model_dump(mode="json") for r in results])
@@ -187,25 +223,30 @@ class Ledger:
             )
             self._db.execute("DELETE FROM calls WHERE batch_id=?", (batch_id,))
 
+    @_durable
     def results(self, batch_id: str) -> list[Result] | None:
         row = self._db.execute("SELECT results FROM batches WHERE batch_id=? AND state='done'", (batch_id,)).fetchone()
         return _results(row[0]) if row else None
 
+    @_durable
     def fence_of(self, batch_id: str) -> int | None:
         row = self._db.execute("SELECT fence FROM batches WHERE batch_id=?", (batch_id,)).fetchone()
         return int(row[0]) if row else None
 
     # ------------------------------------------------------------------ outbox
 
+    @_durable
     def outbox(self) -> list[OutboxEntry]:
         rows = self._db.execute("SELECT batch_id, fence, results FROM outbox ORDER BY created_at").fetchall()
         return [OutboxEntry(r[0], int(r[1]), _results(r[2])) for r in rows]
 
+    @_durable
     def acknowledged(self, batch_id: str) -> None:
         self._db.execute("DELETE FROM outbox WHERE batch_id=?", (batch_id,))
 
     # ------------------------------------------------------------------ recovery
 
+    @_durable
     def recover(self, now: float | None = None) -> list[str]:
         """After a crash or a stop, close what the last run left open; returns the batch ids closed.
 

@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 
 from mcp import StdioServerParameters
 
-from device_agent.agent import Agent
+from device_agent.agent import Agent, AgentFailed
 from device_agent.audit import AuditLog
 from device_agent.config import AgentConfig
 from device_agent.datadir import DataDirBusy, DataDirLock
-from device_agent.ledger import Ledger
+from device_agent.ledger import Ledger, LedgerError
 from device_agent.router import HttpTarget, Router, ToolsetHost
 from device_agent.toolsets import files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
@@ -146,6 +146,13 @@ async def _serve(config: AgentConfig) -> None:
         await agent.run()
     except asyncio.CancelledError:
         log.info("agent stopping")
+    except AgentFailed as exc:
+        log.error(
+            "agent stopping with an error: %s; restart it (it reports the interrupted batch when it starts)",
+            exc,
+            exc_info=exc.__cause__ if not isinstance(exc.__cause__, LedgerError) else None,
+        )
+        raise
     except ValueError as exc:  # e.g. two toolsets offering the same tool name
         log.error("%s", exc)
         raise ConfigError(str(exc)) from None

@@ -7,10 +7,17 @@ agent's own disk refusing writes, and a second agent started on the same data di
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support import Agent, fleet, wait_until
 
@@ -19,6 +26,11 @@ RECONNECT_BOUND_S = 3.0
 
 def echo(text: object) -> dict[str, Any]:
     return {"tool": "system.echo", "arguments": {"text": str(text)}}
+
+
+def append_line() -> dict[str, Any]:
+    """The countable side effect: one more line in out.txt each time it runs."""
+    return {"tool": "shell.run", "arguments": {"argv": ["sh", "-c", "echo line >> out.txt"]}}
 
 
 def connections(agent: Agent) -> int:
@@ -70,3 +82,106 @@ def test_a_data_dir_reused_by_a_new_enrollment_runs_the_new_devices_batches(tmp_
         done = f.wait_task(task["id"])
         assert done["state"] == "succeeded", f.node(done, "n")["attempts"]
         assert f.node(done, "n")["output"] == {"text": "new"}
+
+
+# ---------------------------------------------------------------- the agent's own disk fails
+
+
+def _chattr_works(probe: Path) -> str | None:
+    """Why `chattr +i` cannot make a file refuse writes here, or None if it can."""
+    if shutil.which("chattr") is None:
+        return "chattr is not installed (apt-get install e2fsprogs)"
+    probe.write_text("")
+    try:
+        made = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True, check=False)
+        if made.returncode != 0:
+            return f"this filesystem or container refuses chattr +i: {made.stderr.strip()}"
+        try:
+            with probe.open("a") as f:
+                f.write("x")
+        except PermissionError:
+            return None
+        return "an immutable file still took a write"
+    finally:
+        subprocess.run(["chattr", "-i", str(probe)], check=False)
+
+
+@contextlib.contextmanager
+def immutable(path: Path) -> Iterator[None]:
+    """Make `path` refuse every write, to root too, until the block ends.
+
+    chmod does not stop root, and a read-only bind mount or a full tmpfs needs mount rights and
+    cannot be aimed at one open file. The immutable attribute (chattr +i) is enforced by the
+    kernel on every write, including through descriptors opened before it was set, so the
+    agent's already-open ledger or audit log fails for real, with the errno a broken disk gives.
+    """
+    subprocess.run(["chattr", "+i", str(path)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.fixture
+def chattr(tmp_path: Path) -> None:
+    reason = _chattr_works(tmp_path / "chattr-probe")
+    if reason is not None:
+        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+            pytest.fail(f"{reason}; under CI the disk-failure tests must run")
+        pytest.skip(reason)
+
+
+def wait_line_command(marker: str, then: str) -> dict[str, Any]:
+    """A command that marks it started, waits for a `go` file, then does `then`."""
+    script = f"touch {marker}; while [ ! -e go ]; do sleep 0.05; done; {then}"
+    return {"tool": "shell.run", "arguments": {"argv": ["sh", "-c", script]}}
+
+
+def exits_with_error(agent: Agent, timeout: float = 30) -> int:
+    assert agent.proc is not None
+    code = wait_until(lambda: agent.proc is not None and agent.proc.poll(), timeout, "the agent to exit")
+    return int(code)
+
+
+@pytest.mark.usefixtures("chattr")
+@pytest.mark.parametrize(
+    ("broken", "says"),
+    [("ledger.sqlite3-wal", "the ledger"), ("audit.jsonl", "the batch executor stopped unexpectedly (PermissionError")],
+)
+def test_a_disk_that_refuses_the_agents_writes_mid_batch_stops_the_agent_loudly_and_the_call_is_uncertain(
+    tmp_path: Path, broken: str, says: str
+) -> None:
+    with fleet(tmp_path) as f:
+        a = f.agent("brittle")
+        task = f.submit({"nodes": [{"id": "n", "commands": [wait_line_command("started", "echo line >> out.txt")]}]})
+        wait_until((a.workspace / "started").exists, 30, "the command to start")
+        with immutable(a.data_dir / broken):
+            (a.workspace / "go").touch()
+            code = exits_with_error(a)
+        assert code > 0, code  # a clean non-zero exit, not a signal and not success
+        error = [line for line in a.log().splitlines() if "agent stopping with an error" in line]
+        assert error, a.log()[-3000:]
+        assert says in error[0], error[0]
+        a.start()  # a supervisor restarts it; recovery reports the interrupted call
+        done = f.wait_task(task["id"])
+        node = f.node(done, "n")
+        assert node["state"] == "failed", node
+        assert node["attempts"][-1]["error"]["code"] == "uncertain"
+        assert len(node["attempts"]) == 1  # shell.run is not retry-safe
+        assert (a.workspace / "out.txt").read_text() == "line\n"
+
+
+@pytest.mark.usefixtures("chattr")
+def test_a_ledger_that_cannot_record_a_delivered_batch_stops_the_agent_before_anything_runs(tmp_path: Path) -> None:
+    with fleet(tmp_path) as f:
+        a = f.agent("unrecorded")
+        with immutable(a.data_dir / "ledger.sqlite3-wal"):
+            task = f.submit({"nodes": [{"id": "n", "commands": [append_line()]}]})
+            code = exits_with_error(a)
+        assert code > 0, code
+        assert any("failed in receive" in line for line in a.log().splitlines()), a.log()[-3000:]
+        assert not (a.workspace / "out.txt").exists()
+        a.start()
+        done = f.wait_task(task["id"], timeout=120)
+        assert done["state"] == "succeeded", f.node(done, "n")
+        assert (a.workspace / "out.txt").read_text() == "line\n"
