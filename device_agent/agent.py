@@ -16,6 +16,7 @@ from typing import Any
 
 from device_agent import __version__
 from device_agent.config import AgentConfig
+from device_agent.faults import CrashPoints
 from device_agent.ledger import Ledger, LedgerError, Receipt, deadline_passed, namespace_of, none_ran, skipped
 from device_agent.reconnect import Backoff
 from device_agent.router import Router
@@ -53,8 +54,16 @@ class AgentFailed(Exception):
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, router: Router, ledger: Ledger, info: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        router: Router,
+        ledger: Ledger,
+        info: dict[str, Any],
+        crash: CrashPoints | None = None,
+    ) -> None:
         self.config = config
+        self.crash = crash or CrashPoints()
         self.router = router
         self.ledger = ledger
         self.info = info
@@ -265,7 +274,11 @@ class Agent:
             results = self.ledger.results(batch.batch_id) or []
             await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
             return
+        if receipt is Receipt.NEW:
+            self.crash.reach("received")
         await self._send(BatchAccepted(batch_id=batch.batch_id))
+        if receipt is Receipt.NEW:
+            self.crash.reach("accepted")
         running = self.current is not None and self.current.batch_id == batch.batch_id
         if not running and batch.batch_id not in self.queued:
             self.queued.add(batch.batch_id)
@@ -312,7 +325,9 @@ class Agent:
             finally:
                 self.current = None
                 self.cancelling.discard(batch.batch_id)
+            self.crash.reach("finished")
             await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
+            self.crash.reach("sent")
 
     async def _run(self, batch: CommandBatch) -> list[Result]:
         """Commands in order; after a failure (early exit) or a cancel the rest are skipped."""
@@ -325,7 +340,9 @@ class Agent:
                 results.append(skipped(cmd.call_id, cmd.tool, stop))
                 continue
             self.ledger.start_call(batch.batch_id, cmd.call_id)
+            self.crash.reach("call_started")
             result = await self.router.call(cmd, batch.batch_id, self._timeout(cmd.timeout_s, batch))
+            self.crash.reach("call_done")
             if batch.batch_id in self.cancelling and result.status != "success":
                 result = Result(
                     call_id=cmd.call_id,

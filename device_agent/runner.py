@@ -16,6 +16,7 @@ from device_agent.agent import Agent, AgentFailed
 from device_agent.audit import AuditLog
 from device_agent.config import AgentConfig
 from device_agent.datadir import DataDirBusy, DataDirLock
+from device_agent.faults import CrashPoints
 from device_agent.ledger import Ledger, LedgerError
 from device_agent.router import HttpTarget, Router, ToolsetHost
 from device_agent.toolsets import files, gui, shell, system
@@ -78,8 +79,12 @@ def build(config: AgentConfig) -> Agent:
             router,
             ToolsetHost(server.namespace, target, frozenset(server.read_only_tools), on_change=router.tools_changed),
         )
+    try:
+        crash = CrashPoints.from_env()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     ledger = Ledger(data_dir / "ledger.sqlite3", config.identity())
-    return Agent(config, router, ledger, system.device_info())
+    return Agent(config, router, ledger, system.device_info(), crash)
 
 
 def _add(router: Router, host: ToolsetHost) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Agent, fleet, wait_until
+from tests.support import Agent, child_env, fleet, wait_until
 
 RECONNECT_BOUND_S = 3.0
 
@@ -137,10 +138,11 @@ def wait_line_command(marker: str, then: str) -> dict[str, Any]:
     return {"tool": "shell.run", "arguments": {"argv": ["sh", "-c", script]}}
 
 
-def exits_with_error(agent: Agent, timeout: float = 30) -> int:
+def exit_status(agent: Agent, timeout: float = 30) -> int:
+    """The agent's exit status once it has exited by itself (negative: the signal that killed it)."""
+    wait_until(lambda: agent.proc is not None and agent.proc.poll() is not None, timeout, "the agent to exit")
     assert agent.proc is not None
-    code = wait_until(lambda: agent.proc is not None and agent.proc.poll(), timeout, "the agent to exit")
-    return int(code)
+    return agent.proc.returncode
 
 
 @pytest.mark.usefixtures("chattr")
@@ -157,7 +159,7 @@ def test_a_disk_that_refuses_the_agents_writes_mid_batch_stops_the_agent_loudly_
         wait_until((a.workspace / "started").exists, 30, "the command to start")
         with immutable(a.data_dir / broken):
             (a.workspace / "go").touch()
-            code = exits_with_error(a)
+            code = exit_status(a)
         assert code > 0, code  # a clean non-zero exit, not a signal and not success
         error = [line for line in a.log().splitlines() if "agent stopping with an error" in line]
         assert error, a.log()[-3000:]
@@ -177,7 +179,7 @@ def test_a_ledger_that_cannot_record_a_delivered_batch_stops_the_agent_before_an
         a = f.agent("unrecorded")
         with immutable(a.data_dir / "ledger.sqlite3-wal"):
             task = f.submit({"nodes": [{"id": "n", "commands": [append_line()]}]})
-            code = exits_with_error(a)
+            code = exit_status(a)
         assert code > 0, code
         assert any("failed in receive" in line for line in a.log().splitlines()), a.log()[-3000:]
         assert not (a.workspace / "out.txt").exists()
@@ -185,3 +187,41 @@ def test_a_ledger_that_cannot_record_a_delivered_batch_stops_the_agent_before_an
         done = f.wait_task(task["id"], timeout=120)
         assert done["state"] == "succeeded", f.node(done, "n")
         assert (a.workspace / "out.txt").read_text() == "line\n"
+
+
+# ---------------------------------------------------------------- the agent killed at each step of a batch
+
+# point -> (node state, error code, lines in out.txt) after the agent restarts without the crash point.
+CRASH_OUTCOMES = {
+    "received": ("succeeded", None, 1),  # never started: retry-safe, runs once
+    "accepted": ("succeeded", None, 1),
+    "call_started": ("failed", "uncertain", 0),  # shell.run is not retry-safe: reported, not re-run
+    "call_done": ("failed", "uncertain", 1),
+    "finished": ("succeeded", None, 1),  # the outbox delivers the recorded result
+    "sent": ("succeeded", None, 1),  # the server de-duplicates the re-sent result
+}
+
+
+@pytest.mark.parametrize("point", list(CRASH_OUTCOMES))
+def test_an_agent_killed_at_a_crash_point_runs_the_command_at_most_once_and_the_node_ends(
+    tmp_path: Path, point: str
+) -> None:
+    state, code, lines = CRASH_OUTCOMES[point]
+    with fleet(tmp_path) as f:
+        a = f.agent("crashy", ORRERY_AGENT_CRASH_AT=point)
+        task = f.submit({"nodes": [{"id": "n", "commands": [append_line()]}]})
+        assert exit_status(a) == -signal.SIGKILL
+        assert f"crash point {point} reached" in a.log()
+        a.env = child_env()  # the supervisor restarts it, without the crash point
+        a.start()
+        done = f.wait_task(task["id"], timeout=120)
+        node = f.node(done, "n")
+        out = a.workspace / "out.txt"
+        written = out.read_text().splitlines() if out.exists() else []
+        assert len(written) <= 1, written  # never twice, whatever else happens
+        assert node["state"] in ("succeeded", "failed"), node
+        assert (node["state"], (node["attempts"][-1].get("error") or {}).get("code"), len(written)) == (
+            state,
+            code,
+            lines,
+        ), node["attempts"]
