@@ -94,21 +94,24 @@ class Agent:
         that keeps heartbeating and accepting batches it will never run is worse than one that
         stops, so the first of them to end takes the agent down with it.
         """
-        await self.router.start()
-        closed = self.ledger.recover()
+        try:
+            closed = self.ledger.recover()
+        except LedgerError as exc:
+            raise AgentFailed(str(exc)) from exc
         if closed:
             log.warning("closed %d batch(es) interrupted by the last stop: %s", len(closed), closed)
+        await self.router.start()
         executor = asyncio.create_task(self._executor(), name="agent-executor")
         connector = asyncio.create_task(self._connect_forever(), name="agent-connection")
         try:
             done, _ = await asyncio.wait({executor, connector}, return_when=asyncio.FIRST_COMPLETED)
             ended = done.pop()
-            exc = ended.exception()
-            if isinstance(exc, LedgerError):
-                raise AgentFailed(str(exc)) from exc
+            failure = ended.exception()
+            if isinstance(failure, LedgerError):
+                raise AgentFailed(str(failure)) from failure
             what = "the batch executor" if ended is executor else "the connection loop"
-            reason = f"{type(exc).__name__}: {exc}" if exc else "it returned"
-            raise AgentFailed(f"{what} stopped unexpectedly ({reason})") from exc
+            reason = f"{type(failure).__name__}: {failure}" if failure else "it returned"
+            raise AgentFailed(f"{what} stopped unexpectedly ({reason})") from failure
         finally:
             for task in (executor, connector):
                 task.cancel()
