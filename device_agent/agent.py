@@ -78,6 +78,9 @@ class Agent:
         self.heartbeat_interval_s = 10.0
         self.frame_limit = config.max_frame_bytes
         self.heartbeat_timeout_s = 50.0
+        # The server's clock minus ours, measured at each welcome: batch deadlines are in the
+        # server's time, and a device whose clock drifted must not judge them by its own.
+        self.clock_offset_s = 0.0
         self.last_server_frame = time.monotonic()
         self.connected = asyncio.Event()
         self.sessions_opened = 0
@@ -159,6 +162,8 @@ class Agent:
                 raise Closed(None, f"server refused hello: {first.code}: {first.message}")
             assert isinstance(first, Welcome)
             self.ledger.welcomed(first.server_id)
+            if first.server_time is not None:
+                self.clock_offset_s = first.server_time.timestamp() - time.time()
             resend = self._open(channel, first)
             self.frame_limit = min(self.config.max_frame_bytes, first.max_frame_bytes)
             self.heartbeat_interval_s = first.heartbeat_interval_s
@@ -314,7 +319,7 @@ class Agent:
             self.queued.discard(batch.batch_id)
             if self.ledger.results(batch.batch_id) is not None:
                 continue  # finished meanwhile (a redelivery raced with the first copy)
-            if batch.deadline is not None and batch.deadline.timestamp() <= time.time():
+            if batch.deadline is not None and batch.deadline.timestamp() <= self.server_now():
                 # Too late to start: say so rather than run work nobody waits for any more.
                 log.warning("batch %s not started: its deadline passed", batch.batch_id)
                 results = deadline_passed(batch)
@@ -364,11 +369,14 @@ class Agent:
                 stop = f"command {cmd.call_id} ({cmd.tool}) failed, so the rest of the batch was skipped"
         return results
 
-    @staticmethod
-    def _timeout(timeout_s: float, batch: CommandBatch) -> float:
+    def server_now(self) -> float:
+        """The orchestrator's time, as far as the last welcome told us (deadlines are in it)."""
+        return time.time() + self.clock_offset_s
+
+    def _timeout(self, timeout_s: float, batch: CommandBatch) -> float:
         if batch.deadline is None:
             return timeout_s
-        left = batch.deadline.timestamp() - time.time()
+        left = batch.deadline.timestamp() - self.server_now()
         return max(0.1, min(timeout_s, left))
 
     async def tools_changed(self) -> None:

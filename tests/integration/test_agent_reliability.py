@@ -233,13 +233,9 @@ def test_an_agent_killed_at_a_crash_point_runs_the_command_at_most_once_and_the_
 @pytest.mark.skipif(
     bool(os.environ.get("ORRERY_TEST_POSTGRES_SERVER")), reason="restores the SQLite file of the embedded store"
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="orchestrator side: hello.fence_seen is not used yet. A server restored from a backup hands out "
-    "fences below the ones the agent already accepted; it should raise the device's fence past "
-    "hello.fence_seen before assigning (and past result_batch.fence_seen after a stale_fence refusal).",
-)
 def test_an_orchestrator_restored_from_a_backup_runs_new_work_once_despite_its_older_fences(tmp_path: Path) -> None:
+    """Issue 12, defect 7: fences are bound to the server and the device, and a server whose
+    database went back in time raises its fence past what the agent's ledger has seen."""
     with fleet(tmp_path) as f:
         a = f.agent("survivor")
         f.wait_task(f.submit({"nodes": [{"id": "n", "commands": [echo(1)]}]})["id"])

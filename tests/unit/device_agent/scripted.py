@@ -34,6 +34,7 @@ class Connection:
 
     def __init__(self, ws: ServerConnection) -> None:
         self.ws = ws
+        self.clock_s = 0.0  # how far this "orchestrator's" clock is from the machine's
         self.seq = 0  # our reliable frames
         self.ack = 0  # the agent's reliable frames we have seen
         self.hello: dict[str, Any] = {}
@@ -45,7 +46,12 @@ class Connection:
             seq = self.seq
         await self.ws.send(json.dumps({"v": 1, "type": type_, "seq": seq, "ack": self.ack, **payload}))
 
-    async def welcome(self, server_id: str | None = "srv-1") -> None:
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.clock_s)
+
+    async def welcome(self, server_id: str | None = "srv-1", clock_s: float = 0.0) -> None:
+        """Welcome the agent; `clock_s` sets this server's clock off the device's by that much."""
+        self.clock_s = clock_s
         self.hello = await self.recv("hello")
         await self.send(
             "welcome",
@@ -56,6 +62,7 @@ class Connection:
             max_frame_bytes=4 * 1024 * 1024,
             resumed=False,
             server_id=server_id,
+            server_time=self.now().isoformat(),
         )
 
     async def batch(
@@ -65,7 +72,7 @@ class Connection:
         batch_id = batch_id or f"b_{uuid.uuid4().hex[:12]}"
         deadline = None
         if deadline_in_s is not None:
-            deadline = (datetime.now(UTC) + timedelta(seconds=deadline_in_s)).isoformat()
+            deadline = (self.now() + timedelta(seconds=deadline_in_s)).isoformat()
         await self.send(
             "command_batch",
             reliable=True,

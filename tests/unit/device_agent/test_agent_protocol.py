@@ -111,6 +111,18 @@ async def test_a_batch_whose_deadline_has_passed_is_reported_timeout_and_never_s
         assert not (agent.workspace / "late.txt").exists()
 
 
+async def test_deadlines_are_judged_by_the_servers_clock_not_a_drifted_device_clock(tmp_path: Path) -> None:
+    """The device's clock is ten minutes ahead of the orchestrator's: a batch due in a minute by
+    the server's clock must run, with its minute, not be turned away as long past."""
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome(clock_s=-600)
+        done = await conn.result_for(await conn.batch(touch("ran.txt"), fence=1, deadline_in_s=60))
+        assert [r["status"] for r in done["results"]] == ["success"]
+        assert (agent.workspace / "ran.txt").exists()
+
+
 async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll `check` without blocking the scripted server's loop; fail naming `what` after `timeout`."""
     try:
