@@ -14,11 +14,11 @@ import logging
 import time
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_random_exponential
-
 from device_agent import __version__
 from device_agent.config import AgentConfig
-from device_agent.ledger import Ledger, Receipt, namespace_of, skipped
+from device_agent.faults import CrashPoints
+from device_agent.ledger import Ledger, LedgerError, Receipt, deadline_passed, namespace_of, none_ran, skipped
+from device_agent.reconnect import Backoff
 from device_agent.router import Router
 from device_agent.transport import Closed, Refused, Transport
 from protocol.codec import encode
@@ -44,18 +44,26 @@ from protocol.session import Channel, Role, Session
 
 log = logging.getLogger("orrery.agent")
 
-# SPEC section 4: reconnect with capped exponential backoff and full jitter, 0.5 s doubling to 30 s.
-BACKOFF_BASE_S = 0.5
-BACKOFF_MAX_S = 30.0
 WELCOME_TIMEOUT_S = 15.0
 STABLE_SESSION_S = 10.0  # a session this long resets the backoff
-# Everything short of cancellation is retried: an agent never gives up (SPEC section 4).
-RETRYABLE = (Exception,)
+
+
+class AgentFailed(Exception):
+    """The agent cannot go on: its ledger failed, or its executor died. It exits non-zero so a
+    supervisor restarts it, and the ledger's recovery then reports the interrupted batch."""
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, router: Router, ledger: Ledger, info: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        router: Router,
+        ledger: Ledger,
+        info: dict[str, Any],
+        crash: CrashPoints | None = None,
+    ) -> None:
         self.config = config
+        self.crash = crash or CrashPoints()
         self.router = router
         self.ledger = ledger
         self.info = info
@@ -70,6 +78,9 @@ class Agent:
         self.heartbeat_interval_s = 10.0
         self.frame_limit = config.max_frame_bytes
         self.heartbeat_timeout_s = 50.0
+        # The server's clock minus ours, measured at each welcome: batch deadlines are in the
+        # server's time, and a device whose clock drifted must not judge them by its own.
+        self.clock_offset_s = 0.0
         self.last_server_frame = time.monotonic()
         self.connected = asyncio.Event()
         self.sessions_opened = 0
@@ -80,34 +91,63 @@ class Agent:
     # ================================================================ top level
 
     async def run(self) -> None:
-        await self.router.start()
-        closed = self.ledger.recover()
+        """Run until cancelled; raise `AgentFailed` if the executor dies or the ledger fails.
+
+        The executor and the connection loop run side by side. Neither may die quietly: an agent
+        that keeps heartbeating and accepting batches it will never run is worse than one that
+        stops, so the first of them to end takes the agent down with it.
+        """
+        try:
+            closed = self.ledger.recover()
+        except LedgerError as exc:
+            raise AgentFailed(str(exc)) from exc
         if closed:
             log.warning("closed %d batch(es) interrupted by the last stop: %s", len(closed), closed)
+        await self.router.start()
         executor = asyncio.create_task(self._executor(), name="agent-executor")
+        connector = asyncio.create_task(self._connect_forever(), name="agent-connection")
         try:
-            await self._connect_forever()
+            done, _ = await asyncio.wait({executor, connector}, return_when=asyncio.FIRST_COMPLETED)
+            ended = done.pop()
+            failure = ended.exception()
+            if isinstance(failure, LedgerError):
+                raise AgentFailed(str(failure)) from failure
+            what = "the batch executor" if ended is executor else "the connection loop"
+            reason = f"{type(failure).__name__}: {failure}" if failure else "it returned"
+            raise AgentFailed(f"{what} stopped unexpectedly ({reason})") from failure
         finally:
-            executor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await executor
+            for task in (executor, connector):
+                task.cancel()
+            for task in (executor, connector):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             await self.router.stop()
 
     async def _connect_forever(self) -> None:
+        """Connect, and after every lost or failed connection try again (SPEC section 4).
+
+        Delays come from `Backoff` (capped exponential, full jitter, a short cap while an outage
+        is young). Everything short of cancellation is retried: an agent never gives up. Only a
+        session that stayed up `STABLE_SESSION_S` ends an outage; one that drops sooner counts as
+        another failure, so a server that accepts and then closes is not hammered. With
+        `--also-server`, each attempt goes to the next URL in turn.
+        """
         urls = self.config.server_urls()
+        backoff = Backoff()
         turn = 0
         while True:
-            retrying = AsyncRetrying(
-                wait=wait_random_exponential(multiplier=BACKOFF_BASE_S, max=BACKOFF_MAX_S),
-                stop=stop_never,
-                retry=retry_if_exception_type(RETRYABLE),
-                before_sleep=_log_retry,
-            )
-            async for attempt in retrying:
-                with attempt:
-                    url = urls[turn % len(urls)]
-                    turn += 1
-                    await self._session(url)
+            url = urls[turn % len(urls)]
+            turn += 1
+            try:
+                await self._session(url)
+            except LedgerError:
+                raise  # not a connection problem: the agent must stop (see run)
+            except Exception as exc:
+                delay = backoff.next_delay()
+                _log_retry(exc, delay)
+                await asyncio.sleep(delay)
+            else:
+                backoff.reset()
 
     # ================================================================ one connection
 
@@ -121,6 +161,9 @@ class Agent:
             if isinstance(first, Error):
                 raise Closed(None, f"server refused hello: {first.code}: {first.message}")
             assert isinstance(first, Welcome)
+            self.ledger.welcomed(first.server_id)
+            if first.server_time is not None:
+                self.clock_offset_s = first.server_time.timestamp() - time.time()
             resend = self._open(channel, first)
             self.frame_limit = min(self.config.max_frame_bytes, first.max_frame_bytes)
             self.heartbeat_interval_s = first.heartbeat_interval_s
@@ -160,6 +203,7 @@ class Agent:
             labels=self.config.labels,
             tools=self.router.catalogue(),
             resume=resume,
+            fence_seen=self.ledger.max_fence,
         )
 
     def _open(self, channel: Channel, welcome: Welcome) -> list[str]:
@@ -232,23 +276,36 @@ class Agent:
         assert self.session is not None
         self.session.confirm(batch.seq)
         if receipt is Receipt.STALE:
-            await self._send(
-                Error(
-                    code=ErrorCode.STALE_FENCE,
-                    message=f"batch {batch.batch_id} has fence {batch.fence}, older than "
-                    f"{self.ledger.max_fence} already seen; refused",
-                )
-            )
+            await self._refuse_stale(batch)
             return
         if receipt is Receipt.DONE:
             results = self.ledger.results(batch.batch_id) or []
             await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
             return
+        if receipt is Receipt.NEW:
+            self.crash.reach("received")
         await self._send(BatchAccepted(batch_id=batch.batch_id))
+        if receipt is Receipt.NEW:
+            self.crash.reach("accepted")
         running = self.current is not None and self.current.batch_id == batch.batch_id
         if not running and batch.batch_id not in self.queued:
             self.queued.add(batch.batch_id)
             self.work.put_nowait(batch)
+
+    async def _refuse_stale(self, batch: CommandBatch) -> None:
+        """A batch older than an assignment already accepted is answered, not dropped (SPEC
+        section 4, fencing): a `result_batch` with every command `skipped` (`stale_fence`) and
+        the ledger's mark in `fence_seen`, so the server can end the attempt and assign above the
+        mark. Nothing is recorded, so a redelivery is refused the same way."""
+        mark = self.ledger.max_fence
+        why = (
+            f"not run: batch {batch.batch_id} has fence {batch.fence}, but this device already accepted "
+            f"fence {mark} from this orchestrator, so the assignment it belongs to was superseded; "
+            "the device refused it and none of its commands ran"
+        )
+        log.warning("refused stale batch %s (fence %d < %d)", batch.batch_id, batch.fence, mark)
+        results = none_ran(batch, ErrorCode.STALE_FENCE, why)
+        await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results, fence_seen=mark))
 
     def _on_cancel(self, msg: Cancel) -> None:
         self.cancelling.add(msg.batch_id)
@@ -262,6 +319,13 @@ class Agent:
             self.queued.discard(batch.batch_id)
             if self.ledger.results(batch.batch_id) is not None:
                 continue  # finished meanwhile (a redelivery raced with the first copy)
+            if batch.deadline is not None and batch.deadline.timestamp() <= self.server_now():
+                # Too late to start: say so rather than run work nobody waits for any more.
+                log.warning("batch %s not started: its deadline passed", batch.batch_id)
+                results = deadline_passed(batch)
+                self.ledger.finish_batch(batch.batch_id, batch.fence, results)
+                await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
+                continue
             self.current = batch
             try:
                 results = fit_to_frame(await self._run(batch), batch, self.frame_limit)
@@ -269,7 +333,9 @@ class Agent:
             finally:
                 self.current = None
                 self.cancelling.discard(batch.batch_id)
+            self.crash.reach("finished")
             await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
+            self.crash.reach("sent")
 
     async def _run(self, batch: CommandBatch) -> list[Result]:
         """Commands in order; after a failure (early exit) or a cancel the rest are skipped."""
@@ -282,7 +348,9 @@ class Agent:
                 results.append(skipped(cmd.call_id, cmd.tool, stop))
                 continue
             self.ledger.start_call(batch.batch_id, cmd.call_id)
+            self.crash.reach("call_started")
             result = await self.router.call(cmd, batch.batch_id, self._timeout(cmd.timeout_s, batch))
+            self.crash.reach("call_done")
             if batch.batch_id in self.cancelling and result.status != "success":
                 result = Result(
                     call_id=cmd.call_id,
@@ -301,11 +369,14 @@ class Agent:
                 stop = f"command {cmd.call_id} ({cmd.tool}) failed, so the rest of the batch was skipped"
         return results
 
-    @staticmethod
-    def _timeout(timeout_s: float, batch: CommandBatch) -> float:
+    def server_now(self) -> float:
+        """The orchestrator's time, as far as the last welcome told us (deadlines are in it)."""
+        return time.time() + self.clock_offset_s
+
+    def _timeout(self, timeout_s: float, batch: CommandBatch) -> float:
         if batch.deadline is None:
             return timeout_s
-        left = batch.deadline.timestamp() - time.time()
+        left = batch.deadline.timestamp() - self.server_now()
         return max(0.1, min(timeout_s, left))
 
     async def tools_changed(self) -> None:
@@ -317,9 +388,7 @@ class Agent:
         task.add_done_callback(self._announcing.discard)
 
 
-def _log_retry(state: RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome else None
-    delay = state.next_action.sleep if state.next_action else 0.0
+def _log_retry(exc: Exception, delay: float) -> None:
     expected = isinstance(exc, (OSError, Refused, Closed, TimeoutError, ProtocolError))
     log.warning(
         "connection failed (%s: %s); retrying in %.1fs",

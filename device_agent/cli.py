@@ -64,6 +64,7 @@ def agent(
     if check:
         _check(cfg)
         return
+    from device_agent.agent import AgentFailed
     from device_agent.runner import ConfigError, main
 
     try:
@@ -71,6 +72,8 @@ def agent(
     except ConfigError as exc:
         logging.getLogger("orrery.agent").error("%s", exc)
         raise typer.Exit(2) from None
+    except AgentFailed:
+        raise typer.Exit(1) from None  # logged where it happened
 
 
 def _check(cfg: agent_config.AgentConfig) -> None:

@@ -5,7 +5,11 @@ SPEC section 4 guarantees rest here:
   batch gets the recorded results back instead of a second run;
 - results sit in the outbox until the server acknowledges them, so an agent killed with
   SIGKILL delivers them after it restarts;
-- a command that was running when the agent died is reported `uncertain`, never re-run.
+- a command that was running when the agent died is reported `uncertain`, never re-run;
+- a batch whose fence is older than the newest one this device accepted from this server is
+  refused (stale). The high-water mark is kept per (server_id, device_id): a data dir reused
+  for a new enrollment, or an orchestrator restored from a backup (another fence history), must
+  not make every batch stale. Batch ids are globally unique, so de-duplication stays global.
 
 One SQLite file in WAL mode, written synchronously from the agent's single event loop: every
 write is a short transaction, so the loop is held for well under a millisecond.
@@ -13,18 +17,27 @@ write is a short transaction, so the loop is held for well under a millisecond.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from protocol.errors import ErrorCode
 from protocol.messages import CommandBatch, ErrorInfo, Result
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS fences (
+    server_id TEXT NOT NULL,
+    device_id TEXT NOT NULL,
+    max_fence INTEGER NOT NULL,
+    PRIMARY KEY (server_id, device_id)
+);
 CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY,
     fence INTEGER NOT NULL,
@@ -50,6 +63,33 @@ CREATE TABLE IF NOT EXISTS outbox (
 """
 
 KEEP_FINISHED_BATCHES = 10_000
+# A batch recorded but never started, with no deadline, is given up this long after it arrived.
+UNSTARTED_MAX_AGE_S = 24 * 3600.0
+
+
+class LedgerError(Exception):
+    """The ledger could not be read or written (disk full, read-only, I/O error).
+
+    Never retried or worked around: an agent that cannot record what it runs cannot keep the
+    at-most-once guarantee, so it stops, and recovery sorts things out when it starts again.
+    """
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _durable(method: Callable[Concatenate[Ledger, _P], _T]) -> Callable[Concatenate[Ledger, _P], _T]:
+    """Turn a storage failure inside `method` into a `LedgerError` naming the ledger and the step."""
+
+    @functools.wraps(method)
+    def wrapper(self: Ledger, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError(f"the ledger {self.path} failed in {method.__name__}: {exc}") from exc
+
+    return wrapper
 
 
 class Receipt(StrEnum):
@@ -67,26 +107,63 @@ class OutboxEntry:
 
 
 class Ledger:
-    def __init__(self, path: Path) -> None:
+    """The ledger of one agent, whose device is `device_id` (the token's device)."""
+
+    def __init__(self, path: Path, device_id: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.device_id = device_id
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a killed process (not a power cut) at a fraction of FULL's cost.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT value FROM meta WHERE key='max_fence'").fetchone()
-        self._max_fence = int(row[0]) if row else 0
+        # An older ledger kept one 'max_fence' for the whole data dir, bound to no server or
+        # device; it is not carried over (it is what made re-enrolled devices refuse every batch).
+        row = self._db.execute("SELECT value FROM meta WHERE key='server_id'").fetchone()
+        self._server_id: str = row[0] if row else ""
+        self._max_fence = self._load_fence()
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        except sqlite3.Error:
+            pass  # closing a ledger that already failed: the failure was reported where it happened
 
-    # ------------------------------------------------------------------ batches
+    # ------------------------------------------------------------------ fences
+
+    @property
+    def server_id(self) -> str:
+        """The orchestrator this ledger was last welcomed by ("" if it never said who it is)."""
+        return self._server_id
 
     @property
     def max_fence(self) -> int:
+        """The highest fence accepted for this device from `server_id`: `hello.fence_seen`."""
         return self._max_fence
 
+    @_durable
+    def welcomed(self, server_id: str | None) -> None:
+        """A `welcome` named the orchestrator's store: fences from now on are compared with its history."""
+        server = server_id or ""
+        if server == self._server_id:
+            return
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES ('server_id', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (server,),
+        )
+        self._server_id = server
+        self._max_fence = self._load_fence()
+
+    def _load_fence(self) -> int:
+        row = self._db.execute(
+            "SELECT max_fence FROM fences WHERE server_id=? AND device_id=?", (self._server_id, self.device_id)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    # ------------------------------------------------------------------ batches
+
+    @_durable
     def receive(self, batch: CommandBatch) -> Receipt:
         """Record a delivered batch before anything of it runs."""
         with self._tx():
@@ -101,18 +178,20 @@ class Ledger:
             )
             if batch.fence > self._max_fence:
                 self._db.execute(
-                    "INSERT INTO meta (key, value) VALUES ('max_fence', ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                    (str(batch.fence),),
+                    "INSERT INTO fences (server_id, device_id, max_fence) VALUES (?,?,?) "
+                    "ON CONFLICT(server_id, device_id) DO UPDATE SET max_fence=excluded.max_fence",
+                    (self._server_id, self.device_id, batch.fence),
                 )
         self._max_fence = max(self._max_fence, batch.fence)  # only once the transaction committed
         return Receipt.NEW
 
+    @_durable
     def pending_batches(self) -> list[CommandBatch]:
         """Batches recorded but not started, oldest first (run again only if redelivered)."""
         rows = self._db.execute("SELECT frame FROM batches WHERE state='received' ORDER BY received_at").fetchall()
         return [CommandBatch.model_validate_json(r[0]) for r in rows]
 
+    @_durable
     def start_call(self, batch_id: str, call_id: str) -> None:
         with self._tx():
             self._db.execute("UPDATE batches SET state='running' WHERE batch_id=? AND state='received'", (batch_id,))
@@ -121,12 +200,14 @@ class Ledger:
                 (batch_id, call_id),
             )
 
+    @_durable
     def finish_call(self, batch_id: str, result: Result) -> None:
         self._db.execute(
             "UPDATE calls SET state='done', result=? WHERE batch_id=? AND call_id=?",
             (result.model_dump_json(), batch_id, result.call_id),
         )
 
+    @_durable
     def finish_batch(self, batch_id: str, fence: int, results: list[Result]) -> None:
         """Results become final and enter the outbox in one transaction."""
         payload = json.dumps([r.model_dump(mode="json") for r in results])
@@ -142,28 +223,41 @@ class Ledger:
             )
             self._db.execute("DELETE FROM calls WHERE batch_id=?", (batch_id,))
 
+    @_durable
     def results(self, batch_id: str) -> list[Result] | None:
         row = self._db.execute("SELECT results FROM batches WHERE batch_id=? AND state='done'", (batch_id,)).fetchone()
         return _results(row[0]) if row else None
 
+    @_durable
     def fence_of(self, batch_id: str) -> int | None:
         row = self._db.execute("SELECT fence FROM batches WHERE batch_id=?", (batch_id,)).fetchone()
         return int(row[0]) if row else None
 
     # ------------------------------------------------------------------ outbox
 
+    @_durable
     def outbox(self) -> list[OutboxEntry]:
         rows = self._db.execute("SELECT batch_id, fence, results FROM outbox ORDER BY created_at").fetchall()
         return [OutboxEntry(r[0], int(r[1]), _results(r[2])) for r in rows]
 
+    @_durable
     def acknowledged(self, batch_id: str) -> None:
         self._db.execute("DELETE FROM outbox WHERE batch_id=?", (batch_id,))
 
     # ------------------------------------------------------------------ recovery
 
-    def recover(self) -> list[str]:
-        """After a crash: close every batch that was running. Commands that finished keep their
-        results; the one that was running is `uncertain`; the rest are `skipped`."""
+    @_durable
+    def recover(self, now: float | None = None) -> list[str]:
+        """After a crash or a stop, close what the last run left open; returns the batch ids closed.
+
+        A batch that was running: commands that finished keep their results, the one that was
+        running is `uncertain`, the rest are `skipped`. A batch delivered but never started
+        whose deadline has passed (or, with no deadline, that arrived over 24 h ago) is closed
+        with every command `skipped` (`timeout`). Either way the results go to the outbox, so
+        the server hears of them. An unstarted batch not yet due stays, and runs only if the
+        server delivers it again.
+        """
+        now = time.time() if now is None else now
         closed = []
         rows = self._db.execute("SELECT batch_id, fence, frame FROM batches WHERE state='running'").fetchall()
         for batch_id, fence, frame in rows:
@@ -184,6 +278,22 @@ class Ledger:
                 else:
                     results.append(skipped(cmd.call_id, cmd.tool, "an earlier command did not finish"))
             self.finish_batch(batch_id, int(fence), results)
+            closed.append(batch_id)
+        unstarted = self._db.execute(
+            "SELECT batch_id, fence, frame, received_at FROM batches WHERE state='received'"
+        ).fetchall()
+        for batch_id, fence, frame, received_at in unstarted:
+            batch = CommandBatch.model_validate_json(frame)
+            if batch.deadline is not None and batch.deadline.timestamp() <= now:
+                self.finish_batch(batch_id, int(fence), deadline_passed(batch))
+            elif batch.deadline is None and now - float(received_at) >= UNSTARTED_MAX_AGE_S:
+                why = (
+                    f"not run: the batch arrived {(now - float(received_at)) / 3600:.0f} h ago and never "
+                    "started (the agent stopped first); with no deadline it is given up after 24 h"
+                )
+                self.finish_batch(batch_id, int(fence), none_ran(batch, ErrorCode.TIMEOUT, why))
+            else:
+                continue
             closed.append(batch_id)
         self._prune()
         return closed
@@ -219,13 +329,25 @@ def namespace_of(tool: str) -> str:
     return tool.split(".", 1)[0]
 
 
-def skipped(call_id: str, tool: str, why: str) -> Result:
+def skipped(call_id: str, tool: str, why: str, code: str = "skipped") -> Result:
     return Result(
         call_id=call_id,
         status="skipped",
         namespace=namespace_of(tool),
-        error=ErrorInfo(code="skipped", message=why),
+        error=ErrorInfo(code=code, message=why),
     )
+
+
+def none_ran(batch: CommandBatch, code: str, why: str) -> list[Result]:
+    """Every command of `batch` `skipped` with `code`: the batch was refused or dropped unstarted."""
+    return [skipped(cmd.call_id, cmd.tool, why, code) for cmd in batch.commands]
+
+
+def deadline_passed(batch: CommandBatch) -> list[Result]:
+    """The results of a batch whose deadline passed before it started: nothing ran."""
+    when = batch.deadline.isoformat() if batch.deadline else "?"
+    why = f"not run: the batch's deadline ({when}) passed before it started on the device, so none of its commands ran"
+    return none_ran(batch, ErrorCode.TIMEOUT, why)
 
 
 def uncertain(call_id: str, tool: str) -> Result:

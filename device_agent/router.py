@@ -69,10 +69,14 @@ class ToolsetHost:
         target: Target,
         read_only_tools: frozenset[str] = frozenset(),
         on_change: Callable[[], None] | None = None,
+        strict_arguments: bool = False,
     ) -> None:
         self.namespace = namespace
         self.target = target
         self.read_only_tools = read_only_tools
+        # Built-in toolsets are ours: an argument they do not declare is a caller's mistake, and
+        # the SDK would silently drop it (an old `files.write {append: true}` would replace the file).
+        self.strict_arguments = strict_arguments
         self.on_change = on_change
         self.tools: list[Tool] = []
         self.restarts = 0
@@ -260,6 +264,16 @@ class Router:
                 "denied",
                 _error("unknown_tool", f"this device has no tool '{cmd.tool}'; it has: {known}"),
             )
+        unknown = _undeclared(cmd.arguments, spec) if host.strict_arguments else []
+        if unknown:
+            return self._finish(
+                cmd,
+                namespace,
+                started,
+                audit,
+                "denied",
+                _error("invalid_arguments", _undeclared_message(spec, unknown)),
+            )
         denial = self._policy_denial(cmd.tool, spec)
         if denial:
             return self._finish(cmd, namespace, started, audit, "denied", _error("policy_denied", denial))
@@ -327,6 +341,24 @@ class Router:
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         keep = self.max_result_bytes // 2
         return {"truncated": True, "original_bytes": size, "preview": text[:keep]}
+
+
+# Arguments that moved to a tool of their own, so the message can point the caller there.
+MOVED_ARGUMENTS = {("files.write", "append"): "to add to the end of a file use files.append"}
+
+
+def _undeclared(arguments: dict[str, Any], spec: ToolSpec) -> list[str]:
+    declared = spec.input_schema.get("properties") or {}
+    return sorted(k for k in arguments if k not in declared)
+
+
+def _undeclared_message(spec: ToolSpec, unknown: list[str]) -> str:
+    declared = sorted(spec.input_schema.get("properties") or {})
+    hints = [MOVED_ARGUMENTS[(spec.name, k)] for k in unknown if (spec.name, k) in MOVED_ARGUMENTS]
+    return (
+        f"{spec.name} has no argument {', '.join(repr(k) for k in unknown)}; its arguments are "
+        f"{', '.join(declared) or 'none'}" + "".join(f"; {h}" for h in hints)
+    )
 
 
 def _error(code: str, message: str) -> CallToolResult:

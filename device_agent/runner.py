@@ -12,10 +12,12 @@ from urllib.parse import urlsplit
 
 from mcp import StdioServerParameters
 
-from device_agent.agent import Agent
+from device_agent.agent import Agent, AgentFailed
 from device_agent.audit import AuditLog
 from device_agent.config import AgentConfig
-from device_agent.ledger import Ledger
+from device_agent.datadir import DataDirBusy, DataDirLock
+from device_agent.faults import CrashPoints
+from device_agent.ledger import Ledger, LedgerError
 from device_agent.router import HttpTarget, Router, ToolsetHost
 from device_agent.toolsets import files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
@@ -56,7 +58,7 @@ def build(config: AgentConfig) -> Agent:
         factory = BUILTIN.get(name)
         if factory is None:
             raise ConfigError(f"unknown toolset '{name}'; built-in ones are {sorted(BUILTIN)}")
-        _add(router, ToolsetHost(name, factory(ctx), on_change=router.tools_changed))
+        _add(router, ToolsetHost(name, factory(ctx), on_change=router.tools_changed, strict_arguments=True))
     for server in config.mcp_servers:
         target: Any
         if server.url:
@@ -77,8 +79,12 @@ def build(config: AgentConfig) -> Agent:
             router,
             ToolsetHost(server.namespace, target, frozenset(server.read_only_tools), on_change=router.tools_changed),
         )
-    ledger = Ledger(data_dir / "ledger.sqlite3")
-    return Agent(config, router, ledger, system.device_info())
+    try:
+        crash = CrashPoints.from_env()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    ledger = Ledger(data_dir / "ledger.sqlite3", config.identity())
+    return Agent(config, router, ledger, system.device_info(), crash)
 
 
 def _add(router: Router, host: ToolsetHost) -> None:
@@ -123,6 +129,17 @@ async def check(config: AgentConfig) -> dict[str, Any]:
 
 
 async def serve(config: AgentConfig) -> None:
+    try:
+        lock = DataDirLock.acquire(config.data_dir.resolve())  # before the ledger is opened
+    except DataDirBusy as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        await _serve(config)
+    finally:
+        lock.release()
+
+
+async def _serve(config: AgentConfig) -> None:
     agent = build(config)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -134,6 +151,13 @@ async def serve(config: AgentConfig) -> None:
         await agent.run()
     except asyncio.CancelledError:
         log.info("agent stopping")
+    except AgentFailed as exc:
+        log.error(
+            "agent stopping with an error: %s; restart it (it reports the interrupted batch when it starts)",
+            exc,
+            exc_info=exc.__cause__ if not isinstance(exc.__cause__, LedgerError) else None,
+        )
+        raise
     except ValueError as exc:  # e.g. two toolsets offering the same tool name
         log.error("%s", exc)
         raise ConfigError(str(exc)) from None

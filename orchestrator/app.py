@@ -31,7 +31,6 @@ from orchestrator.engine.times import utc
 from orchestrator.gateway.hub import Gateway
 from orchestrator.gateway.limits import RateLimiter
 from orchestrator.ids import new_id, new_secret
-from orchestrator.planner.service import PlannerService
 from orchestrator.security import API_KEY_PREFIX, Hasher, load_secret_key, write_private
 from orchestrator.store.migrate import upgrade_async
 from orchestrator.store.models import ApiKey
@@ -88,7 +87,13 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
     bus = RedisBus(redis) if redis is not None else LocalBus()
     engine = Engine(settings, store, bus)
     gateway = Gateway(settings, store, engine, hasher)
-    planner = PlannerService(settings, store, engine) if settings.llm_configured else None
+    planner = None
+    if settings.llm_configured:
+        # Imported only when used: the OpenAI client costs ~0.5 s of start-up, and a restarting
+        # orchestrator should be back as fast as it can (recovery speed, issue 12).
+        from orchestrator.planner.service import PlannerService
+
+        planner = PlannerService(settings, store, engine)
     engine.planner = planner
     cluster: Cluster = LocalCluster(engine, gateway)
     if redis is not None:

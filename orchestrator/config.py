@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     tls_key: Path | None = None
     replica_id: str | None = Field(default=None, description="this replica's name (default: host-pid-random)")
     lease_ttl_s: float = Field(default=10.0, gt=0.5, description="engine lease lifetime; renewed every third of it")
+    cluster_request_timeout_s: float = Field(
+        default=30.0, gt=0, description="a request another replica's engine must answer (else 503 cluster_unavailable)"
+    )
+    reconcile_interval_s: float = Field(
+        default=2.0, gt=0, description="how often the engine adopts tasks it finds in the store but not in memory"
+    )
     log_format: str = "text"
     log_level: str = "info"
 
@@ -67,6 +73,12 @@ class Settings(BaseSettings):
     @property
     def llm_configured(self) -> bool:
         return bool(self.llm_base_url and self.llm_model)
+
+    @property
+    def link_report_interval_s(self) -> float:
+        """How often each replica re-announces its device links to the engine (SPEC section 7):
+        often enough that the engine hears of every live device several times per timeout."""
+        return max(0.05, min(5.0, self.heartbeat_interval_s / 2, self.heartbeat_timeout_s / 4))
 
     @property
     def suspect_after_s(self) -> float:

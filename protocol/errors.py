@@ -10,6 +10,7 @@ class CloseCode(IntEnum):
 
     NORMAL = 1000
     GOING_AWAY = 1001
+    TRY_AGAIN_LATER = 1013  # RFC 6455 registry: the server cannot take frames now; reconnect
     MALFORMED = 4400
     UNAUTHORIZED = 4401
     FORBIDDEN = 4403

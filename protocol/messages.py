@@ -118,6 +118,9 @@ class Welcome(_Frame):
     # Names the orchestrator's store (the same on every replica and across restarts): the agent
     # binds its ledger's fence high-water mark to (server_id, device_id).
     server_id: str | None = Field(default=None, max_length=200)
+    # The server's clock when it sent this: batch deadlines are in the server's time, so the
+    # agent measures its offset here and judges deadlines by it (device clocks drift).
+    server_time: datetime | None = None
 
 
 class Heartbeat(_Frame):

@@ -74,10 +74,15 @@ class Session:
         return [m.model_copy(update={"ack": self.confirmed_seq}) for m in self._unacked.values()]
 
     def resume_from(self, peer_last_seq: int) -> list[Message]:
-        """After a resume: drop what the peer says it has, return the rest to re-send."""
+        """After a resume: drop what the peer says it has, return the rest to re-send.
+
+        Frames we received but never confirmed were not processed (the connection ended first,
+        or processing failed); the peer re-sends them since our ack never covered them, so they
+        must count as new again, not as duplicates of frames we have."""
         if peer_last_seq > self.sent_seq:
             raise OutOfOrder(f"peer claims seq {peer_last_seq} but only {self.sent_seq} were sent")
         self._acknowledge(peer_last_seq)
+        self.received_seq = self.confirmed_seq
         return self.unacked()
 
     # ------------------------------------------------------------------ incoming

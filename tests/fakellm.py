@@ -46,6 +46,11 @@ def status(code: int) -> dict[str, Any]:
     return {"status": code}
 
 
+def raw(body: Any) -> dict[str, Any]:
+    """A 200 whose body is exactly `body` (a misbehaving "compatible" server)."""
+    return {"raw": body}
+
+
 class FakeLLM:
     def __init__(self) -> None:
         self.script: deque[Step] = deque()
@@ -64,6 +69,8 @@ class FakeLLM:
                 step = step(body)
             if "status" in step:
                 return JSONResponse({"error": {"message": "scripted error", "type": "scripted"}}, step["status"])
+            if "raw" in step:
+                return JSONResponse(step["raw"])
             return JSONResponse(_completion(body, step))
 
         self._server = uvicorn.Server(

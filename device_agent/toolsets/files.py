@@ -1,4 +1,4 @@
-"""The `files` toolset: read, write, list and delete files inside the workspace (SPEC section 5).
+"""The `files` toolset: read, write, append, list and delete files inside the workspace (SPEC section 5).
 
 Every path goes through `policy.contain`, so `..`, absolute paths and symlinks that lead out of
 the workspace are refused with `policy_denied`. The file work itself is blocking, so it runs in a
@@ -29,6 +29,8 @@ from device_agent.toolsets.base import READ_ONLY, ToolsetContext, action, failur
 
 Encoding = Literal["utf-8", "base64"]
 PathArg = Annotated[str, Field(description="Path relative to the workspace, e.g. 'logs/app.txt'.")]
+Content = Annotated[str, Field(description="The content, as text or base64 (see encoding).")]
+EncodingArg = Annotated[Encoding, Field(description='"utf-8" for text, "base64" for binary content.')]
 
 
 class ReadResult(TypedDict):
@@ -70,7 +72,7 @@ class _Refused(Exception):
 
 
 def build(ctx: ToolsetContext) -> MCPServer:
-    """The `files` MCP server: `read`, `write`, `list`, `delete`."""
+    """The `files` MCP server: `read`, `write`, `append`, `list`, `delete`."""
     server = MCPServer("files")
 
     @tool(server, READ_ONLY)
@@ -83,23 +85,32 @@ def build(ctx: ToolsetContext) -> MCPServer:
         """
         return await _in_thread(_read, ctx, path)
 
-    # Writing the same content twice leaves the same file, so a retry is safe; `append` is the
-    # exception, and callers that append must not rely on automatic retries.
+    # MCP hints are per tool, not per call, and the engine retries an `uncertain` attempt only
+    # when every tool it called is idempotent (SPEC section 2). Writing the same content twice
+    # leaves the same file; appending twice does not, so appending is a tool of its own.
     @tool(server, action(idempotent=True, destructive=True))
     async def write(
-        path: PathArg,
-        content: Annotated[str, Field(description="The file's content, as text or base64 (see encoding).")],
-        encoding: Annotated[Encoding, Field(description='"utf-8" for text, "base64" for binary content.')] = "utf-8",
-        append: Annotated[
-            bool, Field(description="Add to the end of the file instead of replacing it (not idempotent).")
-        ] = False,
+        path: PathArg, content: Content, encoding: EncodingArg = "utf-8"
     ) -> Annotated[CallToolResult, WriteResult]:
         """Create or replace a file in the workspace (missing parent directories are created).
 
         Replacing is atomic: readers see the old or the new content, never a mix. Returns the
-        file's size and SHA-256 after the write.
+        file's size and SHA-256 after the write. Writing the same content again changes nothing,
+        so it is safe to retry. To add to the end of a file use files.append.
         """
-        return await _in_thread(_write, ctx, path, content, encoding, append)
+        return await _in_thread(_write, ctx, path, content, encoding)
+
+    @tool(server, action(idempotent=False, destructive=True))
+    async def append(
+        path: PathArg, content: Content, encoding: EncodingArg = "utf-8"
+    ) -> Annotated[CallToolResult, WriteResult]:
+        """Add content to the end of a file in the workspace (it is created if missing).
+
+        Returns the whole file's size and SHA-256 after the append. Each call adds the content
+        again, so it is not retried automatically: after an uncertain outcome, read the file
+        (files.read) to see whether the content is there before appending again.
+        """
+        return await _in_thread(_append, ctx, path, content, encoding)
 
     # Named `list` on the wire (SPEC section 5); `list_dir` here so the builtin stays usable.
     @tool(server, READ_ONLY, name="list")
@@ -185,7 +196,24 @@ def _too_big(path: str, size: int, limit: int) -> str:
     )
 
 
-def _write(ctx: ToolsetContext, path: str, content: str, encoding: str, append: bool) -> CallToolResult:
+def _write(ctx: ToolsetContext, path: str, content: str, encoding: str) -> CallToolResult:
+    target, data = _prepare(
+        ctx, path, content, encoding, "write it in parts: files.write the first, files.append the rest"
+    )
+    _replace_atomically(target, data)
+    return success({"path": _relative(ctx, target), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+
+
+def _append(ctx: ToolsetContext, path: str, content: str, encoding: str) -> CallToolResult:
+    target, data = _prepare(ctx, path, content, encoding, "append it in several smaller parts")
+    with target.open("ab") as f:
+        f.write(data)
+    digest, size = _sha256_of(target)
+    return success({"path": _relative(ctx, target), "size": size, "sha256": digest})
+
+
+def _prepare(ctx: ToolsetContext, path: str, content: str, encoding: str, too_big_hint: str) -> tuple[Path, bytes]:
+    """Checks shared by write and append: policy, containment, size; creates missing parents."""
     check_action(ctx.policy, tool_is_read_only=False)
     target = contain(ctx.workspace, path)
     data = _decode(content, encoding)
@@ -193,7 +221,7 @@ def _write(ctx: ToolsetContext, path: str, content: str, encoding: str, append: 
         raise _Refused(
             "invalid_arguments",
             f"content is {len(data)} bytes, over this device's limit of {ctx.policy.max_file_bytes} bytes; "
-            "write it in parts with append=true",
+            + too_big_hint,
         )
     if target.is_dir():
         raise _Refused("tool_error", f"{path!r} is a directory; write to a file path inside it")
@@ -201,14 +229,7 @@ def _write(ctx: ToolsetContext, path: str, content: str, encoding: str, append: 
         target.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise _Refused("tool_error", f"a parent of {path!r} is a file, not a directory; choose another path") from None
-    if append:
-        with target.open("ab") as f:
-            f.write(data)
-        digest, size = _sha256_of(target)
-    else:
-        _replace_atomically(target, data)
-        digest, size = hashlib.sha256(data).hexdigest(), len(data)
-    return success({"path": _relative(ctx, target), "size": size, "sha256": digest})
+    return target, data
 
 
 def _decode(content: str, encoding: str) -> bytes:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from orchestrator.cluster import ClusterUnavailable
 from orchestrator.domain.problems import DomainError
 
 log = logging.getLogger("orrery.api")
@@ -86,7 +87,7 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"description": _TITLES.get(s, "Error"), "content": {PROBLEM: {"schema": schema}}} for s in statuses}
 
 
-COMMON = problems(400, 401, 403, 413, 422, 429)
+COMMON = problems(400, 401, 403, 413, 422, 429, 503)
 
 
 def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
@@ -112,6 +113,14 @@ def install(app: FastAPI) -> None:
         return problem_response(
             exc.status, exc.code, exc.problems[0].message, problems=[p.as_dict() for p in exc.problems]
         )
+
+    @app.exception_handler(ClusterUnavailable)
+    async def _cluster(req: Request, exc: ClusterUnavailable) -> JSONResponse:
+        # SPEC section 7: a cross-replica request ends within its deadline, with a clear answer.
+        _count(req, "cluster_unavailable")
+        response = problem_response(503, "cluster_unavailable", str(exc))
+        response.headers["Retry-After"] = "5"
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation(req: Request, exc: RequestValidationError) -> JSONResponse:

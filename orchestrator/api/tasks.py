@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -22,6 +21,7 @@ from orchestrator.store.repo import BadCursor
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **problems(404, 409)})
 
 SSE_KEEPALIVE_S = 15.0
+SSE_POLL_S = 2.0  # a reader with no wake-up looks at the store this often
 
 
 @router.post(
@@ -138,37 +138,29 @@ async def events(
 
 
 async def _stream(comp: Any, task_id: str, after: int) -> AsyncIterator[str]:
-    """Stored events after `after`, then live ones. One engine writes a task's events and
-    publishes them after commit in id order, and we subscribe before reading the store, so
-    nothing is missed at the switch and nothing is sent twice. Events that arrive together go
-    out in one chunk; Starlette ends the generator when the client goes away."""
+    """Stored events after `after`, then new ones as they are committed. The store is the only
+    source: a wake-up from the bus (or a poll every `SSE_POLL_S` without one) makes the reader
+    look for events after the last id it sent, so a lost wake-up delays an event and never
+    skips it. We subscribe before the first read, so nothing committed meanwhile is missed.
+    Events go out in id order, in chunks; Starlette ends the generator when the client leaves."""
     last = after
-    async with comp.bus.subscribe(task_id) as live:
+    quiet = 0.0
+    async with comp.bus.subscribe(task_id) as waker:
         while True:
             batch = await comp.store.events_after(task_id, last)
             if batch:
+                quiet = 0.0
                 last = batch[-1].id
                 yield "".join(_frame(ev.id, ev.type, ev.data) for ev in batch)
                 if any(_ends(ev.type, ev.data) for ev in batch):
                     return
-            if len(batch) < 1000:
-                break
-        while True:
-            try:
-                async with asyncio.timeout(SSE_KEEPALIVE_S):
-                    pending = [await live.get()]
-            except TimeoutError:
-                yield ": keep-alive\n\n"
-                continue
-            while not live.empty():
-                pending.append(live.get_nowait())
-            fresh = [ev for ev in pending if ev["id"] > last]  # ids at or below `last` came from the store
-            if not fresh:
-                continue
-            last = fresh[-1]["id"]
-            yield "".join(_frame(ev["id"], ev["type"], ev["data"]) for ev in fresh)
-            if any(_ends(ev["type"], ev["data"]) for ev in fresh):
-                return
+                if len(batch) >= 1000:
+                    continue  # more are waiting
+            if not await waker.wait(SSE_POLL_S):
+                quiet += SSE_POLL_S
+                if quiet >= SSE_KEEPALIVE_S:
+                    quiet = 0.0
+                    yield ": keep-alive\n\n"
 
 
 def _frame(event_id: int, type_: str, data: dict[str, Any]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 PREFIX = "orrery"
 
-EVENTS = f"{PREFIX}:events"  # pub/sub: committed task events, for every replica's SSE readers
+EVENTS = f"{PREFIX}:events"  # pub/sub: ids of tasks with newly committed events (wakes SSE readers)
 LEADER = f"{PREFIX}:leader"  # pub/sub: "replica R now leads the engine (fence F)"
 INBOX = f"{PREFIX}:engine:inbox"  # pub/sub: engine inputs from any replica, read by the leader
 
@@ -20,5 +20,6 @@ def replica_replies(replica: str) -> str:
 
 
 def presence(device_id: str) -> str:
-    """string with a TTL: the replica holding the device's socket, refreshed by its heartbeats."""
+    """string with a TTL, "<replica>|<epoch>": the replica holding the device's newest connection,
+    refreshed by its frames; only a connection with an epoch at least as new replaces it."""
     return f"{PREFIX}:presence:device:{device_id}"

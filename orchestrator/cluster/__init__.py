@@ -8,12 +8,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.domain.model import DagSpec
 from orchestrator.domain.problems import Problem
-from orchestrator.engine.records import Input
+from orchestrator.engine.records import Input, LinkReport, Route
 from protocol.messages import Message
 
 if TYPE_CHECKING:
     from orchestrator.engine.core import Engine
     from orchestrator.gateway.hub import Gateway
+
+
+class ClusterUnavailable(Exception):
+    """No engine answered a request within its deadline (the API answers 503 `cluster_unavailable`)."""
 
 
 class Cluster(Protocol):
@@ -22,21 +26,29 @@ class Cluster(Protocol):
     @property
     def is_leader(self) -> bool: ...
 
-    def submit(self, item: Input) -> asyncio.Future[Any]: ...
+    def submit(self, item: Input) -> asyncio.Future[Any]:
+        """Hand an input to the engine; the future resolves once its changes are committed, or
+        fails with `ClusterUnavailable` within the request deadline."""
+        ...
 
-    def notify(self, item: Input) -> None: ...
+    def notify(self, item: Input) -> None:
+        """Hand an input to the engine without waiting (it may be lost across replicas: only
+        for hints that are re-derived or re-sent anyway)."""
+        ...
 
-    def send(self, device_id: str, message: Message) -> bool: ...
+    def report(self, report: LinkReport) -> None: ...
 
-    def close(self, device_id: str, code: int, reason: str) -> None: ...
+    def send(self, device_id: str, message: Message, route: Route) -> bool: ...
+
+    def close(self, device_id: str, code: int, reason: str, route: Route) -> None: ...
 
     async def validate(self, spec: DagSpec) -> list[Problem]: ...
 
-    def device_connected(self, device_id: str) -> None: ...
+    def device_connected(self, device_id: str, epoch: int) -> None: ...
 
-    def device_seen(self, device_id: str) -> None: ...
+    def device_seen(self, device_id: str, epoch: int) -> None: ...
 
-    def device_gone(self, device_id: str) -> None: ...
+    def device_gone(self, device_id: str, epoch: int) -> None: ...
 
     async def start(self) -> None: ...
 
@@ -53,6 +65,7 @@ class LocalCluster:
     def __init__(self, engine: Engine, gateway: Gateway) -> None:
         self.engine = engine
         self.gateway = gateway
+        engine.replica_id = self.replica_id
 
     @property
     def is_leader(self) -> bool:
@@ -64,22 +77,25 @@ class LocalCluster:
     def notify(self, item: Input) -> None:
         self.engine.notify(item)
 
-    def send(self, device_id: str, message: Message) -> bool:
-        return self.gateway.send(device_id, message)
+    def report(self, report: LinkReport) -> None:
+        self.engine.notify(report)
 
-    def close(self, device_id: str, code: int, reason: str) -> None:
+    def send(self, device_id: str, message: Message, route: Route) -> bool:
+        return self.gateway.send(device_id, message, route.epoch)
+
+    def close(self, device_id: str, code: int, reason: str, route: Route) -> None:
         self.gateway.close(device_id, code, reason)
 
     async def validate(self, spec: DagSpec) -> list[Problem]:
         return self.engine.validate(spec)
 
-    def device_connected(self, device_id: str) -> None:
+    def device_connected(self, device_id: str, epoch: int) -> None:
         pass
 
-    def device_seen(self, device_id: str) -> None:
+    def device_seen(self, device_id: str, epoch: int) -> None:
         pass
 
-    def device_gone(self, device_id: str) -> None:
+    def device_gone(self, device_id: str, epoch: int) -> None:
         pass
 
     async def start(self) -> None:

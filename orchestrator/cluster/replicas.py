@@ -3,11 +3,24 @@
 Every replica serves the REST API, server-sent events and device WebSockets. One of them, the
 holder of the `engine` lease in Postgres (a row with an expiry and a fencing counter, taken by a
 single conditional UPDATE), runs the engine; every engine commit re-checks that lease inside its
-transaction, so a replica that lost it cannot write. The others hand their engine inputs to the
-leader through Redis and relay the leader's frames to the devices whose sockets they hold; a
-device's replica is found from a presence key that its heartbeats keep alive. When the leader
-dies its lease expires, another replica takes it, rebuilds the engine from the store (the same
-path as a restart) and re-sends every open batch; agents de-duplicate by batch id.
+transaction, so a replica that lost it cannot write. The rules that keep the guarantees when
+Redis loses messages (docs/replicas.md has them in full):
+
+- Postgres is the only truth. A Redis message is a hint that something changed in the store, or
+  a frame on its way to a socket; losing any of them delays work and never loses it.
+- Tasks are adopted from the store: the leader reconciles its memory with the task rows every
+  `reconcile_interval_s`, so a lost `task_created` costs that long.
+- Device state is re-derived: each replica re-announces its links (`LinkReport`) every
+  `link_report_interval_s`, carrying liveness, the batch each device says it runs, and the
+  connection epoch. A lost liveness change, acceptance or presence announcement costs one report.
+- Only the newest connection of a device speaks for it: every connection takes the next epoch
+  from the store, presence keys record `<replica>|<epoch>` and only a newer epoch replaces them,
+  and the engine ignores what an older epoch says (a replica the device left cannot declare it
+  offline).
+- Cross-replica requests are retried until answered or until `cluster_request_timeout_s`, then
+  fail with `ClusterUnavailable` (503 `cluster_unavailable`); they never hang.
+- No Redis failure stops a replica: publishing is best effort, and while the leader cannot hear
+  the bus it does not judge remote devices by their silence (`Hearing`).
 """
 
 from __future__ import annotations
@@ -25,11 +38,11 @@ import orjson
 from redis.asyncio import Redis
 
 from orchestrator.bus import keys
-from orchestrator.cluster import wire
+from orchestrator.cluster import ClusterUnavailable, wire
 from orchestrator.config import Settings
-from orchestrator.domain.model import DagSpec, Liveness
+from orchestrator.domain.model import DagSpec
 from orchestrator.domain.problems import Problem
-from orchestrator.engine.records import Input, LivenessChanged
+from orchestrator.engine.records import Hearing, Input, LinkReport, Route
 from orchestrator.engine.restore import device_from_row
 from orchestrator.engine.validation import validate_against
 from orchestrator.store.repo import Store
@@ -43,13 +56,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("orrery.cluster")
 
 LEASE = "engine"
-RPC_TIMEOUT_S = 5.0
-RPC_DEADLINE_S = 60.0  # covers a leader failover (lease expiry plus recovery)
+RPC_ATTEMPT_S = 5.0  # one try of a cross-replica request, before it is asked again
+REDIS_OP_S = 5.0  # one Redis command; an unresponsive Redis must not stall a replica
+# Presence is "<replica>|<epoch>"; a claim replaces it only with an epoch at least as new.
+_CLAIM = """
+local cur = redis.call('get', KEYS[1])
+if cur then
+  local held = tonumber(string.match(cur, '|(%d+)$'))
+  if held and held > tonumber(ARGV[2]) then return 0 end
+end
+redis.call('set', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+"""
 _RELEASE_IF_MINE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-
-
-class ClusterUnavailable(Exception):
-    """No engine leader answered in time."""
 
 
 class RedisCluster:
@@ -60,16 +79,20 @@ class RedisCluster:
         self.gateway = gateway
         self.redis = redis
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        engine.replica_id = self.replica_id
         self.ttl_s = settings.lease_ttl_s
         self.fence = 0
         self._leader = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._lost = False  # lost the lease once: this process never leads again (a restart may)
+        self._hearing = False  # our subscription to the bus is up
+        self._tasks: set[asyncio.Task[None]] = set()
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._out: asyncio.Queue[tuple[str, str, dict[str, Any]]] = asyncio.Queue()
         self._seen: dict[str, float] = {}
         self._listening = asyncio.Event()
         self._became_leader = asyncio.Event()
         self._stopping = False
+        self._failing_since: float | None = None  # Redis refuses our publishes since then
 
     # ================================================================ lifecycle
 
@@ -78,20 +101,23 @@ class RedisCluster:
         return self._leader
 
     async def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._listen(), name="cluster-listen"),
-            asyncio.create_task(self._publish(), name="cluster-publish"),
-        ]
-        async with asyncio.timeout(10):
-            await self._listening.wait()
-        await self._try_lead()
-        self._tasks.append(asyncio.create_task(self._elect(), name="cluster-elect"))
+        self._spawn(self._listen(), "cluster-listen")
+        self._spawn(self._publish(), "cluster-publish")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await self._listening.wait()  # else serve anyway: the bus is a hint (SPEC section 7)
+        try:
+            await self._try_lead()
+        except Exception as exc:  # the database is down now: the election loop keeps trying
+            log.warning("could not try for the engine lease yet: %s", exc)
+        self._spawn(self._elect(), "cluster-elect")
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._leader:
@@ -100,12 +126,24 @@ class RedisCluster:
                 await self.store.release_lease(LEASE, self.replica_id)
 
     def status(self) -> dict[str, Any]:
-        return {"mode": "replicated", "replica": self.replica_id, "leader": self._leader, "fence": self.fence}
+        return {
+            "mode": "replicated",
+            "replica": self.replica_id,
+            "leader": self._leader,
+            "fence": self.fence,
+            "bus": "ok" if self._hearing else "unreachable",
+        }
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     # ================================================================ the engine lease
 
     async def _elect(self) -> None:
-        while True:
+        while not self._stopping and not self._lost:
             await asyncio.sleep(self.ttl_s / 3)
             try:
                 await self._try_lead()
@@ -115,28 +153,39 @@ class RedisCluster:
                 log.warning("lease renewal failed: %s", exc)
 
     async def _try_lead(self) -> None:
+        if self._lost or self._stopping:
+            return
         fence = await self.store.acquire_lease(LEASE, self.replica_id, self.ttl_s)
         if fence is not None and not self._leader:
             await self._become_leader(fence)
         elif fence is None and self._leader:
-            log.critical("replica %s lost the engine lease; stopping so it cannot act on stale state", self.replica_id)
-            self._leader = False
-            self.engine.on_fatal(RuntimeError("engine lease lost"))
+            self._lose_lead("engine lease lost")
+
+    def _lose_lead(self, why: str) -> None:
+        """Stop for good: this engine's memory may now disagree with the store, and a second
+        engine loop on it must never start (a restarted process may lead again)."""
+        log.critical("replica %s: %s; stopping so it cannot act on stale state", self.replica_id, why)
+        self._leader = False
+        self._lost = True
+        self.engine.on_fatal(RuntimeError(why))
 
     async def _become_leader(self, fence: int) -> None:
         self.fence = fence
         self.engine.lease_guard = (LEASE, self.replica_id, fence)
-        await self.engine.start()  # recovery from the store, exactly as after a restart
+        # Lead before recovery ends: inputs that arrive meanwhile wait in the engine's inbox
+        # instead of being dropped (the engine applies them once it has rebuilt its state).
         self._leader = True
+        try:
+            await self.engine.start()  # recovery from the store, exactly as after a restart
+        except BaseException:
+            self._leader, self._lost = False, True  # the engine has already stopped the process
+            raise
+        if not self._hearing:
+            self.engine.notify(Hearing(False))
         self._became_leader.set()
         log.warning("replica %s now leads the engine (fence %d)", self.replica_id, fence)
-        await self.redis.publish(keys.LEADER, orjson.dumps({"replica": self.replica_id, "fence": fence}))
-        self._announce_devices()
-
-    def _announce_devices(self) -> None:
-        """Tell the (new) leader which devices are connected here, so it need not wait for them."""
-        for device_id in self.gateway.connected():
-            self.notify(LivenessChanged(device_id, Liveness.ONLINE))
+        self._out.put_nowait(("publish", keys.LEADER, {"replica": self.replica_id, "fence": fence}))
+        self.report(self.gateway.link_report())
 
     # ================================================================ engine inputs
 
@@ -144,9 +193,7 @@ class RedisCluster:
         if self._leader:
             return self.engine.submit(item)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(self._rpc(item, fut))
-        self._tasks.append(task)
-        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+        self._spawn(self._rpc(item, fut), "cluster-rpc")
         return fut
 
     def notify(self, item: Input) -> None:
@@ -155,41 +202,61 @@ class RedisCluster:
         else:
             self._out.put_nowait(("publish", keys.INBOX, {"op": "notify", "input": wire.dump(item)}))
 
+    def report(self, report: LinkReport) -> None:
+        self.notify(report)
+
     async def _rpc(self, item: Input, fut: asyncio.Future[Any]) -> None:
-        deadline = time.monotonic() + RPC_DEADLINE_S
-        body = wire.dump(item)
-        while time.monotonic() < deadline and not fut.done():
-            if self._leader:  # we became the leader meanwhile
-                try:
-                    fut.set_result(await self.engine.submit(item))
-                except Exception as exc:
-                    fut.set_exception(exc)
+        """Ask the leader until it answers or the deadline passes; the future always resolves.
+        Every input that crosses replicas is idempotent, so asking again after a lost reply is safe."""
+        limit = self.settings.cluster_request_timeout_s
+        deadline = time.monotonic() + limit
+        try:
+            body = wire.dump(item)
+            while not fut.done() and (left := deadline - time.monotonic()) > 0:
+                if self._leader:  # we became the leader meanwhile
+                    fut.set_result(await asyncio.wait_for(self.engine.submit(item), left))
+                    return
+                answer = await self._ask(body, min(RPC_ATTEMPT_S, left))
+                if answer is None:
+                    continue  # no leader answered (a failover, Redis away, or we lead now): ask again
+                if answer.get("ok"):
+                    fut.set_result(answer.get("value"))
+                else:
+                    fut.set_exception(RuntimeError(answer.get("error") or "the engine refused the input"))
                 return
-            request_id = secrets.token_hex(8)
-            reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            self._pending[request_id] = reply
-            await self.redis.publish(
-                keys.INBOX,
-                orjson.dumps(
-                    {"op": "submit", "id": request_id, "reply_to": keys.replica_replies(self.replica_id), "input": body}
-                ),
-            )
-            leading = asyncio.ensure_future(self._became_leader.wait())
-            try:
-                await asyncio.wait({reply, leading}, timeout=RPC_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                leading.cancel()
-                self._pending.pop(request_id, None)
-            if not reply.done():
-                continue  # no leader answered (a failover, or we lead now): ask again
-            answer = reply.result()
-            if answer.get("ok"):
-                fut.set_result(None)
-            else:
-                fut.set_exception(RuntimeError(answer.get("error") or "the engine refused the input"))
-            return
-        if not fut.done():
-            fut.set_exception(ClusterUnavailable("no engine leader answered; retry later"))
+        except Exception as exc:
+            if not fut.done():
+                fut.set_exception(exc)
+        finally:
+            if not fut.done():
+                fut.set_exception(ClusterUnavailable(f"no engine leader answered within {limit:g}s; retry later"))
+
+    async def _ask(self, body: dict[str, Any], wait_s: float) -> dict[str, Any] | None:
+        """One request through Redis; the leader's answer, or None if none came in `wait_s`."""
+        request_id = secrets.token_hex(8)
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = reply
+        leading = asyncio.ensure_future(self._became_leader.wait())
+        started = time.monotonic()
+        try:
+            request = {
+                "op": "submit",
+                "id": request_id,
+                "reply_to": keys.replica_replies(self.replica_id),
+                "input": body,
+            }
+            async with asyncio.timeout(wait_s):
+                await self.redis.publish(keys.INBOX, orjson.dumps(request))
+            left = max(0.0, wait_s - (time.monotonic() - started))
+            await asyncio.wait({reply, leading}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        except Exception as exc:  # Redis refused or timed out: wait a little, then ask again
+            log.warning("could not reach the engine leader through Redis (%s)", exc)
+            await asyncio.sleep(min(0.5, max(0.0, wait_s - (time.monotonic() - started))))
+            return None
+        finally:
+            leading.cancel()
+            self._pending.pop(request_id, None)
+        return reply.result() if reply.done() else None
 
     async def _serve_input(self, message: dict[str, Any]) -> None:
         try:
@@ -197,53 +264,61 @@ class RedisCluster:
         except (wire.NotPortable, KeyError, ValueError) as exc:
             log.warning("dropped an engine input from another replica: %s", exc)
             return
-        if message["op"] == "notify":
+        if message.get("op") == "notify":
             self.engine.notify(item)
             return
         try:
-            await self.engine.submit(item)
-            answer = {"id": message["id"], "ok": True}
+            value = await asyncio.wait_for(self.engine.submit(item), self.settings.cluster_request_timeout_s)
+            answer = {"id": message["id"], "ok": True, "value": value if isinstance(value, bool | int | str) else None}
         except Exception as exc:
             answer = {"id": message["id"], "ok": False, "error": str(exc)[:500]}
-        await self.redis.publish(message["reply_to"], orjson.dumps(answer))
+        try:
+            async with asyncio.timeout(REDIS_OP_S):
+                await self.redis.publish(message["reply_to"], orjson.dumps(answer))
+        except Exception as exc:  # the requester asks again; the input is idempotent
+            log.warning("could not answer replica %s: %s", message.get("reply_to"), exc)
 
     # ================================================================ frames for devices
 
-    def send(self, device_id: str, message: Message) -> bool:
-        if self.gateway.holds(device_id):
-            return self.gateway.send(device_id, message)
-        self._out.put_nowait(("route", device_id, {"op": "send", "device_id": device_id, "frame": encode(message)}))
+    def send(self, device_id: str, message: Message, route: Route) -> bool:
+        if route.replica in (None, self.replica_id) and self.gateway.send(device_id, message, route.epoch):
+            return True
+        target = route.replica if route.replica != self.replica_id else None
+        body = {"op": "send", "device_id": device_id, "epoch": route.epoch, "frame": encode(message), "to": target}
+        self._out.put_nowait(("route", device_id, body))
         return True  # it may reach the device: counted as sent, so a retry is judged conservatively
 
-    def close(self, device_id: str, code: int, reason: str) -> None:
-        if self.gateway.holds(device_id):
-            self.gateway.close(device_id, code, reason)
-        else:
-            self._out.put_nowait(
-                ("route", device_id, {"op": "close", "device_id": device_id, "code": code, "reason": reason})
-            )
+    def close(self, device_id: str, code: int, reason: str, route: Route) -> None:
+        self.gateway.close(device_id, code, reason)
+        if route.replica != self.replica_id:
+            body = {"op": "close", "device_id": device_id, "code": code, "reason": reason, "to": route.replica}
+            self._out.put_nowait(("route", device_id, body))
 
     def _relay(self, message: dict[str, Any]) -> None:
-        device_id = message["device_id"]
+        device_id = str(message["device_id"])
         if message["op"] == "send":
-            self.gateway.send(device_id, decode(message["frame"]))
+            epoch = int(message.get("epoch") or 0)
+            if not self.gateway.send(device_id, decode(message["frame"]), epoch):
+                log.info(
+                    "no session of device %s from epoch %d here; its next report or hello re-sends", device_id, epoch
+                )
         elif message["op"] == "close":
             self.gateway.close(device_id, int(message["code"]), str(message["reason"]))
 
     # ================================================================ presence
 
-    def device_connected(self, device_id: str) -> None:
+    def device_connected(self, device_id: str, epoch: int) -> None:
         self._seen[device_id] = time.monotonic()
-        self._out.put_nowait(("presence", device_id, {}))
+        self._out.put_nowait(("presence", device_id, {"epoch": epoch}))
 
-    def device_seen(self, device_id: str) -> None:
+    def device_seen(self, device_id: str, epoch: int) -> None:
         last = self._seen.get(device_id, 0.0)
         if time.monotonic() - last >= self.settings.heartbeat_interval_s:
-            self.device_connected(device_id)
+            self.device_connected(device_id, epoch)
 
-    def device_gone(self, device_id: str) -> None:
+    def device_gone(self, device_id: str, epoch: int) -> None:
         self._seen.pop(device_id, None)
-        self._out.put_nowait(("absent", device_id, {}))
+        self._out.put_nowait(("absent", device_id, {"epoch": epoch}))
 
     # ================================================================ validation
 
@@ -256,24 +331,43 @@ class RedisCluster:
 
     async def _publish(self) -> None:
         """One task sends everything, in order: a frame never overtakes an earlier one."""
-        ttl = int(max(self.settings.heartbeat_timeout_s, 1))
         while True:
             kind, target, body = await self._out.get()
             try:
-                if kind == "publish":
-                    await self.redis.publish(target, orjson.dumps(body))
-                elif kind == "presence":
-                    await self.redis.set(keys.presence(target), self.replica_id, ex=ttl)
-                elif kind == "absent":
-                    await self.redis.eval(_RELEASE_IF_MINE, 1, keys.presence(target), self.replica_id)
-                elif kind == "route":
-                    holder = await self.redis.get(keys.presence(target))
-                    if holder is not None:
-                        await self.redis.publish(keys.replica_out(_text(holder)), orjson.dumps(body))
+                async with asyncio.timeout(REDIS_OP_S):
+                    await self._publish_one(kind, target, body)
+                if self._failing_since is not None:
+                    log.warning("Redis takes our messages again after %.1fs", time.monotonic() - self._failing_since)
+                    self._failing_since = None
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                log.warning("could not publish to Redis (%s): %s", kind, exc)
+            except Exception as exc:  # lost: every such message is re-derived or re-sent (module docstring)
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                    log.warning("could not publish to Redis (%s: %s); carrying on without it", kind, exc)
+
+    async def _publish_one(self, kind: str, target: str, body: dict[str, Any]) -> None:
+        ttl = int(max(self.settings.heartbeat_timeout_s, 1))
+        if kind == "publish":
+            await self.redis.publish(target, orjson.dumps(body))
+        elif kind == "presence":
+            value = f"{self.replica_id}|{body['epoch']}"
+            await self.redis.eval(_CLAIM, 1, keys.presence(target), value, body["epoch"], ttl)
+        elif kind == "absent":
+            value = f"{self.replica_id}|{body['epoch']}"
+            await self.redis.eval(_RELEASE_IF_MINE, 1, keys.presence(target), value)
+        elif kind == "route":
+            replica = body.pop("to", None)
+            if replica is None:
+                holder = await self.redis.get(keys.presence(target))
+                if holder is None:
+                    log.warning("no replica holds device %s; the frame waits for its next connection", target)
+                    return
+                replica = _text(holder).rsplit("|", 1)[0]
+            if replica == self.replica_id:
+                self._relay(body)
+            else:
+                await self.redis.publish(keys.replica_out(replica), orjson.dumps(body))
 
     async def _listen(self) -> None:
         channels = [keys.INBOX, keys.LEADER, keys.replica_out(self.replica_id), keys.replica_replies(self.replica_id)]
@@ -282,27 +376,39 @@ class RedisCluster:
                 async with self.redis.pubsub() as pubsub:
                     await pubsub.subscribe(*channels)
                     self._listening.set()
+                    self._heard(True)
                     async for raw in pubsub.listen():
                         if raw.get("type") != "message":
                             continue
-                        await self._dispatch(_text(raw["channel"]), orjson.loads(raw["data"]))
+                        try:
+                            await self._dispatch(_text(raw["channel"]), orjson.loads(raw["data"]))
+                        except Exception:  # one bad message must not cost the subscription
+                            log.exception("could not handle a message on %s", _text(raw["channel"]))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self._heard(False)
                 log.warning("cluster subscription lost (%s); resubscribing", exc)
                 await asyncio.sleep(0.5)
+
+    def _heard(self, up: bool) -> None:
+        if up == self._hearing:
+            return
+        self._hearing = up
+        if self._leader:
+            self.engine.notify(Hearing(up))
+        if up:  # messages may have been lost meanwhile: re-announce our links at once
+            self.report(self.gateway.link_report())
 
     async def _dispatch(self, channel: str, message: dict[str, Any]) -> None:
         if channel == keys.INBOX:
             if self._leader:
-                task = asyncio.create_task(self._serve_input(message))
-                self._tasks.append(task)
-                task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+                self._spawn(self._serve_input(message), "cluster-serve")
         elif channel == keys.LEADER:
             if message.get("replica") != self.replica_id:
                 if self._leader:  # someone else holds the lease now: we must have lost it
                     await self._try_lead()
-                self._announce_devices()
+                self.report(self.gateway.link_report())  # the new leader need not wait for a report
         elif channel == keys.replica_replies(self.replica_id):
             fut = self._pending.get(str(message.get("id")))
             if fut is not None and not fut.done():

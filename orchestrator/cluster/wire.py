@@ -11,6 +11,8 @@ from orchestrator.engine.records import (
     DeviceHello,
     FrameIn,
     Input,
+    LinkReport,
+    LinkState,
     LivenessChanged,
     TaskCreated,
 )
@@ -29,9 +31,25 @@ def dump(item: Input) -> dict[str, Any]:
     if isinstance(item, DeviceChanged):
         return {"kind": "device_changed", "device_id": item.device_id}
     if isinstance(item, DeviceHello):
-        return {"kind": "hello", "device_id": item.device_id, "frame": encode(item.hello), "resumed": item.resumed}
+        return {
+            "kind": "hello",
+            "device_id": item.device_id,
+            "frame": encode(item.hello),
+            "resumed": item.resumed,
+            "epoch": item.epoch,
+            "replica": item.replica,
+        }
     if isinstance(item, LivenessChanged):
-        return {"kind": "liveness", "device_id": item.device_id, "liveness": item.liveness.value}
+        return {
+            "kind": "liveness",
+            "device_id": item.device_id,
+            "liveness": item.liveness.value,
+            "epoch": item.epoch,
+            "replica": item.replica,
+        }
+    if isinstance(item, LinkReport):
+        links = [[s.device_id, s.epoch, s.liveness.value, round(s.silent_s, 3), s.batch_id] for s in item.links]
+        return {"kind": "links", "replica": item.replica, "links": links}
     if isinstance(item, FrameIn):
         return {"kind": "frame", "device_id": item.device_id, "frame": encode(item.message)}
     raise NotPortable(f"{type(item).__name__} cannot cross replicas")
@@ -46,9 +64,16 @@ def load(data: dict[str, Any]) -> Input:
     if kind == "device_changed":
         return DeviceChanged(data["device_id"])
     if kind == "hello":
-        return DeviceHello(data["device_id"], decode(data["frame"]), bool(data["resumed"]))
+        return DeviceHello(
+            data["device_id"], decode(data["frame"]), bool(data["resumed"]), int(data["epoch"]), str(data["replica"])
+        )
     if kind == "liveness":
-        return LivenessChanged(data["device_id"], Liveness(data["liveness"]))
+        return LivenessChanged(data["device_id"], Liveness(data["liveness"]), int(data["epoch"]), str(data["replica"]))
+    if kind == "links":
+        return LinkReport(
+            str(data["replica"]),
+            [LinkState(str(d), int(e), Liveness(lv), float(s), b) for d, e, lv, s, b in data["links"]],
+        )
     if kind == "frame":
         return FrameIn(data["device_id"], decode(data["frame"]))
     raise NotPortable(f"unknown input kind {kind!r}")

@@ -13,8 +13,6 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
-import networkx as nx
-
 from orchestrator.domain import templates
 from orchestrator.domain.model import DagSpec, EdgeCondition, EdgeSpec, NodeKind, NodeState
 from orchestrator.domain.problems import Problem
@@ -98,6 +96,10 @@ def validate(spec: DagSpec, known_tools: Collection[str], limits: Limits = Limit
 
 
 def find_cycle(spec: DagSpec) -> list[str]:
+    # Imported here: networkx costs half a second at import, and an orchestrator restarting after
+    # a crash should be serving again before it validates its first DAG (recovery speed).
+    import networkx as nx
+
     g = nx.DiGraph()
     g.add_nodes_from(n.id for n in spec.nodes)
     g.add_edges_from((e.source, e.target) for e in spec.edges)

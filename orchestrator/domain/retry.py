@@ -28,6 +28,12 @@ def retry_safe(error_code: str, started: bool, tool_hints: Iterable[tuple[bool, 
     return all(read_only or idempotent for read_only, idempotent in tool_hints)
 
 
+def never_started(error_code: str, started: bool) -> bool:
+    """The attempt certainly did not run on its device (it was never delivered, or the device
+    refused it unrun), and nothing about the node itself forbids placing it again."""
+    return not started and error_code not in NEVER_RETRY_CODES
+
+
 def should_retry(attempts_made: int, policy: RetryPolicy, safe: bool) -> bool:
     return safe and attempts_made < policy.max_attempts
 

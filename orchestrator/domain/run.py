@@ -35,6 +35,12 @@ class NodeRecord:
     not_before: float | None = None  # retry backoff: not dispatched before this time
     queued_on: str | None = None  # device whose queue holds it
     failed_on: set[str] = field(default_factory=set)  # devices where an attempt failed (retry elsewhere)
+    unstarted: int = 0  # attempts that certainly never ran on their device (not counted as tries)
+
+    @property
+    def tries(self) -> int:
+        """Attempts that may have run: what `retry.max_attempts` limits."""
+        return self.attempts - self.unstarted
 
 
 @dataclass(frozen=True)
@@ -149,11 +155,20 @@ class TaskRun:
         rec.error = {"code": outcome.error_code, "message": outcome.error_message}
         if self.cancel_requested or outcome.cancelled:
             return self._set(node_id, NodeState.CANCELLED, now) + self._progress(node_id, now)
+        rec.queued_on = None
+        if retry.never_started(outcome.error_code, outcome.started):
+            # Nothing ran, so nothing failed: place it again without spending a try. Its queue
+            # timeout keeps counting from when it first became ready (schedule-to-start), which
+            # also bounds a device that keeps turning it away; backing off spaces the turns.
+            rec.unstarted += 1
+            rec.not_before = now + retry.backoff_s(rec.unstarted, rec.spec.retry, jitter)
+            return self._set(node_id, NodeState.READY, None)
         safe = retry.retry_safe(outcome.error_code, outcome.started, outcome.tool_hints)
-        if retry.should_retry(rec.attempts, rec.spec.retry, safe):
-            rec.not_before = now + retry.backoff_s(rec.attempts, rec.spec.retry, jitter)
-            rec.queued_on = None
-            return self._set(node_id, NodeState.READY, now)
+        if retry.should_retry(rec.tries, rec.spec.retry, safe):
+            # Ready again once the backoff is over; its queue timeout counts from then, so a long
+            # backoff cannot use up the time it has to find a device.
+            rec.not_before = now + retry.backoff_s(rec.tries, rec.spec.retry, jitter)
+            return self._set(node_id, NodeState.READY, rec.not_before)
         return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
 
     def fail(self, node_id: str, code: str, message: str, now: float) -> list[Transition]:

@@ -38,19 +38,22 @@ from orchestrator.engine.records import (
     DeviceHello,
     DeviceRun,
     FrameIn,
+    Hearing,
     Input,
+    LinkReport,
     LivenessChanged,
     NodeKey,
     PlanFailed,
     PlanReady,
     ReplanDone,
+    Route,
     TaskCreated,
     Wake,
 )
 from orchestrator.engine.restore import attempt_row, recover, task_from_bundle
 from orchestrator.engine.results import ResultHandling
 from orchestrator.engine.scheduling import Scheduling
-from orchestrator.engine.times import iso, utc
+from orchestrator.engine.times import batch_deadline, iso, utc
 from orchestrator.engine.validation import known_tools, validate_against
 from orchestrator.ids import new_id
 from orchestrator.metrics import Metrics
@@ -67,17 +70,26 @@ from protocol.messages import (
 
 log = logging.getLogger("orrery.engine")
 
+RECONCILE_LOOKBACK_S = 3600.0  # tasks created this long before the engine started are adopted too
+DEVICE_RECONCILE_EVERY = 5  # device rows are compared every this many task reconciles
+
 
 class DeviceLinks(Protocol):
-    """What the engine needs from the gateway."""
+    """What the engine needs from the gateway (through the cluster, which finds the replica)."""
 
-    def send(self, device_id: str, message: Message) -> bool: ...
+    def send(self, device_id: str, message: Message, route: Route) -> bool:
+        """Queue a frame for the device's current session; False only if it certainly cannot
+        reach the device (no session holds it), True if it may."""
+        ...
 
-    def close(self, device_id: str, code: int, reason: str) -> None: ...
+    def close(self, device_id: str, code: int, reason: str, route: Route) -> None: ...
 
 
 class EventSink(Protocol):
-    async def publish(self, events: list[dict[str, Any]]) -> None: ...
+    def publish(self, events: list[dict[str, Any]]) -> None:
+        """Fan committed events out to subscribers; never blocks the engine and never raises
+        (the events are in the store; readers fall back to it)."""
+        ...
 
 
 class Engine(DeviceInputs, Scheduling, ResultHandling):
@@ -120,17 +132,45 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         self.metrics = Metrics()
         self.metrics.watch(self)  # replicated: the engine lease every commit re-checks
         self.on_fatal: Callable[[BaseException], None] = _terminate
+        self.replica_id = "local"  # the replica this engine runs on (its own devices need no bus)
+        self.deaf = False  # cannot hear other replicas now (see `Hearing`)
+        self.planning: set[str] = set()  # tasks whose plan the planner is working on
+        self.recovered_at: float | None = None
+        self._next_reconcile: float | None = None
+        self._reconciles = 0
 
     # ================================================================ lifecycle
 
     async def start(self) -> None:
-        await self._recover()
-        self._task = asyncio.create_task(self._loop(), name="orrery-engine")
-        self.ready_event.set()
-        if self.planner is not None:
+        if self._task is not None:
+            raise RuntimeError("the engine was already started; a second loop would corrupt its state")
+        self._task = asyncio.create_task(self._run(), name="orrery-engine")
+        await self.ready_event.wait()
+        if self.failed is not None:
+            raise self.failed
+
+    async def _run(self) -> None:
+        """Recover, then loop. Any exception that escapes is fatal: memory may no longer match
+        the store, so the process stops and a restart rebuilds from the store (fail fast)."""
+        try:
+            await self.recover()
             for task_id, request in self.planning_to_resume:
-                self.planner.start_planning(task_id, request)
-        self.planning_to_resume.clear()
+                self._start_planning(task_id, request)
+            self.planning_to_resume.clear()
+            self.ready_event.set()
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.critical("the engine stopped on an unexpected error; stopping the orchestrator", exc_info=exc)
+            self.failed = exc
+            self.ready_event.set()
+            self.on_fatal(exc)
+
+    def _start_planning(self, task_id: str, request: str) -> None:
+        if self.planner is not None and task_id not in self.planning:
+            self.planning.add(task_id)
+            self.planner.start_planning(task_id, request)
 
     async def stop(self) -> None:
         if self._task:
@@ -154,33 +194,33 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
 
     async def _loop(self) -> None:
         while True:
-            items = await self._next_inputs()
-            now = self.clock()
-            replies: list[tuple[asyncio.Future[Any], Any]] = []
-            for item in items:
-                try:
-                    reply = await self._handle(item, now)
-                except Exception as exc:  # a bad input must not stop the engine
-                    log.exception("engine input %s failed", type(item).__name__)
-                    if item.done and not item.done.done():
-                        item.done.set_exception(exc)
-                    continue
-                if item.done:
-                    replies.append((item.done, reply))
-            self._fire_timers(now)
-            self._schedule(now)
+            await self.step(await self._next_inputs())
+
+    async def step(self, items: list[Input]) -> None:
+        """One engine step: apply `items`, fire due timers, schedule, commit, then act and reply.
+
+        A failing input is refused (its caller gets the exception) and the step goes on; a
+        failing commit propagates, and the caller stops the engine: the store refused what
+        memory now believes, and only a restart from the store is trustworthy again."""
+        now = self.clock()
+        replies: list[tuple[asyncio.Future[Any], Any]] = []
+        for item in items:
             try:
-                await self._commit()
-            except Exception as exc:
-                # The store refused what memory now believes: carrying on would make promises the
-                # store does not hold. Stop, so a restart rebuilds from the store (fail fast).
-                log.critical("the store rejected a commit; stopping the orchestrator: %s", exc)
-                self.failed = exc
-                self.on_fatal(exc)
-                raise
-            for fut, value in replies:
-                if not fut.done():
-                    fut.set_result(value)
+                reply = await self._handle(item, now)
+            except Exception as exc:  # a bad input must not stop the engine
+                log.exception("engine input %s failed", type(item).__name__)
+                if item.done and not item.done.done():
+                    item.done.set_exception(exc)
+                continue
+            if item.done:
+                replies.append((item.done, reply))
+        self._fire_timers(now)
+        await self._reconcile_if_due(now)
+        self._schedule(now)
+        await self._commit()
+        for fut, value in replies:
+            if not fut.done():
+                fut.set_result(value)
 
     async def _next_inputs(self) -> list[Input]:
         """Everything queued, waiting for the first input or the next timer, whichever is first."""
@@ -203,12 +243,9 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         self._changes, self._effects, self._events = ChangeSet(), [], []
         soft_due = self._soft_since is not None and self.clock() - self._soft_since >= SOFT_FLUSH_S
         if self._soft and (changes or events or soft_due):
-            merged = self._soft
-            for model, by_key in changes.updates.items():  # hard changes win on the same row
-                for key, values in by_key.items():
-                    merged.update(model, key, **values)
-            merged.inserts = changes.inserts
-            changes, self._soft, self._soft_since = merged, ChangeSet(), None
+            merged, self._soft, self._soft_since = self._soft, ChangeSet(), None
+            merged.absorb(changes)  # the later, hard changes win on the same row
+            changes = merged
         if changes or events:
             changes.guard = self.lease_guard
             for ev in events:
@@ -226,7 +263,10 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
             except Exception:
                 log.exception("engine effect failed")
         if events:
-            await self.bus.publish(events)
+            try:
+                self.bus.publish(events)
+            except Exception:  # fan-out is a hint: the events are stored and readers poll the store
+                log.exception("publishing %d events failed", len(events))
 
     # ================================================================ inputs
 
@@ -240,7 +280,11 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         if isinstance(item, DeviceHello):
             return self._on_hello(item, now)
         if isinstance(item, LivenessChanged):
-            return self._on_liveness(item.device_id, item.liveness, now)
+            return self._on_liveness(item.device_id, item.liveness, now, item.epoch, item.replica)
+        if isinstance(item, LinkReport):
+            return self._on_report(item, now)
+        if isinstance(item, Hearing):
+            return self._on_hearing(item.up, now)
         if isinstance(item, DeviceChanged):
             return await self._on_device_changed(item.device_id, now)
         if isinstance(item, Wake):
@@ -252,8 +296,10 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         if isinstance(item, ReplanDone):
             return llm_work.on_replan_done(self, item, now)
         if isinstance(item, PlanReady):
+            self.planning.discard(item.task_id)
             return llm_work.on_plan_ready(self, item, now)
         if isinstance(item, PlanFailed):
+            self.planning.discard(item.task_id)
             return llm_work.on_plan_failed(self, item, now)
         raise TypeError(f"unknown engine input {item!r}")
 
@@ -265,8 +311,7 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
             if bundle is None or TaskState(bundle.task.state).terminal:
                 return
             if bundle.task.state == TaskState.PLANNING:
-                if self.planner is not None:
-                    self.planner.start_planning(task_id, bundle.task.request or "")
+                self._start_planning(task_id, bundle.task.request or "")
                 return
             run = task_from_bundle(bundle)
         llm_work.adopt(self, run)
@@ -316,6 +361,12 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         self._closed[att.batch_id] = (att.device_id, att.fence, results is not None)
         if len(self._closed) > 10_000:
             self._closed.popitem(last=False)
+        dev = self.devices.get(att.device_id)
+        if dev is not None and dev.current_batch == att.batch_id:
+            # The engine is done with this batch, however it ended (results, a timeout, a refusal,
+            # the device lost): the device takes work again. If it is in fact still finishing
+            # it, its agent queues the next batch behind it (one batch at a time, SPEC section 5).
+            self._set_current(dev, None)
         status = "succeeded" if outcome.succeeded else "failed"
         error = None if outcome.succeeded else {"code": outcome.error_code, "message": outcome.error_message}
         self._changes.update(
@@ -374,7 +425,6 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         run = self.tasks[key[0]]
         rec = run.nodes[key[1]]
         dev.fence += 1
-        timeout = rec.spec.timeout_s
         att = AttemptRun(
             new_id("b"),
             key[0],
@@ -383,9 +433,10 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
             dev.id,
             dev.fence,
             commands,
-            now + timeout if timeout else None,
+            batch_deadline(now, rec.spec.timeout_s, commands),
             kind=kind,
             sent=kind == "agent",
+            started=now,
         )
         self.attempts[att.batch_id] = att
         self._set_current(dev, att.batch_id)
@@ -436,7 +487,10 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         self._send(att.device_id, Cancel(batch_id=att.batch_id, reason=att.cancel_reason or "cancelled"))
 
     def _send(self, device_id: str, message: Message) -> bool:
-        return self.links.send(device_id, message) if self.links else False
+        dev = self.devices.get(device_id)
+        if self.links is None or dev is None:
+            return False
+        return self.links.send(device_id, message, dev.route)
 
     # ================================================================ scheduling
 
@@ -510,11 +564,49 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
             body["node_id"] = node_id
         self._events.append({"task_id": task_id, "type": type_, "node_id": node_id, "data": body, "at": utc(now)})
 
+    # ================================================================ reconciling with the store
+
+    async def _reconcile_if_due(self, now: float) -> None:
+        """Adopt what the store has and memory lacks (SPEC section 7: the store is the only
+        truth): `TaskCreated` and `DeviceChanged` from other replicas are hints that may be lost."""
+        due = self._next_reconcile
+        if due is None or now < due:
+            return
+        self._next_reconcile = now + self.settings.reconcile_interval_s
+        self._timer(self._next_reconcile, "wake", None)
+        self._reconciles += 1
+        try:
+            await self._adopt_tasks(now)
+            if self._reconciles % DEVICE_RECONCILE_EVERY == 0:
+                await self._adopt_device_changes(now)
+        except Exception as exc:  # the next round tries again; commits would fail loudly anyway
+            log.warning("could not reconcile with the store: %s", exc)
+
+    async def _adopt_tasks(self, now: float) -> None:
+        since = utc((self.recovered_at or now) - RECONCILE_LOOKBACK_S)
+        for task_id, state in await self.store.active_task_ids(since):
+            if task_id not in self.tasks and task_id not in self.planning:
+                log.info("adopting task %s found in the store (state %s)", task_id, state)
+                await self._on_task_created(task_id, None, now)
+
+    async def _adopt_device_changes(self, now: float) -> None:
+        for device_id, name, admin, labels in await self.store.device_admin():
+            dev = self.devices.get(device_id)
+            if dev is None or dev.admin.value != admin or dev.name != name or dev.labels != labels:
+                log.info("adopting a change of device %s found in the store", device_id)
+                await self._on_device_changed(device_id, now)
+
     # ================================================================ recovery
 
-    async def _recover(self) -> None:
-        """Rebuild runtime state from the store after a start or a crash (SPEC section 4)."""
-        recover(self, await self.store.load_runtime(), self.clock())
+    async def recover(self) -> None:
+        """Rebuild runtime state from the store after a start or a crash (SPEC section 4).
+        `start` does this before looping; tests and simulations call it, then drive `step`."""
+        now = self.clock()
+        recover(self, await self.store.load_runtime(), now)
+        self.recovered_at = now
+        self._next_reconcile = now + self.settings.reconcile_interval_s
+        self._timer(self._next_reconcile, "wake", None)
+        self._timer(now + self.settings.link_report_interval_s, "sweep", None)
         await self._commit()
         log.info(
             "engine recovered %d tasks, %d open attempts, %d devices",

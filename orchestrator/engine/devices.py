@@ -7,10 +7,11 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
+from orchestrator.config import Settings
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
 from orchestrator.engine import llm_work
-from orchestrator.engine.records import AttemptRun, DeviceHello, DeviceRun, NodeKey
+from orchestrator.engine.records import AttemptRun, DeviceHello, DeviceRun, LinkReport, NodeKey
 from orchestrator.engine.restore import device_from_row
 from orchestrator.engine.times import utc
 from orchestrator.store.models import Attempt, Device
@@ -31,7 +32,10 @@ def _steps_first(att: AttemptRun) -> int:
 
 
 class DeviceInputs:
+    settings: Settings
     store: Store
+    replica_id: str
+    deaf: bool
     links: DeviceLinks | None
     devices: dict[str, DeviceRun]
     attempts: dict[str, AttemptRun]
@@ -62,15 +66,19 @@ class DeviceInputs:
 
         async def _on_results(self, dev: DeviceRun, msg: ResultBatch, now: float) -> None: ...
 
-    def _on_hello(self, item: DeviceHello, now: float) -> None:
+    def _on_hello(self, item: DeviceHello, now: float) -> bool:
+        """A device connected or resumed. False if a newer connection of it exists elsewhere
+        (its gateway then closes this one: only the newest speaks for the device)."""
         dev = self.devices.get(item.device_id)
         hello = item.hello
         if dev is None or not isinstance(hello, Hello):
-            return
+            return False
+        if not self._current(dev, item.epoch, item.replica, now):
+            log.info("ignored a hello of device %s from an older connection (epoch %d)", dev.id, item.epoch)
+            return False
         dev.reported_labels = dict(hello.labels)
         dev.platform = hello.info.platform
         dev.tools = {t.name: t.model_dump() for t in hello.tools}
-        dev.liveness = Liveness.ONLINE
         self._capable_cache.clear()
         self._changes.update(
             Device,
@@ -79,14 +87,34 @@ class DeviceInputs:
             platform=dev.platform,
             info=hello.info.model_dump(),
             tools=list(dev.tools.values()),
-            liveness=dev.liveness.value,
             last_seen=utc(now),
         )
-        dev.recovering = False
-        if not item.resumed:
-            # A new session knows nothing of earlier frames: re-send every open attempt from the
-            # store's truth. The agent's ledger answers a batch it already ran with its results.
+        self._raise_fence(dev, hello.fence_seen)
+        recovering, dev.recovering = dev.recovering, False
+        self._set_liveness(dev, Liveness.ONLINE, now)
+        if not item.resumed or recovering:
+            # A new session knows nothing of earlier frames, and an engine that (re)started since
+            # the session began does not know what reached it: re-send every open attempt from
+            # the store's truth. The agent's ledger answers a batch it already has.
             self._redispatch(dev)
+        return True
+
+    def _current(self, dev: DeviceRun, epoch: int, replica: str, now: float) -> bool:
+        """Is connection `epoch` (on `replica`) the device's newest? Adopt it if it is newer."""
+        if epoch < dev.epoch:
+            return False
+        if epoch > dev.epoch or dev.replica != replica:
+            dev.epoch, dev.replica = epoch, replica or None
+        dev.heard_at = now
+        return True
+
+    def _raise_fence(self, dev: DeviceRun, seen: int) -> None:
+        """The device has seen fences up to `seen` (our store may have been restored from a
+        backup): fences only grow, so the next assignment goes above it (SPEC section 4)."""
+        if seen > dev.fence:
+            log.warning("device %s has seen fence %d, above ours (%d): raising ours", dev.id, seen, dev.fence)
+            dev.fence = seen
+            self._changes.update(Device, (dev.id,), fence=dev.fence)
 
     def _redispatch(self, dev: DeviceRun) -> None:
         for att in self.attempts.values():
@@ -95,15 +123,77 @@ class DeviceInputs:
                 if att.cancel_reason:
                     self._effects.append(functools.partial(self._send_cancel_frame, att))
 
-    def _on_liveness(self, device_id: str, liveness: Liveness, now: float) -> None:
+    def _on_liveness(self, device_id: str, liveness: Liveness, now: float, epoch: int = 0, replica: str = "") -> None:
+        """What the replica holding connection `epoch` judges; ignored from an older connection
+        (a replica the device left must not declare it offline)."""
         dev = self.devices.get(device_id)
-        if dev is None:
+        if dev is None or not self._current(dev, epoch, replica, now):
             return
         if liveness is Liveness.ONLINE and dev.recovering:
             # Announced by the replica holding its socket after an engine (re)start: frames sent
             # before may be lost, so every open batch goes again (the agent de-duplicates).
             dev.recovering = False
             self._redispatch(dev)
+        self._set_liveness(dev, liveness, now)
+
+    def _on_report(self, report: LinkReport, now: float) -> None:
+        """A replica's periodic account of its links: the liveness view, acceptances and busy
+        states are re-derived from it, so a lost notification costs one report interval."""
+        for link in report.links:
+            dev = self.devices.get(link.device_id)
+            if dev is None or link.epoch < dev.epoch:
+                continue  # not its newest connection
+            self._on_liveness(link.device_id, link.liveness, now, link.epoch, report.replica)
+            dev.heard_at = now - max(0.0, link.silent_s)
+            self._reconcile_batch(dev, link.batch_id, now)
+
+    def _reconcile_batch(self, dev: DeviceRun, running: str | None, now: float) -> None:
+        """The device said (heartbeat) it is running `running`: that batch was accepted, even if
+        its `batch_accepted` was lost; and a device that is idle or on other work is not busy
+        with a batch the engine already closed."""
+        att = self.attempts.get(running or "")
+        if att is not None and att.device_id == dev.id:
+            self._accepted(att, now)
+        current = dev.current_batch
+        if current is not None and current != running and current not in self.attempts:
+            self._set_current(dev, None)
+
+    def _accepted(self, att: AttemptRun, now: float) -> None:
+        if att.accepted:
+            return
+        att.accepted = True
+        # Informational only (retry safety never depends on it), so it rides along with the next
+        # commit instead of costing one of its own on the hot path.
+        self._soft.update(Attempt, (att.batch_id,), status="accepted", accepted_at=utc(now))
+        if self._soft_since is None:
+            self._soft_since = now
+            self._timer(now + SOFT_FLUSH_S, "wake", None)
+
+    def _on_hearing(self, up: bool, now: float) -> None:
+        """While the bus is down, devices on other replicas cannot be heard, so their silence
+        proves nothing; once it is back, each gets a full heartbeat timeout to be reported."""
+        self.deaf = not up
+        if up:
+            for dev in self.devices.values():
+                if dev.replica != self.replica_id and dev.heard_at is not None:
+                    dev.heard_at = max(dev.heard_at, now)
+
+    def _sweep(self, now: float) -> None:
+        """Devices nobody has reported for a heartbeat timeout are offline (their replica died,
+        or their link ended and its notice was lost). The gateway holding a link judges it first;
+        this is the backstop that needs no message to arrive."""
+        timeout = self.settings.heartbeat_timeout_s
+        for dev in list(self.devices.values()):
+            if dev.liveness not in (Liveness.ONLINE, Liveness.SUSPECT) or dev.heard_at is None:
+                continue
+            if self.deaf and dev.replica != self.replica_id:
+                continue
+            if now - dev.heard_at > timeout:
+                log.warning("device %s not reported for %.0fs: offline", dev.id, now - dev.heard_at)
+                dev.recovering = False
+                self._set_liveness(dev, Liveness.OFFLINE, now)
+
+    def _set_liveness(self, dev: DeviceRun, liveness: Liveness, now: float) -> None:
         if dev.liveness is liveness:
             return
         dev.liveness = liveness
@@ -111,30 +201,32 @@ class DeviceInputs:
         if liveness in (Liveness.SUSPECT, Liveness.OFFLINE):
             self._unqueue_all(dev, now)
         if liveness is Liveness.OFFLINE:
-            # A new fencing epoch: anything the lost session still says carries an older fence
-            # and is refused (SPEC section 4: a stale session cannot act).
-            dev.fence += 1
-            self._changes.update(Device, (dev.id,), fence=dev.fence)
-            lost = f"device '{dev.name}' went offline while running this batch; it was re-placed if retry-safe"
-            for att in sorted([a for a in self.attempts.values() if a.device_id == device_id], key=_steps_first):
-                if att.kind == "agent":
-                    llm_work.stop_agent(cast("Engine", self), att, ErrorCode.DEVICE_LOST, lost, now, "device_lost")
-                    continue
-                if att.batch_id not in self.attempts:
-                    continue
-                self._end_attempt(
-                    att,
-                    AttemptOutcome(
-                        succeeded=False,
-                        error_code=ErrorCode.DEVICE_LOST,
-                        error_message=f"device '{dev.name}' went offline while running this batch; "
-                        "it was re-placed if retry-safe",
-                        started=att.sent,
-                        tool_hints=tuple(dev.hints(c["tool"]) for c in att.commands),
-                    ),
-                    now,
-                )
-            self._set_current(dev, None)
+            self._lose(dev, now)
+
+    def _lose(self, dev: DeviceRun, now: float) -> None:
+        """A new fencing epoch: anything the lost session still says carries an older fence and
+        is refused (SPEC section 4: a stale session cannot act); its batches end `device_lost`."""
+        dev.fence += 1
+        self._changes.update(Device, (dev.id,), fence=dev.fence)
+        lost = f"device '{dev.name}' went offline while running this batch; it was re-placed if retry-safe"
+        for att in sorted([a for a in self.attempts.values() if a.device_id == dev.id], key=_steps_first):
+            if att.kind == "agent":
+                llm_work.stop_agent(cast("Engine", self), att, ErrorCode.DEVICE_LOST, lost, now, "device_lost")
+                continue
+            if att.batch_id not in self.attempts:
+                continue
+            self._end_attempt(
+                att,
+                AttemptOutcome(
+                    succeeded=False,
+                    error_code=ErrorCode.DEVICE_LOST,
+                    error_message=lost,
+                    started=att.sent,
+                    tool_hints=tuple(dev.hints(c["tool"]) for c in att.commands),
+                ),
+                now,
+            )
+        self._set_current(dev, None)
 
     async def _on_device_changed(self, device_id: str, now: float) -> None:
         row = await self.store.get_device(device_id)
@@ -154,8 +246,11 @@ class DeviceInputs:
         if dev.admin is AdminState.REVOKED:
             links = self.links
             if links is not None:
-                self._effects.append(lambda: links.close(device_id, CloseCode.UNAUTHORIZED, "device token revoked"))
-            self._on_liveness(device_id, Liveness.OFFLINE, now)
+                route = dev.route
+                self._effects.append(
+                    lambda: links.close(device_id, CloseCode.UNAUTHORIZED, "device token revoked", route)
+                )
+            self._set_liveness(dev, Liveness.OFFLINE, now)
             # A revoked device will never run anything: nodes that only it could run fail now.
             for key in list(self.ready):
                 self._maybe_fail_unplaceable(key, now)
@@ -170,14 +265,8 @@ class DeviceInputs:
             await self._on_results(dev, msg, now)
         elif isinstance(msg, BatchAccepted):
             att = self.attempts.get(msg.batch_id)
-            if att is not None and att.device_id == device_id and not att.accepted:
-                att.accepted = True
-                # Informational only (retry safety never depends on it), so it rides along with
-                # the next commit instead of costing one of its own on the hot path.
-                self._soft.update(Attempt, (att.batch_id,), status="accepted", accepted_at=utc(now))
-                if self._soft_since is None:
-                    self._soft_since = now
-                    self._timer(now + SOFT_FLUSH_S, "wake", None)
+            if att is not None and att.device_id == device_id:
+                self._accepted(att, now)
         elif isinstance(msg, ToolsChanged):
             dev.tools = {t.name: t.model_dump() for t in msg.tools}
             self._capable_cache.clear()

@@ -24,7 +24,7 @@ from orchestrator.engine.records import (
     ReplanDone,
 )
 from orchestrator.engine.restore import attempt_row
-from orchestrator.engine.times import utc
+from orchestrator.engine.times import batch_deadline, utc
 from orchestrator.ids import new_id
 from orchestrator.store.models import Attempt, DagEdit, Edge, Node, Task
 from orchestrator.store.rows import node_rows
@@ -151,10 +151,11 @@ def on_agent_step(eng: Engine, item: AgentStep, now: float) -> asyncio.Future[li
         dev.id,
         parent.fence,
         commands,
-        parent.deadline,
+        parent.deadline or batch_deadline(now, None, commands),
         kind="step",
         parent=parent.batch_id,
         waiter=waiter,
+        started=now,
     )
     parent.step = step.batch_id
     parent.tools_used += [c["tool"] for c in commands]
@@ -279,7 +280,7 @@ def on_replan_done(eng: Engine, item: ReplanDone, now: float) -> None:
 def _apply_edits(eng: Engine, run: TaskRun, item: ReplanDone, now: float) -> None:
     assert item.edits is not None
     old_nodes = {n.id for n in run.specs()}
-    old_edges = {(e.source, e.target) for e in run.edges}
+    old_edges = {(e.source, e.target): e.on for e in run.edges}
     try:
         result = edits_.apply(
             run.specs(), run.edges, run.states(), list(item.edits.edits), eng.known_tools(), eng.settings.dag_limits
@@ -298,12 +299,15 @@ def _apply_edits(eng: Engine, run: TaskRun, item: ReplanDone, now: float) -> Non
     for node_id in result.removed:
         eng._changes.delete(Node, (run.id, node_id))
         eng.ready.pop((run.id, node_id), None)
-    new_edges = {(e.source, e.target) for e in result.edges}
-    for src, dst in old_edges - new_edges:
+    new_edges = {(e.source, e.target): e.on for e in result.edges}
+    for src, dst in old_edges.keys() - new_edges.keys():
         eng._changes.delete(Edge, (run.id, src, dst))
     for row in added_edges:
-        if (row["source"], row["target"]) not in old_edges:
+        pair = (row["source"], row["target"])
+        if pair not in old_edges:
             eng._changes.insert(Edge, row)
+        elif old_edges[pair] != new_edges[pair]:  # the same pair with another `on` (remove + add)
+            eng._changes.update(Edge, (run.id, *pair), on=new_edges[pair].value)
     eng._changes.update(Task, (run.id,), dag_version=run.version)
     edit_log = [e.model_dump(mode="json", by_alias=True) for e in item.edits.edits]
     eng._changes.insert(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +13,15 @@ from orchestrator.domain.run import TaskRun
 from protocol.messages import Message
 
 NodeKey = tuple[str, str]  # (task_id, node_id)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a device's current session is: the replica holding it (None: not known yet, ask
+    presence) and the connection epoch, below which a session no longer speaks for the device."""
+
+    replica: str | None
+    epoch: int
 
 
 @dataclass
@@ -30,6 +38,11 @@ class DeviceRun:
     current_batch: str | None
     queue: dict[NodeKey, None] = field(default_factory=dict)  # insertion-ordered set
     recovering: bool = False  # connected before an engine (re)start and not heard from since
+    # Where its current session lives: the connection epoch (grows with every connection, on
+    # any replica) and the replica holding it. Inputs from an older epoch are stale.
+    epoch: int = 0
+    replica: str | None = None
+    heard_at: float | None = None  # engine clock: the last sign of life any replica reported
 
     def merged_labels(self) -> dict[str, str]:
         """SPEC section 2: enrollment labels win over what the agent reports."""
@@ -47,6 +60,10 @@ class DeviceRun:
             busy=self.current_batch is not None,
             queue_length=len(self.queue),
         )
+
+    @property
+    def route(self) -> Route:
+        return Route(self.replica, self.epoch)
 
     def hints(self, tool: str) -> tuple[bool, bool]:
         ann = self.tools.get(tool, {}).get("annotations") or {}
@@ -71,7 +88,7 @@ class AttemptRun:
     waiter: asyncio.Future[list[dict[str, Any]]] | None = None  # a step's results, for its agent loop
     tools_used: list[str] = field(default_factory=list)  # an agent attempt's tools, for retry safety
     step: str | None = None  # an agent attempt's step batch in flight
-    started: float = field(default_factory=time.time)  # when it was dispatched (round-trip metrics)
+    started: float = 0.0  # engine clock: when it was dispatched (round-trip metrics)
 
     @property
     def key(self) -> NodeKey:
@@ -106,15 +123,51 @@ class DeviceChanged(Input):
 
 @dataclass
 class DeviceHello(Input):
+    """A device connected (or resumed) on `replica`; `epoch` orders its connections."""
+
     device_id: str
     hello: Message
     resumed: bool
+    epoch: int = 0
+    replica: str = ""
 
 
 @dataclass
 class LivenessChanged(Input):
+    """What the replica holding connection `epoch` of the device judges of its liveness."""
+
     device_id: str
     liveness: Liveness
+    epoch: int = 0
+    replica: str = ""
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """One device link as its replica sees it (see `LinkReport`)."""
+
+    device_id: str
+    epoch: int
+    liveness: Liveness
+    silent_s: float  # since the last frame from the device (0 while its frames wait on the engine)
+    batch_id: str | None  # the batch the device last said (in a heartbeat) it is running
+
+
+@dataclass
+class LinkReport(Input):
+    """Every link a replica holds, re-announced periodically: the engine's liveness view is
+    re-derived from these, so a lost notification only delays it (SPEC section 7)."""
+
+    replica: str
+    links: list[LinkState]
+
+
+@dataclass
+class Hearing(Input):
+    """Whether the engine can hear other replicas (its Redis subscription is up). While it
+    cannot, their devices' silence proves nothing and they are not declared offline."""
+
+    up: bool
 
 
 @dataclass

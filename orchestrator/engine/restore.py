@@ -29,6 +29,7 @@ def device_from_row(row: Device) -> DeviceRun:
         liveness=Liveness(row.liveness),
         fence=row.fence,
         current_batch=row.current_batch_id,
+        epoch=row.session_epoch,
     )
 
 
@@ -53,8 +54,11 @@ def task_from_bundle(bundle: TaskBundle) -> TaskRun:
         rec.not_before = n.not_before.timestamp() if n.not_before else None
         rec.queued_on = n.queued_on
     for a in bundle.attempts:
-        if a.status == "failed" and a.kind != "step":
-            run.nodes[a.node_id].failed_on.add(a.device_id)
+        if a.status == "failed" and a.kind != "step" and a.node_id in run.nodes:
+            rec = run.nodes[a.node_id]
+            rec.failed_on.add(a.device_id)
+            if a.results and all(r.get("status") == "skipped" for r in a.results):
+                rec.unstarted += 1  # the device turned it away unrun (see TaskRun.attempt_ended)
     run.recount()
     return run
 
@@ -73,6 +77,7 @@ def attempt_from_row(a: Attempt) -> AttemptRun:
         cancel_reason=a.cancel_reason,
         kind=a.kind,
         parent=a.parent_batch_id,
+        started=a.started_at.timestamp(),
     )
 
 
@@ -105,10 +110,10 @@ def recover(eng: Engine, snap: RuntimeSnapshot, now: float) -> None:
         if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
             # Nobody is known to be connected yet: take no new work until the device is heard
             # from, and give it a full heartbeat timeout before judging it lost (peers.md: restart
-            # grace). The replica holding its socket announces it, or the agent says hello again.
+            # grace). The replica holding its socket reports it, or the agent says hello again.
             dev.liveness = Liveness.SUSPECT
             dev.recovering = True
-            eng._timer(now + eng.settings.heartbeat_timeout_s, "grace", dev.id)
+            dev.heard_at = now
         eng.devices[dev.id] = dev
     for bundle in snap.tasks:
         if bundle.task.state == TaskState.PLANNING:
@@ -146,6 +151,8 @@ def recover(eng: Engine, snap: RuntimeSnapshot, now: float) -> None:
             eng.attempts[att.parent].step = att.batch_id
         elif att.deadline:
             eng._timer(att.deadline, "attempt_deadline", att.batch_id)
+        if att.kind != "agent" and not att.accepted:
+            eng._timer(now + eng.settings.batch_accept_timeout_s, "accept_deadline", att.batch_id)
     for att in [a for a in eng.attempts.values() if a.kind == "agent"]:
         llm_work.stop_agent(
             eng,

@@ -25,17 +25,18 @@ class ResultHandling:
 
         def _set_current(self, dev: DeviceRun, batch_id: str | None) -> None: ...
 
+        def _raise_fence(self, dev: DeviceRun, seen: int) -> None: ...
+
         def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None: ...
 
         def _send(self, device_id: str, message: Message) -> bool: ...
 
     async def _on_results(self, dev: DeviceRun, msg: ResultBatch, now: float) -> None:
+        self._raise_fence(dev, msg.fence_seen)  # a device refusing a batch as stale says why
         att = self.attempts.get(msg.batch_id)
         if att is None or att.device_id != dev.id or att.fence != msg.fence:
             await self._refuse_results(dev, msg)
             return
-        if dev.current_batch == att.batch_id:
-            self._set_current(dev, None)
         self._end_attempt(att, self._outcome(att, dev, msg.results), now, msg.results)
 
     async def _refuse_results(self, dev: DeviceRun, msg: ResultBatch) -> None:
@@ -73,7 +74,12 @@ class ResultHandling:
             last = ordered[-1]
             return AttemptOutcome(True, output=last.result if last else None, results=dumped, tool_hints=hints)
         bad = next((r for r in ordered if r is not None and r.status in ("failure", "uncertain")), None)
-        if bad is None:
+        refused = next((r for r in ordered if r is not None and r.error is not None), None) if not ran else None
+        if bad is None and refused is not None and refused.error is not None and att.cancel_reason is None:
+            # Nothing ran: the device turned the batch away (a stale fence, a deadline already
+            # past) and says why in the skipped results.
+            code, message = refused.error.code, refused.error.message
+        elif bad is None:
             code, message = ErrorCode.CANCELLED.value, "the batch was stopped before its commands ran"
             if att.cancel_reason is None:
                 code, message = ErrorCode.TOOL_ERROR.value, "the device returned no result for some commands"

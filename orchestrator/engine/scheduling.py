@@ -14,6 +14,7 @@ from orchestrator.domain.model import AdminState, Liveness, NodeSpec, NodeState
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
 from orchestrator.engine import llm_work
 from orchestrator.engine.records import AttemptRun, DeviceRun, NodeKey
+from orchestrator.engine.times import BATCH_GRACE_S
 from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class Scheduling:
 
         def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None: ...
 
-        def _on_liveness(self, device_id: str, liveness: Liveness, now: float) -> None: ...
+        def _sweep(self, now: float) -> None: ...
 
     def _schedule(self, now: float) -> None:
         """Give READY nodes (highest priority, oldest first) a free capable device at once, or a
@@ -153,12 +154,7 @@ class Scheduling:
                         "timeout",
                     )
                 elif att is not None:
-                    self._timeout_attempt(
-                        att,
-                        "the attempt did not finish within the node's timeout_s; the device was told "
-                        "to stop. Raise timeout_s if the work needs longer.",
-                        now,
-                    )
+                    self._timeout_attempt(att, self._deadline_message(att), now)
             elif kind == "accept_deadline":
                 att = self.attempts.get(key)
                 if att is not None and not att.accepted:
@@ -166,12 +162,22 @@ class Scheduling:
                     if dev is not None and dev.liveness is Liveness.ONLINE:
                         limit = self.settings.batch_accept_timeout_s
                         self._timeout_attempt(att, f"the device did not accept the batch within {limit:g}s", now)
-            elif kind == "grace":
-                dev = self.devices.get(key)
-                if dev is not None and dev.recovering:
-                    dev.recovering = False  # not back within the timeout after a restart: lost
-                    self._on_liveness(dev.id, Liveness.OFFLINE, now)
+            elif kind == "sweep":
+                self._sweep(now)
+                self._timer(now + self.settings.link_report_interval_s, "sweep", None)
             # "wake" timers only make the loop run a scheduling pass
+
+    def _deadline_message(self, att: AttemptRun) -> str:
+        run = self.tasks.get(att.task_id)
+        rec = run.nodes.get(att.node_id) if run else None
+        if rec is not None and rec.spec.timeout_s:
+            limit = f"the node's timeout_s ({rec.spec.timeout_s:g}s)"
+        else:
+            limit = f"its deadline (its commands' timeout_s plus {BATCH_GRACE_S:g}s, as the node sets no timeout_s)"
+        return (
+            f"the attempt did not finish within {limit}; the device was told to stop. "
+            "Raise timeout_s if the work needs longer."
+        )
 
     def _queue_timeout(self, key: NodeKey, due_since: float, fired: float, now: float) -> None:
         run = self.tasks.get(key[0])

@@ -1,8 +1,10 @@
-"""Wall-clock conversions used for stored and emitted timestamps (UTC, ISO 8601 with offset)."""
+"""Wall-clock conversions for stored and emitted timestamps (UTC, ISO 8601 with offset), and
+batch deadlines."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 
 def utc(ts: float) -> datetime:
@@ -11,3 +13,17 @@ def utc(ts: float) -> datetime:
 
 def iso(ts: float) -> str:
     return utc(ts).isoformat()
+
+
+BATCH_GRACE_S = 30.0  # added to a batch's command limits when its node sets no timeout_s
+
+
+def batch_deadline(now: float, node_timeout_s: float | None, commands: list[dict[str, Any]]) -> float | None:
+    """When an attempt must be over: the node's `timeout_s`, else its commands' own limits in a
+    row plus a grace for delivery. Every command batch carries one, so a device that heartbeats
+    but never answers cannot hold a node forever (agent steps with no commands get none)."""
+    if node_timeout_s:
+        return now + node_timeout_s
+    if not commands:
+        return None
+    return now + sum(float(c.get("timeout_s") or 60.0) for c in commands) + BATCH_GRACE_S

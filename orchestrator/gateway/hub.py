@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -20,7 +21,8 @@ from orchestrator.cluster import Cluster, LocalCluster
 from orchestrator.config import Settings
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.core import Engine
-from orchestrator.engine.records import DeviceHello, FrameIn, Input, LivenessChanged
+from orchestrator.engine.records import DeviceHello, FrameIn, Input, LinkReport, LinkState, LivenessChanged
+from orchestrator.engine.times import utc
 from orchestrator.gateway.limits import RateLimiter
 from orchestrator.ids import new_id
 from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
@@ -60,6 +62,8 @@ class Link:
     last_frame: float = field(default_factory=time.monotonic)
     liveness: Liveness = Liveness.ONLINE
     waiting: int = 0  # the reader awaits the engine: frames queue up unread, but the device is alive
+    epoch: int = 0  # the store's number for the device's latest connection here (SPEC section 7)
+    batch_id: str | None = None  # the batch the device last said (heartbeat) it is running
 
 
 class Gateway:
@@ -71,34 +75,40 @@ class Gateway:
         self.links: dict[str, Link] = {}
         self.handshakes = RateLimiter(settings.handshakes_per_minute, 60.0)
         self._monitor: asyncio.Task[None] | None = None
+        self._reporter: asyncio.Task[None] | None = None
+        self.server_id = ""  # the store's identity, told to agents (they bind their fences to it)
         self.cluster: Cluster = LocalCluster(engine, self)  # replaced by a RedisCluster on replicas
 
     # ================================================================ lifecycle
 
     async def start(self) -> None:
+        self.server_id = await self.store.server_id()
         self._monitor = asyncio.create_task(self._watch_liveness(), name="orrery-liveness")
+        self._reporter = asyncio.create_task(self._report_links(), name="orrery-link-reports")
 
     async def stop(self) -> None:
-        if self._monitor:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+        for task in (self._monitor, self._reporter):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for link in self.links.values():
             if link.conn:
                 link.conn.close(CloseCode.GOING_AWAY, "server shutting down")
 
     # ================================================================ engine-facing
 
-    def send(self, device_id: str, message: Message) -> bool:
-        """Stamp and queue a frame. Reliable frames stay in the session until acknowledged, so
-        one sent while the device is away goes out when it resumes. True if a socket took it."""
+    def send(self, device_id: str, message: Message, epoch: int = 0) -> bool:
+        """Stamp and queue a frame on the device's session here, if that session belongs to
+        connection `epoch` or a newer one. Reliable frames stay in the session until acknowledged,
+        so one sent while the socket is down goes out when the device resumes: True means the
+        frame may reach the device, False that it certainly cannot (no such session here)."""
         link = self.links.get(device_id)
-        if link is None or link.session is None:
+        if link is None or link.session is None or link.epoch < epoch:
             return False
         stamped = link.session.stamp(message)
-        if link.conn is None or link.conn.closed:
-            return False
-        link.conn.push(encode(stamped))
+        if link.conn is not None and not link.conn.closed:
+            link.conn.push(encode(stamped))
         return True
 
     def close(self, device_id: str, code: int, reason: str) -> None:
@@ -106,13 +116,31 @@ class Gateway:
         if link and link.conn:
             link.conn.close(code, reason)
 
-    def holds(self, device_id: str) -> bool:
-        """This replica has the device's live session (a socket, or one just dropped that may resume)."""
-        link = self.links.get(device_id)
-        return link is not None and link.session is not None
+    def link_report(self) -> LinkReport:
+        """Every link here as the engine should know it (re-announced periodically)."""
+        now = time.monotonic()
+        return LinkReport(
+            self.cluster.replica_id,
+            [
+                LinkState(
+                    link.device_id,
+                    link.epoch,
+                    link.liveness,
+                    0.0 if link.waiting else max(0.0, now - link.last_frame),
+                    link.batch_id,
+                )
+                for link in self.links.values()
+                if link.session is not None
+            ],
+        )
 
-    def connected(self) -> list[str]:
-        return [d for d, link in self.links.items() if link.conn is not None and not link.conn.closed]
+    async def _report_links(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.link_report_interval_s)
+            try:
+                self.cluster.report(self.link_report())
+            except Exception:  # a report is a periodic hint; the next one will do
+                log.exception("could not report device links")
 
     def is_connected(self, device_id: str) -> bool:
         link = self.links.get(device_id)
@@ -153,6 +181,12 @@ class Gateway:
             conn.close(exc.close_code, exc.code.value)
         except WebSocketDisconnect:
             conn.closed = True
+        except Exception as exc:
+            # The engine could not take a frame now (no leader within the deadline, the store
+            # away): end the connection without acknowledging it. The agent reconnects and
+            # resumes, and re-sends what was not acknowledged (SPEC section 4).
+            log.warning("device %s: closing its connection, the engine is unavailable: %s", device.id, exc)
+            conn.close(CloseCode.TRY_AGAIN_LATER, "the orchestrator is busy; reconnect")
         finally:
             metrics.websockets.dec()
             conn.close(CloseCode.NORMAL, "")
@@ -178,6 +212,10 @@ class Gateway:
             conn.close(CloseCode.FORBIDDEN, "device id mismatch")
             return None
         version = negotiate_version(hello.versions)
+        epoch = await self.store.open_session(device_id)
+        if not epoch:  # the device row is gone
+            conn.close(CloseCode.UNAUTHORIZED, "unknown device")
+            return None
         link = self.links.get(device_id)
         if link is not None and link.conn is not None and link.conn is not conn:
             link.conn.close(CloseCode.SUPERSEDED, "superseded by a newer connection")
@@ -194,6 +232,7 @@ class Gateway:
         session = link.session
         assert session is not None
         link.conn = conn
+        link.epoch = epoch
         self._touch(link)
         welcome = Welcome(
             session_id=session.session_id,
@@ -202,13 +241,20 @@ class Gateway:
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
             max_frame_bytes=self.settings.max_frame_bytes,
             resumed=resumed,
+            server_id=self.server_id or None,
+            server_time=utc(time.time()),
         )
         text, resend = conn.channel.accept(hello, session, welcome)
         conn.push(text)
         for frame in resend:
             conn.push(frame)
-        self.cluster.device_connected(device_id)
-        await self._engine(link, DeviceHello(device_id, hello, resumed))
+        self.cluster.device_connected(device_id, epoch)
+        current = await self._engine(link, DeviceHello(device_id, hello, resumed, epoch, self.cluster.replica_id))
+        if current is False:  # a newer connection of this device reached the engine first
+            if self.links.get(device_id) is link and link.conn is conn:
+                del self.links[device_id]
+            conn.close(CloseCode.SUPERSEDED, "superseded by a newer connection")
+            return None
         log.info("device %s connected (session %s, resumed=%s)", device_id, session.session_id, resumed)
         return hello
 
@@ -226,6 +272,7 @@ class Gateway:
             if msg is None:
                 continue
             if isinstance(msg, Heartbeat):
+                link.batch_id = msg.batch_id
                 self.engine.metrics.heartbeat_lag.observe(max(0.0, silence - self.settings.heartbeat_interval_s))
                 self._heartbeat_reply(link, conn)
                 continue
@@ -245,12 +292,13 @@ class Gateway:
                 # usually the next command batch carries the ack first and no extra frame is sent.
                 asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack_if_needed, link, conn)
 
-    async def _engine(self, link: Link, item: Input) -> None:
-        """Hand an input to the engine and wait for it to be durable. Meanwhile (possibly an
-        engine failover) the reader reads nothing, so liveness must not count the silence."""
+    async def _engine(self, link: Link, item: Input) -> Any:
+        """Hand an input to the engine and wait for it to be durable; its answer. Meanwhile
+        (possibly an engine failover) the reader reads nothing, so liveness must not count the
+        silence; the cluster ends the wait within its request deadline."""
         link.waiting += 1
         try:
-            await self.cluster.submit(item)
+            return await self.cluster.submit(item)
         finally:
             link.waiting -= 1
             self._touch(link)
@@ -282,10 +330,13 @@ class Gateway:
 
     def _touch(self, link: Link) -> None:
         link.last_frame = time.monotonic()
-        self.cluster.device_seen(link.device_id)
+        self.cluster.device_seen(link.device_id, link.epoch)
         if link.liveness is not Liveness.ONLINE:
             link.liveness = Liveness.ONLINE
-            self.cluster.notify(LivenessChanged(link.device_id, Liveness.ONLINE))
+            self._liveness(link)
+
+    def _liveness(self, link: Link) -> None:
+        self.cluster.notify(LivenessChanged(link.device_id, link.liveness, link.epoch, self.cluster.replica_id))
 
     async def _watch_liveness(self) -> None:
         """SPEC section 4: suspect after two silent intervals, offline after the timeout."""
@@ -301,7 +352,7 @@ class Gateway:
                     self._go_offline(link)
                 elif silent > self.settings.suspect_after_s and link.liveness is Liveness.ONLINE:
                     link.liveness = Liveness.SUSPECT
-                    self.cluster.notify(LivenessChanged(link.device_id, Liveness.SUSPECT))
+                    self._liveness(link)
 
     def _go_offline(self, link: Link) -> None:
         """The session ends with the device: a later hello starts afresh and is fenced."""
@@ -310,8 +361,9 @@ class Gateway:
         if link.conn:
             link.conn.close(CloseCode.GOING_AWAY, "heartbeat timeout")
         log.warning("device %s is offline (no frame for %.1fs)", link.device_id, time.monotonic() - link.last_frame)
-        self.cluster.device_gone(link.device_id)
-        self.cluster.notify(LivenessChanged(link.device_id, Liveness.OFFLINE))
+        link.liveness = Liveness.OFFLINE
+        self.cluster.device_gone(link.device_id, link.epoch)
+        self._liveness(link)
 
 
 async def _receive(ws: WebSocket) -> str | bytes | None:

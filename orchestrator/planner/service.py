@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -15,7 +16,7 @@ from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec
 from orchestrator.domain.problems import Problem
 from orchestrator.engine.core import Engine
-from orchestrator.engine.records import AgentDone, AgentStep, PlanFailed, PlanReady, ReplanDone
+from orchestrator.engine.records import AgentDone, AgentStep, Input, PlanFailed, PlanReady, ReplanDone
 from orchestrator.engine.times import utc
 from orchestrator.planner import agent_loop, planning
 from orchestrator.planner.catalogue import inventory
@@ -47,13 +48,23 @@ class PlannerService:
     # ------------------------------------------------------------------ entry points (engine-facing)
 
     def start_planning(self, task_id: str, request: str) -> None:
-        self._spawn(self._plan(task_id, request), f"plan-{task_id}")
+        self._spawn(
+            self._plan(task_id, request),
+            f"plan-{task_id}",
+            lambda why: PlanFailed(task_id, "planning_failed", f"the planner failed unexpectedly: {why}"),
+        )
 
     def start_agent(
         self, attempt_id: str, task_id: str, node_id: str, instruction: str, max_steps: int, device: dict[str, Any]
     ) -> None:
         node = agent_loop.AgentNode(task_id, node_id, instruction, max_steps, device)
-        self._agents[attempt_id] = self._spawn(self._agent(attempt_id, node), f"agent-{attempt_id}")
+        self._agents[attempt_id] = self._spawn(
+            self._agent(attempt_id, node),
+            f"agent-{attempt_id}",
+            lambda why: AgentDone(
+                attempt_id, False, error_code="internal_error", error_message=f"the agent loop failed: {why}"
+            ),
+        )
 
     def cancel_agent(self, attempt_id: str) -> None:
         job = self._agents.pop(attempt_id, None)
@@ -61,7 +72,11 @@ class PlannerService:
             job.cancel()
 
     def replan(self, task_id: str, node_id: str, context: dict[str, Any]) -> None:
-        self._spawn(self._replan(task_id, node_id, context), f"replan-{task_id}")
+        self._spawn(
+            self._replan(task_id, node_id, context),
+            f"replan-{task_id}",
+            lambda why: ReplanDone(task_id, node_id, None, f"internal_error: the re-planner failed: {why}"),
+        )
 
     # ------------------------------------------------------------------ the jobs
 
@@ -113,20 +128,22 @@ class PlannerService:
         else:
             self.engine.notify(ReplanDone(task_id, node_id, edits))
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
-        job: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._guard(coro, name), name=name)
+    def _spawn(self, coro: Any, name: str, on_error: Callable[[str], Input]) -> asyncio.Task[None]:
+        job: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._guard(coro, name, on_error), name=name)
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
         return job
 
-    @staticmethod
-    async def _guard(coro: Any, name: str) -> None:
+    async def _guard(self, coro: Any, name: str, on_error: Callable[[str], Input]) -> None:
+        """Run a job; if it fails in a way it did not handle itself, the engine still hears that
+        it ended (else a task would stay `planning`, or an agent node hold its device, forever)."""
         try:
             await coro
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             log.exception("planner job %s failed", name)
+            self.engine.notify(on_error(f"{type(exc).__name__}: {exc}"[:500]))
 
     # ------------------------------------------------------------------ records and budget
 

@@ -61,6 +61,10 @@ class Device(Base):
     admin_state: Mapped[str] = mapped_column(String(20), default="active")
     liveness: Mapped[str] = mapped_column(String(20), default="enrolled")
     fence: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Grows with every connection the device opens, on whichever replica: only the holder of the
+    # newest connection speaks for the device (SPEC section 7). Written by the gateways, never
+    # by the engine, so the two never overwrite each other.
+    session_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     current_batch_id: Mapped[str | None] = mapped_column(String(40))
     created_at: Mapped[datetime]
     last_seen: Mapped[datetime | None]
@@ -166,6 +170,16 @@ class Lease(Base):
     expires_at: Mapped[datetime | None]
 
 
+class ServerMeta(Base):
+    """Facts about this store itself, such as `server_id`: the identity every replica and every
+    restart of this deployment shares (agents bind their ledger's fences to it)."""
+
+    __tablename__ = "server_meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
 class LlmCall(Base):
     """One call to the model: what it was shown (secrets removed), what it said, what it cost."""
 
@@ -209,6 +223,7 @@ __all__ = [
     "Lease",
     "LlmCall",
     "Node",
+    "ServerMeta",
     "Task",
     "Text",
 ]

@@ -17,7 +17,20 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from orchestrator.store.db import is_sqlite, make_engine, make_sessionmaker
-from orchestrator.store.models import ApiKey, Attempt, Base, DagEdit, Device, Edge, Event, Lease, LlmCall, Node, Task
+from orchestrator.store.models import (
+    ApiKey,
+    Attempt,
+    Base,
+    DagEdit,
+    Device,
+    Edge,
+    Event,
+    Lease,
+    LlmCall,
+    Node,
+    ServerMeta,
+    Task,
+)
 from orchestrator.store.sqlite_writer import SqliteWriter
 
 ACTIVE_TASK_STATES = ("planning", "running")
@@ -56,6 +69,21 @@ class ChangeSet:
     def event(self, row: dict[str, Any]) -> None:
         self.events.append(row)
 
+    def absorb(self, later: ChangeSet) -> None:
+        """Add the changes of `later` (made after ours) to this set, as if made here in order:
+        its inserts, updates (its values win on the same row), deletes and events all land, and
+        its guard applies to the whole."""
+        for model, rows in later.inserts.items():
+            self.inserts[model].extend(rows)
+        for model, by_key in later.updates.items():
+            for key, values in by_key.items():
+                self.update(model, key, **values)
+        for model, keys in later.deletes.items():
+            for key in keys:
+                self.delete(model, key)
+        self.events.extend(later.events)
+        self.guard = later.guard
+
     def __bool__(self) -> bool:
         return bool(self.inserts or self.updates or self.events or self.deletes)
 
@@ -93,6 +121,47 @@ class Store:
         await self.engine.dispose()
         if self._sqlite is not None:
             self._sqlite.close()
+
+    async def server_id(self) -> str:
+        """The identity of this store (made by the migrations), shared by every replica."""
+        async with self.sessions() as s:
+            row = await s.get(ServerMeta, "server_id")
+        return row.value if row is not None else ""
+
+    async def open_session(self, device_id: str) -> int:
+        """Start a new connection epoch for a device; the epoch, or 0 if the device is gone.
+
+        One atomic increment in the store orders every connection of a device across replicas:
+        whoever holds the highest epoch holds its current session (SPEC section 7)."""
+        if self._sqlite is not None:
+            rows = self._sqlite.execute(
+                "UPDATE devices SET session_epoch = session_epoch + 1 WHERE id = ? RETURNING session_epoch",
+                (device_id,),
+            )
+            return int(rows[0][0]) if rows else 0
+        devices = _table(Device)
+        async with self.engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    update(devices)
+                    .where(devices.c.id == device_id)
+                    .values(session_epoch=devices.c.session_epoch + 1)
+                    .returning(devices.c.session_epoch)
+                )
+            ).first()
+        return int(row[0]) if row else 0
+
+    async def active_task_ids(self, created_since: datetime) -> list[tuple[str, str]]:
+        """(id, state) of planning and running tasks created since the given time."""
+        q = select(Task.id, Task.state).where(Task.state.in_(ACTIVE_TASK_STATES), Task.created_at >= created_since)
+        async with self.sessions() as s:
+            return [(str(i), str(st)) for i, st in (await s.execute(q)).all()]
+
+    async def device_admin(self) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """(id, name, admin state, enrollment labels) of every device: what operators change."""
+        q = select(Device.id, Device.name, Device.admin_state, Device.labels)
+        async with self.sessions() as s:
+            return [(str(i), str(n), str(a), dict(lb or {})) for i, n, a, lb in (await s.execute(q)).all()]
 
     async def ping(self) -> None:
         async with self.engine.connect() as conn:

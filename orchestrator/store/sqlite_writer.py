@@ -88,6 +88,18 @@ class SqliteWriter:
             db.execute("ROLLBACK")
             raise
 
+    def execute(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """One statement in a transaction of its own (e.g. an atomic counter with RETURNING)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = db.execute(sql, params).fetchall()
+            db.execute("COMMIT")
+            return rows
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
     def _q(self, name: str) -> str:
         return str(self._dialect.identifier_preparer.quote(name))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakellm import FakeLLM, call, calls, plan, say, status
+from tests.fakellm import FakeLLM, call, calls, plan, raw, say, status
 from tests.support import Fleet, shell
 
 
@@ -93,6 +93,23 @@ def test_an_invalid_plan_is_repaired_on_the_second_round(tmp_path: Path, llm: Fa
         assert done["state"] == "succeeded"
         repair = json.dumps(llm.requests[1]["messages"][-1])
         assert "dag_cycle" in repair and "x -> y -> x" in repair
+
+
+def test_a_planner_that_breaks_on_a_malformed_reply_fails_the_task_instead_of_leaving_it_planning(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """Issue 12: a planner job that failed with anything but an LLM error was swallowed, and the
+    task stayed `planning` for ever. Here the "OpenAI-compatible" server answers 200 with a
+    message that is a string, not an object, which the client library does not catch."""
+    with Fleet(tmp_path, **llm.env()) as f:
+        f.agent("planner-a")
+        llm.add(
+            raw({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [{"message": "?"}]})
+        )
+        done = f.wait_task(request(f, "anything")["id"], timeout=30)
+        assert done["state"] == "failed", done
+        assert done["error"]["code"] == "planning_failed"
+        assert "unexpectedly" in done["error"]["message"]
 
 
 def test_three_invalid_plans_fail_with_planning_failed(tmp_path: Path, llm: FakeLLM) -> None:

@@ -62,9 +62,15 @@ async def test_invalid_base64_is_invalid_arguments(workspace: Path) -> None:
 async def test_append_adds_to_the_file_and_reports_the_whole_file(workspace: Path) -> None:
     ctx = make_ctx(workspace)
     await ok(ctx, "write", path="log.txt", content="a")
-    appended = await ok(ctx, "write", path="log.txt", content="b", append=True)
+    appended = await ok(ctx, "append", path="log.txt", content="b")
     assert (workspace / "log.txt").read_text() == "ab"
     assert (appended["size"], appended["sha256"]) == (2, hashlib.sha256(b"ab").hexdigest())
+
+
+async def test_append_creates_a_missing_file_and_takes_base64(workspace: Path) -> None:
+    appended = await ok(make_ctx(workspace), "append", path="new/log.bin", content="AAE=", encoding="base64")
+    assert (workspace / "new" / "log.bin").read_bytes() == b"\x00\x01"
+    assert appended["size"] == 2
 
 
 async def test_replacing_a_file_keeps_its_mode_and_leaves_no_temp_file(workspace: Path) -> None:
@@ -84,6 +90,8 @@ async def test_size_limits_refuse_large_reads_and_writes(workspace: Path) -> Non
     assert err["code"] == "invalid_arguments"
     assert "shell.run" in err["message"]
     assert (await refused(ctx, "write", path="w", content="y" * 11))["code"] == "invalid_arguments"
+    assert (await refused(ctx, "append", path="w", content="y" * 11))["code"] == "invalid_arguments"
+    assert not (workspace / "w").exists()
 
 
 async def test_reading_a_missing_file_suggests_listing(workspace: Path) -> None:
@@ -97,9 +105,10 @@ async def test_reading_a_directory_is_a_tool_error(workspace: Path) -> None:
     assert (await refused(make_ctx(workspace), "read", path="d"))["code"] == "tool_error"
 
 
-async def test_writing_over_a_directory_is_a_tool_error(workspace: Path) -> None:
+@pytest.mark.parametrize("tool", ["write", "append"])
+async def test_writing_over_a_directory_is_a_tool_error(workspace: Path, tool: str) -> None:
     (workspace / "d").mkdir()
-    assert (await refused(make_ctx(workspace), "write", path="d", content="x"))["code"] == "tool_error"
+    assert (await refused(make_ctx(workspace), tool, path="d", content="x"))["code"] == "tool_error"
 
 
 async def test_list_gives_sorted_entries_with_types_and_sizes(workspace: Path) -> None:
@@ -172,7 +181,7 @@ ESCAPES = ["../outside.txt", "ABSOLUTE", "out-dir/outside.txt", "out-link"]
 CALLS: list[tuple[str, dict[str, Any]]] = [
     ("read", {}),
     ("write", {"content": "pwned"}),
-    ("write", {"content": "pwned", "append": True}),
+    ("append", {"content": "pwned"}),
     ("list", {}),
     ("delete", {"recursive": True}),
 ]
@@ -180,7 +189,7 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
 
 # Deleting `out-link` removes the link itself, which is allowed (see the symlink delete test).
 CASES = [
-    pytest.param(escape, tool, extra, id=f"{tool}{'-append' if extra.get('append') else ''}-{escape}")
+    pytest.param(escape, tool, extra, id=f"{tool}-{escape}")
     for escape in ESCAPES
     for tool, extra in CALLS
     if not (tool == "delete" and escape == "out-link")
@@ -206,6 +215,7 @@ async def test_kill_switch_refuses_write_and_delete_but_not_read_or_list(workspa
     (workspace / "f").write_text("x")
     ctx = make_ctx(workspace, kill_switch=True)
     assert (await refused(ctx, "write", path="f", content="y"))["code"] == "policy_denied"
+    assert (await refused(ctx, "append", path="f", content="y"))["code"] == "policy_denied"
     assert (await refused(ctx, "delete", path="f"))["code"] == "policy_denied"
     assert (await ok(ctx, "read", path="f"))["content"] == "x"
     assert [e["name"] for e in (await ok(ctx, "list"))["entries"]] == ["f"]
@@ -223,7 +233,9 @@ async def test_tools_carry_documented_annotations(workspace: Path) -> None:
         "read": (True, True, False),
         "list": (True, True, False),
         "write": (False, True, True),
+        "append": (False, False, True),  # appending twice adds twice: never retried automatically
         "delete": (False, True, True),
     }
+    assert "append" not in tools["write"].input_schema["properties"]
     assert all(t.description for t in tools.values())
     assert tools["read"].output_schema is not None

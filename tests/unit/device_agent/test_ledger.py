@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from device_agent import ledger as ledger_module
 from device_agent.ledger import Ledger, Receipt
 from protocol.messages import Command, CommandBatch, Result
 
+DEVICE = "dev_1"
 
-def batch(batch_id: str, fence: int, n: int = 2) -> CommandBatch:
+
+def batch(batch_id: str, fence: int, n: int = 2, deadline: float | None = None) -> CommandBatch:
     return CommandBatch(
         batch_id=batch_id,
         task_id="t",
         node_id="n",
         attempt=1,
         fence=fence,
+        deadline=datetime.fromtimestamp(deadline, UTC) if deadline is not None else None,
         commands=[Command(call_id=f"c{i}", tool="shell.run") for i in range(1, n + 1)],
     )
 
@@ -24,7 +32,7 @@ def ok(call_id: str) -> Result:
 
 
 def test_a_batch_is_new_once_then_pending_then_done_with_its_results(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
     b = batch("b1", 1)
     assert ledger.receive(b) is Receipt.NEW
     assert ledger.receive(b) is Receipt.PENDING
@@ -34,34 +42,125 @@ def test_a_batch_is_new_once_then_pending_then_done_with_its_results(tmp_path: P
 
 
 def test_a_batch_older_than_the_newest_fence_is_stale(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db")
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
     ledger.receive(batch("b2", 5))
     assert ledger.receive(batch("b1", 4)) is Receipt.STALE
     assert ledger.max_fence == 5
+    assert ledger.results("b1") is None and ledger.fence_of("b1") is None  # a refused batch leaves no trace
+
+
+def test_the_fence_high_water_mark_belongs_to_one_server_and_one_device(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    ledger.welcomed("srv-a")
+    ledger.receive(batch("a5", 5))
+    ledger.welcomed("srv-b")  # another orchestrator store: its fences have their own history
+    assert ledger.max_fence == 0
+    assert ledger.receive(batch("b1", 1)) is Receipt.NEW
+    ledger.welcomed("srv-a")
+    assert ledger.max_fence == 5
+    assert ledger.receive(batch("a3", 3)) is Receipt.STALE
+
+
+def test_a_data_dir_reused_by_a_new_enrollment_accepts_its_first_fences(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    old = Ledger(path, "dev_old")
+    old.welcomed("srv")
+    old.receive(batch("b9", 9))
+    old.close()
+    new = Ledger(path, "dev_new")
+    assert (new.server_id, new.max_fence) == ("srv", 0)
+    assert new.receive(batch("n1", 1)) is Receipt.NEW
+
+
+def test_the_last_server_and_its_mark_survive_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    ledger = Ledger(path, DEVICE)
+    ledger.welcomed("srv-a")
+    ledger.receive(batch("b7", 7))
+    ledger.close()
+    reopened = Ledger(path, DEVICE)
+    assert (reopened.server_id, reopened.max_fence) == ("srv-a", 7)
+    assert reopened.receive(batch("b6", 6)) is Receipt.STALE
+
+
+def test_a_server_that_names_no_store_is_the_empty_server_id(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    ledger.receive(batch("b4", 4))
+    ledger.welcomed(None)
+    assert (ledger.server_id, ledger.max_fence) == ("", 4)
+
+
+def test_batch_ids_are_deduplicated_across_servers(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    ledger.welcomed("srv-a")
+    ledger.receive(batch("b1", 3, n=1))
+    ledger.finish_batch("b1", 3, [ok("c1")])
+    ledger.welcomed("srv-b")
+    assert ledger.receive(batch("b1", 3, n=1)) is Receipt.DONE
 
 
 def test_after_a_crash_the_running_command_is_uncertain_and_the_rest_skipped(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    ledger = Ledger(path)
+    ledger = Ledger(path, DEVICE)
     ledger.receive(batch("b1", 1, n=3))
     ledger.start_call("b1", "c1")
     ledger.finish_call("b1", ok("c1"))
     ledger.start_call("b1", "c2")
     ledger.close()  # the process dies here
-    reopened = Ledger(path)
+    reopened = Ledger(path, DEVICE)
     assert reopened.recover() == ["b1"]
     statuses = [r.status for r in reopened.results("b1") or []]
     assert statuses == ["success", "uncertain", "skipped"]
     assert [e.batch_id for e in reopened.outbox()] == ["b1"]
 
 
+def test_after_a_restart_unstarted_batches_past_their_deadline_are_closed_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    ledger = Ledger(path, DEVICE)
+    now = time.time()
+    ledger.receive(batch("late", 1, deadline=now + 60))
+    ledger.receive(batch("due-later", 2, deadline=now + 3600))
+    ledger.receive(batch("no-deadline", 3))
+    ledger.close()  # the agent stops before starting any of them
+    reopened = Ledger(path, DEVICE)
+    assert reopened.recover(now=now + 61) == ["late"]
+    results = reopened.results("late") or []
+    assert [(r.status, r.error.code if r.error else None) for r in results] == [("skipped", "timeout")] * 2
+    assert results[0].error is not None and "deadline" in results[0].error.message
+    assert [e.batch_id for e in reopened.outbox()] == ["late"]  # the server will hear of it
+    assert [b.batch_id for b in reopened.pending_batches()] == ["due-later", "no-deadline"]
+
+
+def test_an_unstarted_batch_without_a_deadline_is_closed_after_a_day(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    ledger.receive(batch("old", 1))
+    assert ledger.recover(now=time.time() + 23 * 3600) == []
+    assert ledger.recover(now=time.time() + 24 * 3600 + 1) == ["old"]
+    assert {r.error.code for r in ledger.results("old") or [] if r.error} == {"timeout"}
+    assert [e.batch_id for e in ledger.outbox()] == ["old"]
+
+
+def test_closed_unstarted_batches_are_pruned_like_any_finished_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ledger_module, "KEEP_FINISHED_BATCHES", 1)
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    now = time.time()
+    ledger.receive(batch("first", 1, deadline=now - 2))
+    ledger.recover(now=now)
+    ledger.receive(batch("second", 2, deadline=now - 1))
+    ledger.recover(now=now + 1)
+    assert ledger.results("first") is None
+    assert ledger.results("second") is not None
+
+
 def test_results_stay_in_the_outbox_until_acknowledged_across_reopen(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    ledger = Ledger(path)
+    ledger = Ledger(path, DEVICE)
     ledger.receive(batch("b1", 1, n=1))
     ledger.finish_batch("b1", 1, [ok("c1")])
     ledger.close()
-    reopened = Ledger(path)
+    reopened = Ledger(path, DEVICE)
     assert [e.batch_id for e in reopened.outbox()] == ["b1"]
     reopened.acknowledged("b1")
     assert reopened.outbox() == []

@@ -61,6 +61,40 @@ def test_a_retry_safe_failure_goes_back_to_ready_after_backoff() -> None:
     assert rec.not_before == 10.5  # min(60, 1 * 2**0) * 0.5
 
 
+def test_a_retry_waits_out_its_backoff_before_its_queue_timeout_starts_counting() -> None:
+    """Issue 12, defect 9: `ready_since` (what the queue timeout counts from) is the end of the
+    backoff, so a backoff longer than queue_timeout_s cannot fail the node before it may retry."""
+    spec = NodeSpec.model_validate(
+        {
+            "id": "a",
+            "commands": [{"tool": "t.x"}],
+            "queue_timeout_s": 5,
+            "retry": {"max_attempts": 2, "backoff_s": 100, "backoff_max_s": 100},
+        }
+    )
+    run = TaskRun("t", [spec], [])
+    run.start(0)
+    run.mark_running("a")
+    run.attempt_ended("a", fail(safe_hints=True), 10.0, jitter=0.5)
+    rec = run.nodes["a"]
+    assert rec.not_before == 60.0
+    assert rec.ready_since == rec.not_before
+
+
+def test_an_attempt_that_never_started_is_placed_again_without_spending_a_try() -> None:
+    run = TaskRun("t", [nodespec("a", max_attempts=1)], [])
+    run.start(0)
+    run.mark_running("a")
+    run.attempt_ended("a", fail(started=False), 3.0, jitter=0.5)
+    rec = run.nodes["a"]
+    assert rec.state is NodeState.READY
+    assert (rec.attempts, rec.tries) == (1, 0)
+    assert rec.ready_since == 0  # schedule-to-start: its queue timeout still counts from the start
+    run.mark_running("a")
+    run.attempt_ended("a", fail(started=True, safe_hints=True), 5.0, jitter=0.5)
+    assert rec.state is NodeState.FAILED  # the one try it had
+
+
 def test_a_side_effecting_failure_is_not_retried() -> None:
     run = TaskRun("t", [nodespec("a", max_attempts=3)], [])
     run.start(0)
@@ -106,6 +140,7 @@ def test_random_runs_terminate_respect_edges_and_never_rerun_unsafely(
     now = 0.0
     run.start(now)
     runs: dict[str, int] = {}
+    tries: dict[str, int] = {}  # attempts that may have run on a device
     last_failure_safe: dict[str, bool] = {}
     cancel_at = data.draw(st.one_of(st.none(), st.integers(0, 60)), label="cancel_at")
     steps = 0
@@ -138,8 +173,10 @@ def test_random_runs_terminate_respect_edges_and_never_rerun_unsafely(
         else:
             outcome = fail(started=False)
         last_failure_safe[node_id] = kind in ("fail_safe", "not_started")
+        tries[node_id] = tries.get(node_id, 0) + (kind != "not_started")
         run.attempt_ended(node_id, outcome, now, data.draw(st.floats(0, 0.999), label="jitter"))
     assert run.state.terminal
     assert all(r.state.terminal for r in run.nodes.values())
-    for node_id, count in runs.items():
+    for node_id, count in tries.items():
+        # An attempt that never started is placed again without spending a try.
         assert count <= nodes[int(node_id[1:])].retry.max_attempts

@@ -170,3 +170,27 @@ def test_any_mix_of_drops_duplicates_and_reorders_delivers_each_frame_once_in_or
     assert receiver.delivered == [f"m{i}" for i in range(n)]
     sender.session.receive(receiver.session.stamp(Heartbeat(state="idle")))
     assert sender.session.unacked_count == 0
+
+
+def test_a_frame_received_but_never_confirmed_is_taken_again_after_a_resume() -> None:
+    """Issue 12, defect 8: the server read result_batch seq 2, the engine never took it (the
+    connection ended, or the engine was unavailable), the agent resumed and re-sent it. The
+    re-sent copy must be delivered, and the ack must not cover it until it is confirmed."""
+    server = Session("s")
+    assert server.receive(BatchAccepted(seq=1, batch_id="b")) is not None
+    server.confirm(1)
+    assert server.receive(BatchAccepted(seq=2, batch_id="b2")) is not None  # read, never confirmed
+    server.resume_from(0)  # the agent reconnects and resumes; it re-sends seq 2
+    again = server.receive(BatchAccepted(seq=2, batch_id="b2"))
+    assert again is not None and again.batch_id == "b2"
+    assert server.stamp(Heartbeat(state="idle")).ack == 1
+    server.confirm(2)
+    assert server.stamp(Heartbeat(state="idle")).ack == 2
+
+
+def test_after_a_resume_a_frame_already_confirmed_is_still_a_duplicate() -> None:
+    server = Session("s")
+    server.receive(BatchAccepted(seq=1, batch_id="b"))
+    server.confirm(1)
+    server.resume_from(0)
+    assert server.receive(BatchAccepted(seq=1, batch_id="b")) is None

@@ -90,3 +90,54 @@ def test_the_fast_converters_write_exactly_what_sqlalchemy_would() -> None:
     import json
 
     assert json.loads(_dump_json(value)) == value
+
+
+async def test_soft_changes_absorbing_later_ones_keep_their_deletes_updates_and_events(store: Store) -> None:
+    """Issue 12, defect 5: the engine merges pending soft updates with a step's changes; a DAG
+    edit's deletes (a node, an edge) and an edge whose `on` changed must all reach the store."""
+    setup = ChangeSet()
+    setup.insert(Task, task_row("t1"))
+    for node_id in ("a", "b", "c"):
+        setup.insert(
+            Node, {"task_id": "t1", "id": node_id, "position": 0, "kind": "tool", "spec": {}, "state": "pending"}
+        )
+    setup.insert(Edge, {"task_id": "t1", "source": "a", "target": "b", "on": "success"})
+    setup.insert(Edge, {"task_id": "t1", "source": "a", "target": "c", "on": "success"})
+    await store.write(setup)
+    soft = ChangeSet()
+    soft.update(Node, ("t1", "a"), state="running", attempts=1)
+    soft.update(Node, ("t1", "c"), attempts=7)  # a pending soft update on a row deleted later
+    later = ChangeSet()
+    later.update(Node, ("t1", "a"), state="succeeded")
+    later.delete(Node, ("t1", "c"))
+    later.delete(Edge, ("t1", "a", "c"))
+    later.update(Edge, ("t1", "a", "b"), on="always")
+    later.event({"task_id": "t1", "type": "dag.edited", "node_id": None, "data": {}, "at": AT})
+    soft.absorb(later)
+    assert await store.write(soft) == [1]
+    bundle = await store.get_task("t1")
+    assert bundle is not None
+    assert {n.id: (n.state, n.attempts) for n in bundle.nodes} == {"a": ("succeeded", 1), "b": ("pending", 0)}
+    assert [(e.source, e.target, e.on) for e in bundle.edges] == [("a", "b", "always")]
+    await store.close()
+
+
+async def _epochs(store: Store) -> None:
+    from orchestrator.store.models import Device
+
+    try:
+        await store.add(Device, {"id": "d1", "name": "d1", "token_hash": "h", "created_at": AT})
+        assert [await store.open_session("d1") for _ in range(3)] == [1, 2, 3]
+        assert await store.open_session("gone") == 0
+        assert (await store.server_id()).startswith("srv_")
+    finally:
+        await store.close()
+
+
+async def test_each_connection_of_a_device_gets_a_higher_epoch_from_the_store(store: Store) -> None:
+    await _epochs(store)
+
+
+async def test_each_connection_of_a_device_gets_a_higher_epoch_from_postgres(postgres_db: str) -> None:
+    await asyncio.to_thread(upgrade, postgres_db)
+    await _epochs(Store(postgres_db))

@@ -1,0 +1,53 @@
+"""The event stream reads the store; the bus only wakes it (SPEC section 7: Redis is a hint)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+from orchestrator.api.tasks import SSE_POLL_S, _stream
+from orchestrator.bus.local import LocalBus
+from orchestrator.engine.times import utc
+from orchestrator.store.repo import ChangeSet, Store
+from tests.unit.engine.harness import Harness, one_node
+
+
+async def _event(store: Store, task_id: str, state: str, at: float) -> None:
+    changes = ChangeSet()
+    changes.event({"task_id": task_id, "type": "task.state", "node_id": None, "data": {"state": state}, "at": utc(at)})
+    await store.write(changes)
+
+
+async def test_a_reader_whose_wake_up_never_comes_finds_the_events_in_the_store(tmp_path: Path) -> None:
+    """Issue 12: an SSE or `--watch` reader waited for ever when a Redis message was lost."""
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open()
+    try:
+        task = await h.submit(one_node(), notify=False)
+        bus = LocalBus()  # nothing is ever published on it: every wake-up is "lost"
+        stream = _stream(SimpleNamespace(store=h.store, bus=bus), task, 0)
+        await _event(h.store, task, "running", h.clock.now)
+        async with asyncio.timeout(SSE_POLL_S * 3):
+            first = await anext(stream)  # the reader is now past its first read of the store
+            assert '"state":"running"' in first
+            await _event(h.store, task, "succeeded", h.clock.now)
+            second = await anext(stream)
+        assert '"state":"succeeded"' in second
+    finally:
+        await h.close()
+
+
+async def test_a_wake_up_makes_the_reader_look_at_once(tmp_path: Path) -> None:
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open()
+    try:
+        task = await h.submit(one_node(), notify=False)
+        bus = LocalBus()
+        stream = _stream(SimpleNamespace(store=h.store, bus=bus), task, 0)
+        await _event(h.store, task, "running", h.clock.now)
+        await anext(stream)
+        await _event(h.store, task, "succeeded", h.clock.now)
+        bus.publish([{"task_id": task}])
+        async with asyncio.timeout(SSE_POLL_S / 2):  # well before a poll would find it
+            assert '"state":"succeeded"' in await anext(stream)
+    finally:
+        await h.close()

@@ -1,0 +1,169 @@
+"""A real agent process against a scripted orchestrator: fences, stale batches, deadlines, the data-dir lock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.support import ROOT, child_env
+from tests.unit.device_agent.scripted import TOKEN, scripted
+
+ECHO = {"tool": "system.echo", "arguments": {"text": "hi"}}
+
+
+async def test_hello_carries_the_fence_high_water_mark_of_the_last_server_for_this_device(tmp_path: Path) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        first = await server.next_connection()
+        await first.welcome(server_id="srv-1")
+        assert first.hello["fence_seen"] == 0
+        done = await first.result_for(await first.batch(ECHO, fence=7))
+        assert done["results"][0]["status"] == "success"
+
+        await asyncio.to_thread(agent.stop)
+        agent.start()
+        second = await server.next_connection()
+        await second.welcome(server_id="srv-2")  # another store: its own fence history
+        assert second.hello["fence_seen"] == 7
+        done = await second.result_for(await second.batch(ECHO, fence=1))
+        assert done["results"][0]["status"] == "success"
+
+        await asyncio.to_thread(agent.stop)
+        agent.start()
+        third = await server.next_connection()
+        await third.welcome(server_id="srv-2")
+        assert third.hello["fence_seen"] == 1  # the mark of the server it was last welcomed by
+
+
+async def test_a_second_agent_on_the_same_data_dir_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        second = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "device_agent", "--server", server.url, "--token", TOKEN],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=child_env(ORRERY_AGENT_DATA_DIR=str(agent.data_dir)),
+            cwd=ROOT,
+        )
+        assert second.returncode != 0
+        lines = [line for line in (second.stdout + second.stderr).splitlines() if line.strip()]
+        assert len(lines) == 1, lines
+        assert str(agent.data_dir.resolve()) in lines[0]
+        assert agent.proc is not None and f"pid {agent.proc.pid}" in lines[0]
+        # The holder is untouched: it still runs batches.
+        done = await conn.result_for(await conn.batch(ECHO, fence=1))
+        assert done["results"][0]["status"] == "success"
+
+
+def touch(name: str) -> dict[str, Any]:
+    return {"tool": "shell.run", "arguments": {"argv": ["sh", "-c", f"echo ran >> {name}"]}}
+
+
+def ledger_rows(data_dir: Path, batch_id: str) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{data_dir / 'ledger.sqlite3'}?mode=ro", uri=True)) as db:
+        return int(db.execute("SELECT count(*) FROM batches WHERE batch_id=?", (batch_id,)).fetchone()[0])
+
+
+async def test_a_stale_batch_is_answered_with_skipped_results_and_the_mark_and_never_runs(tmp_path: Path) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        await conn.result_for(await conn.batch(ECHO, fence=5))
+        stale = await conn.batch(touch("stale.txt"), ECHO, fence=3)
+        for attempt in ("first delivery", "redelivery"):
+            refused = await conn.result_for(stale)
+            assert (refused["fence"], refused["fence_seen"]) == (3, 5), attempt
+            assert [r["status"] for r in refused["results"]] == ["skipped", "skipped"], attempt
+            assert {r["error"]["code"] for r in refused["results"]} == {"stale_fence"}
+            message = refused["results"][0]["error"]["message"]
+            assert "fence 3" in message and "fence 5" in message and "none of its commands ran" in message
+            if attempt == "first delivery":
+                await conn.batch(touch("stale.txt"), ECHO, fence=3, batch_id=stale)
+        assert not (agent.workspace / "stale.txt").exists()
+        assert ledger_rows(agent.data_dir, stale) == 0  # nothing recorded for a refused batch
+        done = await conn.result_for(await conn.batch(touch("fresh.txt"), fence=6))
+        assert done["results"][0]["status"] == "success"
+        assert (agent.workspace / "fresh.txt").read_text() == "ran\n"
+
+
+async def test_a_batch_whose_deadline_has_passed_is_reported_timeout_and_never_started(tmp_path: Path) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        late = await conn.result_for(await conn.batch(touch("late.txt"), ECHO, fence=1, deadline_in_s=-1))
+        assert [(r["status"], r["error"]["code"]) for r in late["results"]] == [("skipped", "timeout")] * 2
+        assert "deadline" in late["results"][0]["error"]["message"]
+        assert not (agent.workspace / "late.txt").exists()
+
+
+async def test_deadlines_are_judged_by_the_servers_clock_not_a_drifted_device_clock(tmp_path: Path) -> None:
+    """The device's clock is ten minutes ahead of the orchestrator's: a batch due in a minute by
+    the server's clock must run, with its minute, not be turned away as long past."""
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome(clock_s=-600)
+        done = await conn.result_for(await conn.batch(touch("ran.txt"), fence=1, deadline_in_s=60))
+        assert [r["status"] for r in done["results"]] == ["success"]
+        assert (agent.workspace / "ran.txt").exists()
+
+
+async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `check` without blocking the scripted server's loop; fail naming `what` after `timeout`."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not check():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+
+
+async def test_unstarted_batches_left_by_a_crash_are_reported_when_due_and_run_when_redelivered(
+    tmp_path: Path,
+) -> None:
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        long = await conn.batch(
+            {"tool": "shell.run", "arguments": {"argv": ["sh", "-c", "echo $$ > pid; exec sleep 30"]}}, fence=1
+        )
+        soon = await conn.batch(touch("soon.txt"), fence=2, deadline_in_s=3)
+        later = await conn.batch(touch("later.txt"), fence=3, deadline_in_s=300)
+        pid = agent.workspace / "pid"
+        await until(lambda: pid.exists() and bool(pid.read_text().strip()), 30, "the long command to start")
+        for _ in range(3):
+            await conn.recv("batch_accepted")  # all three are in the ledger before the crash
+        await asyncio.to_thread(agent.kill)
+        os.kill(int(pid.read_text()), signal.SIGKILL)
+        deadline = time.time() + 3.5
+        await until(lambda: time.time() > deadline, 10, "the second batch's deadline to pass")
+
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        crashed = await conn.result_for(long)
+        assert crashed["results"][0]["status"] == "uncertain"
+        expired = await conn.result_for(soon)
+        assert [(r["status"], r["error"]["code"]) for r in expired["results"]] == [("skipped", "timeout")]
+        assert not (agent.workspace / "soon.txt").exists()
+
+        await conn.batch(touch("later.txt"), fence=3, deadline_in_s=300, batch_id=later)  # the server redelivers
+        ran = await conn.result_for(later)
+        assert ran["results"][0]["status"] == "success"
+        assert (agent.workspace / "later.txt").read_text() == "ran\n"
