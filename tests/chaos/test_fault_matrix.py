@@ -13,8 +13,8 @@ a Redis of its own, so what one fault leaves behind cannot decide another case. 
 in the SQLite pass only (they are on Postgres anyway), agent crashes too (the server's store plays
 no part in them); the orchestrator kill runs in both passes.
 
-Cases that fail because of a product defect not fixed yet are marked `xfail(strict=True)` with the
-diagnosis; once the fix lands they XPASS, which fails the run until the mark goes.
+A case that fails because of a product defect not fixed yet is marked `xfail(strict=True)` with
+the diagnosis; once the fix lands it XPASSes, which fails the run until the mark goes.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tests.chaos.harness import Case, StateWatch, restart_without
 from tests.chaos.invariants import executions_on_disk, judge
 from tests.cluster.replicaset import Replica, ReplicaSet
 from tests.services import PostgresServer, RedisServer, fresh_database, owned_postgres_server, owned_redis_server
-from tests.support import ROOT, Agent, Fleet, TcpProxy, wait_until
+from tests.support import Agent, Fleet, TcpProxy, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,17 +53,6 @@ CRASH_AFTER = 20  # the agent kills itself the 20th time it passes the point: mi
 ATTEMPTS_WHILE_DOWN = 6
 RECONNECT_WITHIN_S = 5.0  # the recovery goal: every agent back this soon after the orchestrator
 HEARTBEAT_TIMEOUT_S = 4.0  # the replicas' (tests/cluster/replicaset.py)
-
-
-def _agent_has_crash_points() -> bool:
-    return any(CRASH_ENV in p.read_text() for p in (ROOT / "device_agent").rglob("*.py"))
-
-
-needs_crash_points = pytest.mark.xfail(
-    not _agent_has_crash_points(),
-    reason=f"the agent does not implement {CRASH_ENV} yet (being added in the agent worktree), so it never crashes",
-    strict=True,
-)
 
 
 def start_agents(fleet: Fleet, prefix: str, env: dict[int, dict[str, str]] | None = None) -> list[Agent]:
@@ -91,7 +80,6 @@ def crash_fleet(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Itera
         yield f
 
 
-@needs_crash_points
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_an_agent_killed_at_each_ledger_point_loses_nothing_and_runs_nothing_twice(
     crash_fleet: Fleet, point: str
@@ -120,13 +108,6 @@ def test_an_agent_killed_at_each_ledger_point_loses_nothing_and_runs_nothing_twi
         stop_all(agents)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent backoff: device_agent/agent.py still reconnects with tenacity's wait_random_exponential(0.5, max=30) "
-    "and no fast window, so after ~6 failed attempts it pauses 8-30 s between tries and the agents come back "
-    "10-20 s after the orchestrator is ready; with heartbeat_timeout_s=10 the restarted orchestrator then "
-    "declares them offline and fails their in-flight nodes with device_lost although they were never lost",
-)
 def test_the_orchestrator_killed_with_work_in_flight_restarts_and_loses_nothing(tmp_path: Path) -> None:
     with Fleet(tmp_path, heartbeat_interval_s="1", heartbeat_timeout_s="10") as fleet:
         # Each agent dials through a proxy of its own, which counts and times its attempts.
@@ -262,14 +243,6 @@ def test_a_tcp_cut_between_an_agent_and_its_replica_resumes_and_loses_nothing(cl
         proxy.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replica A keeps the Link (session) of a device that moved to replica B: A's gateway.holds() stays true, so "
-    "the leader (A) stamps the device's frames into the dead session instead of routing them to B and the "
-    "hopper gets no new batch; 4 s later A's liveness watcher declares it offline, the engine fails its "
-    "in-flight batch with device_lost and marks it offline for good (B's link never changes liveness, so "
-    "nothing says it is online again): its remaining nodes stay ready",
-)
 def test_a_device_hopping_between_replicas_and_back_is_never_declared_lost(cluster: Cluster) -> None:
     rs = cluster.rs
     a, b, _ = both_ways(rs)
@@ -299,14 +272,6 @@ def test_a_device_hopping_between_replicas_and_back_is_never_declared_lost(clust
         to_b.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pub/sub is the only carrier of cross-replica inputs and replies: after CLIENT KILL TYPE pubsub the "
-    "leader's reply to a non-leader's result_batch RPC is lost, the non-leader's gateway reader waits 5 s "
-    "(RPC_TIMEOUT_S) without reading or answering heartbeats, the agent (heartbeat timeout 4 s) drops it "
-    "and fails over to the leader, and the replica it left then declares it offline (the hop defect): the "
-    "engine marks it offline and ~40 of its nodes stay ready forever",
-)
 def test_killed_redis_subscriptions_lose_no_relayed_input_or_frame(cluster: Cluster) -> None:
     rs = cluster.rs
     case = Case(rs, spread(rs, "pubsub", both_ways(rs)[2]))
@@ -323,14 +288,6 @@ def test_killed_redis_subscriptions_lose_no_relayed_input_or_frame(cluster: Clus
     assert_replicas_survived(rs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Redis outage stops the leader: Engine._commit publishes events with RedisBus.publish after the "
-    "store commit, the ConnectionError is taken for a rejected commit ('the store rejected a commit; "
-    "stopping the orchestrator') and the replica then wedges in its shutdown (alive, never ready); and "
-    "a non-leader's POST /cordon hangs forever: RedisCluster._rpc's redis.publish raises, the task dies "
-    "('Task exception was never retrieved') and the request's future is never resolved",
-)
 def test_a_redis_restart_delays_work_but_loses_none_hangs_no_request_and_stops_no_replica(cluster: Cluster) -> None:
     rs = cluster.rs
     _, other, urls = both_ways(rs)
