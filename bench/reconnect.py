@@ -13,7 +13,7 @@ server's CPU during the reconnect (from /proc/<pid>/stat), and the time until al
 (welcomed, and the server's `orrery_websocket_connections_open` gauge at the device count). All devices dial from
 127.0.0.1, so the server's per-address handshake limit is raised (`--handshakes-per-minute`).
 
-    python bench/reconnect.py [--devices 1000] [--bucket 0.25] [--policies backoff,old]
+    python bench/reconnect.py [--devices 1000] [--down 0] [--bucket 0.25] [--policies backoff,old]
 """
 
 from __future__ import annotations
@@ -185,7 +185,13 @@ def _host(url: str, enrolled: list[dict[str, Any]], policy: str, pipe: Connectio
 
 
 def one_run(
-    fleet: Fleet, enrolled: list[dict[str, Any]], policy: str, bucket: float, timeout: float, processes: int
+    fleet: Fleet,
+    enrolled: list[dict[str, Any]],
+    policy: str,
+    bucket: float,
+    timeout: float,
+    processes: int,
+    down_s: float,
 ) -> Run:
     run = Run(policy, len(enrolled))
     n = len(enrolled)
@@ -201,6 +207,7 @@ def one_run(
         client0 = hosts.cpu_seconds()
         run.killed = time.monotonic()
         fleet.server.kill(signal.SIGKILL)
+        time.sleep(down_s)  # an outage of this length before the restart (0: restart at once)
         fleet.server.launch()
         run.launched = time.monotonic()
         pid = fleet.server.proc.pid
@@ -236,10 +243,11 @@ def one_run(
     return run
 
 
-def report(runs: list[Run], bucket: float, handshakes_per_minute: int, detail_s: float) -> None:
+def report(runs: list[Run], bucket: float, handshakes_per_minute: int, detail_s: float, down_s: float) -> None:
     n = runs[0].devices
     print(
-        f"\n{n:,} simulated devices on one orchestrator (SQLite), kill -9 then restart on the same store;"
+        f"\n{n:,} simulated devices on one orchestrator (SQLite), kill -9, {down_s:g} s down, then restart on"
+        " the same store;"
         f"\nserver started with --handshakes-per-minute {handshakes_per_minute:,} (every device dials from"
         f" 127.0.0.1, and the default 120/min per address would throttle the test itself)\n"
     )
@@ -269,6 +277,7 @@ def report(runs: list[Run], bucket: float, handshakes_per_minute: int, detail_s:
         [_pct(r.cpu_percent(r.ready, min(done(r), r.cpu[-1][0] if r.cpu else r.ready))) for r in runs],
     )
     row("server CPU, busiest bucket (% of a core)", [_pct(_peak_cpu(r, bucket)) for r in runs])
+    row("server CPU per accepted handshake (ms)", [_per_handshake(r) for r in runs])
     row("device processes' CPU, kill to all back (s)", [f"{r.client_cpu_s:.1f}" for r in runs])
 
     print(f"\n(open-sockets gauge: the server's {GAUGE} on /metrics)")
@@ -321,6 +330,16 @@ def _peak_cpu(r: Run, bucket: float) -> float | None:
     return max(values) if values else None
 
 
+def _per_handshake(r: Run) -> str:
+    """Server CPU from the first accepted handshake to the last, per handshake."""
+    if len(r.accepts) < 2:
+        return "-"
+    first, last = r.accepts[0], min(r.accepts[-1], r.cpu[-1][0] if r.cpu else r.accepts[-1])
+    a, b = r._cpu_at(first), r._cpu_at(last)
+    inside = sum(1 for t in r.accepts if first <= t <= last)
+    return "-" if a is None or b is None or not inside else f"{1000 * (b - a) / inside:.1f}"
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
@@ -331,6 +350,7 @@ def main() -> None:
     parser.add_argument("--bucket", type=float, default=0.25, help="seconds per accept-rate bucket")
     parser.add_argument("--policies", default="backoff,old")
     parser.add_argument("--handshakes-per-minute", type=int, default=1_000_000)
+    parser.add_argument("--down", type=float, default=0.0, help="seconds the orchestrator stays dead before restarting")
     parser.add_argument("--processes", type=int, default=2, help="processes hosting the simulated devices")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up on a run after this long")
     parser.add_argument("--detail", type=float, default=8.0, help="seconds of the timeline shown per bucket")
@@ -345,8 +365,8 @@ def main() -> None:
         enrolled = asyncio.run(enroll(fleet, args.devices, 0))
         for policy in args.policies.split(","):
             print(f"  {policy}: connecting {args.devices} devices, then kill -9 and restart", file=sys.stderr)
-            runs.append(one_run(fleet, enrolled, policy, args.bucket, args.timeout, args.processes))
-    report(runs, args.bucket, args.handshakes_per_minute, args.detail)
+            runs.append(one_run(fleet, enrolled, policy, args.bucket, args.timeout, args.processes, args.down))
+    report(runs, args.bucket, args.handshakes_per_minute, args.detail, args.down)
 
 
 if __name__ == "__main__":
