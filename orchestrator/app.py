@@ -13,6 +13,10 @@ from typing import Any
 
 from fastapi import FastAPI, WebSocket
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from device_agent.logs import context as log_context
@@ -83,7 +87,16 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
     store = Store(url)
     hasher = Hasher(load_secret_key(settings.secret_key, data_dir))
     await bootstrap_admin_key(store, hasher, data_dir, settings.admin_key)
-    redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+    redis = None
+    if settings.redis_url:
+        # A restarted Redis leaves dead connections in the pool: retry a command on a fresh one
+        # (briefly) instead of losing the frame or hint it carried.
+        redis = Redis.from_url(
+            settings.redis_url,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            health_check_interval=30,
+        )
     bus = RedisBus(redis) if redis is not None else LocalBus()
     engine = Engine(settings, store, bus)
     gateway = Gateway(settings, store, engine, hasher)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("orrery.engine")
 
 SOFT_FLUSH_S = 1.0  # informational updates wait at most this long for a commit to ride along
+RESEND_AFTER_S = 3.0  # an unaccepted batch its idle, heartbeating device does not have goes again
 
 
 def _steps_first(att: AttemptRun) -> int:
@@ -154,6 +155,20 @@ class DeviceInputs:
         att = self.attempts.get(running or "")
         if att is not None and att.device_id == dev.id:
             self._accepted(att, now)
+        waiting = self.attempts.get(dev.current_batch or "")
+        if (
+            running is None
+            and waiting is not None
+            and waiting.kind == "tool"
+            and not waiting.accepted
+            and now - max(waiting.started, waiting.resent_at) > RESEND_AFTER_S
+        ):
+            # It heartbeats, runs nothing, and has not accepted a batch sent a while ago: the
+            # frame was lost on its way (a relay dropped while Redis restarted). Send it again;
+            # a device that has it after all answers from its ledger.
+            log.info("re-sending batch %s to device %s, which says it runs nothing", waiting.batch_id, dev.id)
+            waiting.resent_at = now  # at most once per interval
+            self._effects.append(functools.partial(self._dispatch, waiting))
         current = dev.current_batch
         if current is not None and current != running and current not in self.attempts:
             self._set_current(dev, None)

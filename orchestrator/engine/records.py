@@ -89,6 +89,7 @@ class AttemptRun:
     tools_used: list[str] = field(default_factory=list)  # an agent attempt's tools, for retry safety
     step: str | None = None  # an agent attempt's step batch in flight
     started: float = 0.0  # engine clock: when it was dispatched (round-trip metrics)
+    resent_at: float = 0.0  # engine clock: when it was last sent again to a device that lacked it
 
     @property
     def key(self) -> NodeKey:

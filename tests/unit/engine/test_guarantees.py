@@ -320,3 +320,22 @@ async def test_a_task_waiting_for_its_plan_is_planned_even_if_its_created_hint_w
         assert h.planner is not None and h.planner.plans == [task]  # asked once, not once per round
     finally:
         await h.close()
+
+
+async def test_a_batch_lost_on_its_way_is_sent_again_when_the_idle_device_does_not_have_it(h: Harness) -> None:
+    """A frame relayed through Redis was dropped (a dead pooled connection after a Redis restart):
+    the device heartbeats and runs nothing. The engine sends the batch again instead of waiting
+    for the accept deadline to fail the node."""
+    dev = await h.enroll("missed")
+    _, epoch = await h.connect(dev)
+    task = await h.submit(one_node())
+    (batch,) = h.batches(dev)
+    await h.live(5, "A", (dev, epoch, Liveness.ONLINE, 0.2, None))
+    again = [b for b in h.batches(dev) if b.batch_id == batch.batch_id]
+    assert 2 <= len(again) <= 3  # re-sent, and not on every report
+    await h.step(accepted(dev, batch))
+    sent = len(h.batches(dev))
+    await h.live(10, "A", (dev, epoch, Liveness.ONLINE, 0.2, batch.batch_id))
+    assert len(h.batches(dev)) == sent  # accepted and running: left alone
+    await h.step(results(dev, batch))
+    assert (await h.task(task))["state"] == "succeeded"
