@@ -73,7 +73,11 @@ class Gateway:
         self.engine = engine
         self.hasher = hasher
         self.links: dict[str, Link] = {}
+        # Per device, not per address: a fleet behind one NAT (or one proxy) reconnecting after a
+        # restart is many devices, while a looping agent is one. Failed handshakes are what an
+        # address is throttled for (token guessing), and they never block a valid token.
         self.handshakes = RateLimiter(settings.handshakes_per_minute, 60.0)
+        self.handshake_failures = RateLimiter(settings.auth_failures_per_minute, 60.0)
         self._monitor: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
         self.server_id = ""  # the store's identity, told to agents (they bind their fences to it)
@@ -154,15 +158,18 @@ class Gateway:
 
     async def serve(self, ws: WebSocket) -> None:
         client = ws.client.host if ws.client else "?"
-        if not self.handshakes.allow(client):
-            await _deny(ws, 429, "rate_limited", "too many handshakes from this address; retry in a minute")
-            return
         token = bearer(ws.headers.get("authorization"))
         device = None
         if token and token.startswith(DEVICE_TOKEN_PREFIX + "_"):
             device = await self.store.find_device_by_token(self.hasher.digest(token))
         if device is None or device.admin_state == AdminState.REVOKED:
+            if not self.handshake_failures.allow(client):
+                await _deny(ws, 429, "rate_limited", "too many failed handshakes from this address; retry in a minute")
+                return
             await _deny(ws, 401, "unauthorized", "a valid device token is required (Authorization: Bearer ...)")
+            return
+        if not self.handshakes.allow(device.id):
+            await _deny(ws, 429, "rate_limited", "this device reconnects too often; retry in a minute")
             return
         await ws.accept()
         metrics = self.engine.metrics

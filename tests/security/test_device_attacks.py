@@ -107,6 +107,29 @@ async def test_a_handshake_flood_from_one_address_is_refused_with_429(tmp_path: 
         assert statuses[:5] == [101] * 5 and set(statuses[5:]) == {429}
 
 
+async def test_a_fleet_behind_one_address_reconnects_whole_while_token_guessing_is_cut_off(tmp_path: Path) -> None:
+    """Issue 12 (recovery speed): devices behind one NAT or proxy reconnecting at once after a
+    restart used to share one per-address budget, so part of the fleet waited a minute. The
+    limit is per device; an address is throttled only for failed handshakes, and even then a
+    valid token from it still gets in."""
+    with fleet(tmp_path, handshakes_per_minute="2", auth_failures_per_minute="3") as f:
+        url = f.server.url.replace("http://", "ws://") + "/v1/agent"
+        tokens = [f.enroll(f"nat-{i}")["token"] for i in range(6)]
+
+        async def status(token: str) -> int:
+            try:
+                ws = await connect(url, additional_headers={"Authorization": f"Bearer {token}"})
+            except InvalidStatus as exc:
+                return int(exc.response.status_code)
+            await ws.close()
+            return 101
+
+        assert [await status(t) for t in tokens] == [101] * 6
+        guesses = [await status("orrd_dev_nobody.guess") for _ in range(5)]
+        assert guesses[:3] == [401] * 3 and set(guesses[3:]) == {429}
+        assert await status(tokens[0]) == 101
+
+
 async def test_a_slow_hello_is_cut_at_the_deadline_with_4408(tmp_path: Path) -> None:
     with fleet(tmp_path, hello_timeout_s="1") as f:
         dev = RawDevice(f, "slow")
