@@ -394,6 +394,16 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
                 run.nodes[att.node_id].failed_on.add(att.device_id)
             self._apply(run, run.attempt_ended(att.node_id, outcome, now, self.rng()), now)
 
+    def _end_unanswered(self, att: AttemptRun, code: str, message: str, now: float) -> None:
+        """End an attempt the device gave no results for (lost, timed out): whether it may run
+        again depends on whether it may have started, and on the tools it would have run."""
+        dev = self.devices.get(att.device_id)
+        hints = tuple(dev.hints(c["tool"]) for c in att.commands) if dev else ()
+        outcome = AttemptOutcome(
+            succeeded=False, error_code=code, error_message=message, started=att.sent, tool_hints=hints
+        )
+        self._end_attempt(att, outcome, now)
+
     def _assign(self, dev: DeviceRun, key: NodeKey, now: float) -> None:
         run = self.tasks[key[0]]
         rec = run.nodes[key[1]]

@@ -57,6 +57,8 @@ class DeviceInputs:
 
         def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None: ...
 
+        def _end_unanswered(self, att: AttemptRun, code: str, message: str, now: float) -> None: ...
+
         def _set_current(self, dev: DeviceRun, batch_id: str | None) -> None: ...
 
         def _unqueue_all(self, dev: DeviceRun, now: float) -> None: ...
@@ -230,17 +232,7 @@ class DeviceInputs:
                 continue
             if att.batch_id not in self.attempts:
                 continue
-            self._end_attempt(
-                att,
-                AttemptOutcome(
-                    succeeded=False,
-                    error_code=ErrorCode.DEVICE_LOST,
-                    error_message=lost,
-                    started=att.sent,
-                    tool_hints=tuple(dev.hints(c["tool"]) for c in att.commands),
-                ),
-                now,
-            )
+            self._end_unanswered(att, ErrorCode.DEVICE_LOST, lost, now)
         self._set_current(dev, None)
 
     async def _on_device_changed(self, device_id: str, now: float) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from orchestrator.config import Settings
 from orchestrator.domain import placement
 from orchestrator.domain.model import AdminState, Liveness, NodeSpec, NodeState
-from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
+from orchestrator.domain.run import TaskRun, Transition
 from orchestrator.engine import llm_work
 from orchestrator.engine.records import AttemptRun, DeviceRun, NodeKey
 from orchestrator.engine.times import BATCH_GRACE_S
@@ -40,7 +40,7 @@ class Scheduling:
 
         def _send_cancel(self, att: AttemptRun, reason: str) -> None: ...
 
-        def _end_attempt(self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: Any = None) -> None: ...
+        def _end_unanswered(self, att: AttemptRun, code: str, message: str, now: float) -> None: ...
 
         def _sweep(self, now: float) -> None: ...
 
@@ -202,18 +202,7 @@ class Scheduling:
 
     def _timeout_attempt(self, att: AttemptRun, message: str, now: float) -> None:
         self._send_cancel(att, "timeout")
-        dev = self.devices.get(att.device_id)
-        self._end_attempt(
-            att,
-            AttemptOutcome(
-                succeeded=False,
-                error_code=ErrorCode.TIMEOUT,
-                error_message=message,
-                started=att.sent,
-                tool_hints=tuple(dev.hints(c["tool"]) for c in att.commands) if dev else (),
-            ),
-            now,
-        )
+        self._end_unanswered(att, ErrorCode.TIMEOUT, message, now)
 
 
 def takes_work(dev: DeviceRun) -> bool:
