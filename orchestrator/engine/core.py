@@ -338,6 +338,12 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
     def _end_attempt(
         self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: list[Result] | None = None
     ) -> None:
+        dev = self.devices.get(att.device_id)
+        if dev is not None and dev.current_batch == att.batch_id:
+            # The engine is done with this batch, however it ended (results, a timeout, a refusal,
+            # the device lost): the device takes work again. If it is in fact still finishing
+            # it, its agent queues the next batch behind it (one batch at a time, SPEC section 5).
+            self._set_current(dev, None)
         if att.kind == "step":
             dumped = [r.model_dump(mode="json") for r in results] if results is not None else None
             llm_work.end_step(self, att, outcome, dumped, now)
@@ -361,12 +367,6 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         self._closed[att.batch_id] = (att.device_id, att.fence, results is not None)
         if len(self._closed) > 10_000:
             self._closed.popitem(last=False)
-        dev = self.devices.get(att.device_id)
-        if dev is not None and dev.current_batch == att.batch_id:
-            # The engine is done with this batch, however it ended (results, a timeout, a refusal,
-            # the device lost): the device takes work again. If it is in fact still finishing
-            # it, its agent queues the next batch behind it (one batch at a time, SPEC section 5).
-            self._set_current(dev, None)
         status = "succeeded" if outcome.succeeded else "failed"
         error = None if outcome.succeeded else {"code": outcome.error_code, "message": outcome.error_message}
         self._changes.update(

@@ -89,11 +89,12 @@ class Planner:
 
     replans: list[tuple[str, str]] = field(default_factory=list)
     plans: list[str] = field(default_factory=list)
+    agents: list[str] = field(default_factory=list)  # agent attempt ids whose loop was started
 
     def start_agent(
         self, attempt_id: str, task_id: str, node_id: str, instruction: str, max_steps: int, device: dict[str, Any]
     ) -> None:
-        raise AssertionError("no agent nodes in these tests")
+        self.agents.append(attempt_id)
 
     def cancel_agent(self, attempt_id: str) -> None:
         pass

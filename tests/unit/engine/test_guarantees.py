@@ -339,3 +339,27 @@ async def test_a_batch_lost_on_its_way_is_sent_again_when_the_idle_device_does_n
     assert len(h.batches(dev)) == sent  # accepted and running: left alone
     await h.step(results(dev, batch))
     assert (await h.task(task))["state"] == "succeeded"
+
+
+async def test_an_agent_node_ended_with_a_step_still_out_frees_its_device_when_the_step_reports(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.engine.records import AgentDone, AgentStep
+
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open(planner=True)
+    try:
+        dev = await h.enroll("driven")
+        await h.connect(dev)
+        task = await h.submit({"nodes": [{"id": "g", "kind": "agent", "instruction": "look around"}]})
+        assert h.planner is not None
+        (attempt,) = h.planner.agents
+        await h.step(AgentStep(attempt, [{"tool": "sim.look", "arguments": {}}]))
+        (step,) = h.batches(dev)
+        await h.step(AgentDone(attempt, False, error_code="timeout", error_message="too slow"))
+        assert h.engine.devices[dev].current_batch == step.batch_id  # the step may still be running
+        await h.step(results(dev, step))
+        assert h.engine.devices[dev].current_batch is None
+        assert (await h.device(dev)).current_batch_id is None
+        assert (await h.task(task))["state"] == "failed"
+    finally:
+        await h.close()
