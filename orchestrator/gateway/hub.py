@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from orchestrator.cluster import Cluster, LocalCluster
+from orchestrator.cluster import Cluster, ClusterUnavailable, LocalCluster
 from orchestrator.config import Settings
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.core import Engine
@@ -192,7 +192,13 @@ class Gateway:
             # The engine could not take a frame now (no leader within the deadline, the store
             # away): end the connection without acknowledging it. The agent reconnects and
             # resumes, and re-sends what was not acknowledged (SPEC section 4).
-            log.warning("device %s: closing its connection, the engine is unavailable: %s", device.id, exc)
+            unexpected = not isinstance(exc, ClusterUnavailable)
+            log.warning(
+                "device %s: closing its connection, the engine is unavailable: %s",
+                device.id,
+                exc,
+                exc_info=exc if unexpected else None,
+            )
             conn.close(CloseCode.TRY_AGAIN_LATER, "the orchestrator is busy; reconnect")
         finally:
             metrics.websockets.dec()
