@@ -99,7 +99,8 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         )
     bus = RedisBus(redis) if redis is not None else LocalBus()
     engine = Engine(settings, store, bus)
-    gateway = Gateway(settings, store, engine, hasher)
+    auth_failures = RateLimiter(settings.auth_failures_per_minute, 60.0)
+    gateway = Gateway(settings, store, engine, hasher, auth_failures)
     planner = None
     if settings.llm_configured:
         # Imported only when used: the OpenAI client costs ~0.5 s of start-up, and a restarting
@@ -124,7 +125,7 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         engine=engine,
         gateway=gateway,
         bus=bus,
-        auth_failures=RateLimiter(settings.auth_failures_per_minute, 60.0),
+        auth_failures=auth_failures,
         planner=planner,
         cluster=cluster,
         redis=redis,

@@ -67,17 +67,25 @@ class Link:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, store: Store, engine: Engine, hasher: Hasher) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        engine: Engine,
+        hasher: Hasher,
+        auth_failures: RateLimiter | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.engine = engine
         self.hasher = hasher
         self.links: dict[str, Link] = {}
         # Per device, not per address: a fleet behind one NAT (or one proxy) reconnecting after a
-        # restart is many devices, while a looping agent is one. Failed handshakes are what an
-        # address is throttled for (token guessing), and they never block a valid token.
+        # restart is many devices, while a looping agent is one. Failed authentications are what an
+        # address is throttled for (token guessing), counted with the REST API's in one budget,
+        # and they never block a valid token.
         self.handshakes = RateLimiter(settings.handshakes_per_minute, 60.0)
-        self.handshake_failures = RateLimiter(settings.auth_failures_per_minute, 60.0)
+        self.auth_failures = auth_failures or RateLimiter(settings.auth_failures_per_minute, 60.0)
         self._monitor: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
         self.server_id = ""  # the store's identity, told to agents (they bind their fences to it)
@@ -163,7 +171,7 @@ class Gateway:
         if token and token.startswith(DEVICE_TOKEN_PREFIX + "_"):
             device = await self.store.find_device_by_token(self.hasher.digest(token))
         if device is None or device.admin_state == AdminState.REVOKED:
-            if not self.handshake_failures.allow(client):
+            if not self.auth_failures.allow(client):
                 await _deny(ws, 429, "rate_limited", "too many failed handshakes from this address; retry in a minute")
                 return
             await _deny(ws, 401, "unauthorized", "a valid device token is required (Authorization: Bearer ...)")
