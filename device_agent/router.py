@@ -159,7 +159,10 @@ class ToolsetHost:
             backoff = min(backoff * 2, 30.0)
 
     def catalogue(self) -> list[ToolSpec]:
-        return [tool_spec(self.namespace, t, t.name in self.read_only_tools) for t in self.tools]
+        return [
+            tool_spec(self.namespace, t, t.name in self.read_only_tools, strict=self.strict_arguments)
+            for t in self.tools
+        ]
 
     async def _list(self, client: Client) -> None:
         before = self.catalogue()
@@ -184,9 +187,15 @@ async def _first(*waits: Any) -> None:
             t.cancel()
 
 
-def tool_spec(namespace: str, tool: Tool, force_read_only: bool = False) -> ToolSpec:
-    """MCP tool -> catalogue entry. MCP's hint defaults: not read-only, destructive, not idempotent."""
+def tool_spec(namespace: str, tool: Tool, force_read_only: bool = False, strict: bool = False) -> ToolSpec:
+    """MCP tool -> catalogue entry. MCP's hint defaults: not read-only, destructive, not idempotent.
+
+    `strict`: the router refuses arguments the schema does not declare (built-in toolsets), and
+    the schema says so (`additionalProperties: false`), so the server can refuse them at submission."""
     ann = tool.annotations
+    schema = dict(tool.input_schema or {})
+    if strict and isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
     read_only = force_read_only or bool(ann and ann.read_only_hint)
     idempotent = bool(ann and ann.idempotent_hint) or read_only
     destructive = (not read_only) and (ann is None or ann.destructive_hint is not False)
@@ -194,7 +203,7 @@ def tool_spec(namespace: str, tool: Tool, force_read_only: bool = False) -> Tool
         name=f"{namespace}.{tool.name}",
         namespace=namespace,
         description=tool.description or "",
-        input_schema=dict(tool.input_schema or {}),
+        input_schema=schema,
         annotations=ToolAnnotations(read_only=read_only, idempotent=idempotent, destructive=destructive),
         tool_type="data_collection" if read_only else "action",
     )

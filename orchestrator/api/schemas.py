@@ -100,6 +100,14 @@ class EdgeOut(BaseModel):
     on: str
 
 
+class WarningOut(BaseModel):
+    """Something a submission was accepted with that probably does not do what was meant."""
+
+    code: str
+    node_id: str | None = None
+    message: str
+
+
 class TaskOut(BaseModel):
     id: str
     name: str
@@ -114,6 +122,43 @@ class TaskOut(BaseModel):
     node_counts: dict[str, int] = Field(default_factory=dict)
     nodes: list[NodeOut] | None = None
     edges: list[EdgeOut] | None = None
+    warnings: list[WarningOut] = Field(default_factory=list)  # set on the answer to a submission
+
+
+class ProblemOut(BaseModel):
+    """One thing wrong with a DAG, with the keys its code adds (`tool`, `nearest`, `reference`, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str
+    message: str
+    node_id: str | None = None
+    command: int | None = None
+    field: str | None = None
+
+
+class RefusalOut(BaseModel):
+    command: int
+    tool: str
+    device: str
+    code: str
+    message: str
+
+
+class DryRunNode(BaseModel):
+    id: str
+    devices: list[str]  # names of the devices that may run it (placement and tools)
+    would_run_on: str | None = None  # the device whose queue it would join now
+    refusals: list[RefusalOut] = Field(default_factory=list)
+
+
+class DryRunOut(BaseModel):
+    """What `POST /v1/tasks?dry_run=true` found; no task was created."""
+
+    valid: bool
+    problems: list[ProblemOut] = Field(default_factory=list)
+    warnings: list[WarningOut] = Field(default_factory=list)
+    nodes: list[DryRunNode] = Field(default_factory=list)
 
 
 class DeviceOut(BaseModel):

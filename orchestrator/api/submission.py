@@ -14,8 +14,10 @@ from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec, NodeKind, TaskState
 from orchestrator.domain.problems import DomainError
 from orchestrator.domain.run import TaskRun
+from orchestrator.engine import validation
 from orchestrator.engine.records import TaskCreated
 from orchestrator.engine.times import iso, utc
+from orchestrator.engine.validation import validate_against, warnings_against
 from orchestrator.ids import new_id
 from orchestrator.store.models import Edge, Node, Task
 from orchestrator.store.repo import ChangeSet, Store, TaskBundle, WriteConflict
@@ -33,16 +35,21 @@ async def create_task(
     settings: Settings,
     body: TaskCreate,
     idempotency_key: str | None,
+    warnings: list[dict[str, str]] | None = None,
 ) -> tuple[str, TaskBundle | None]:
     """Store a new task and hand it to the engine (an explicit DAG) or the planner (a request).
 
     Returns its id and, when it was created now, the stored rows (so the caller can answer from
-    them without reading the task back)."""
+    them without reading the task back). A `warnings` list given is filled with what the answer
+    should warn about (also for the task an earlier request with the same key created)."""
     digest = body_hash(body)
     if idempotency_key:
         existing = await store.find_task_by_idempotency_key(idempotency_key)
         if existing is not None:
-            return _same_or_conflict(existing, digest)
+            found = _same_or_conflict(existing, digest)
+            if warnings is not None and body.dag is not None:
+                warnings += [w.as_dict() for w in warnings_against(body.dag, await cluster.devices())]
+            return found
     llm = settings.llm_configured
     spec = body.dag
     if spec is None and not llm:
@@ -58,9 +65,12 @@ async def create_task(
                 "planner_unavailable",
                 "agent nodes need an LLM and this server has none configured; use tool nodes",
             )
-        problems = await cluster.validate(spec)
+        devices = await cluster.devices()
+        problems = validate_against(spec, devices, settings.dag_limits)
         if problems:
             raise DomainError(problems)
+        if warnings is not None:
+            warnings += [w.as_dict() for w in warnings_against(spec, devices)]
     task_id = new_id("task")
     now = time.time()
     rows = task_rows(task_id, body, spec, now, idempotency_key, digest)
@@ -77,7 +87,7 @@ async def create_task(
         if idempotency_key:
             existing = await store.find_task_by_idempotency_key(idempotency_key)
             if existing is not None:
-                return _same_or_conflict(existing, digest)
+                return _same_or_conflict(existing, digest)  # warnings: already filled, same body
         raise
     run = None
     if spec is not None and cluster.is_leader:  # hand the parsed task over; other replicas load it
@@ -91,6 +101,27 @@ async def create_task(
         [],
     )
     return task_id, bundle
+
+
+async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: TaskCreate) -> dict[str, Any]:
+    """`POST /v1/tasks?dry_run=true`: every check a submission makes, placement per node and what
+    the devices' reported policies would refuse; nothing is stored (SPEC section 3)."""
+    spec = body.dag
+    llm = settings.llm_configured
+    if spec is None:
+        problems = [] if llm else [_no_llm("this server has no LLM configured; submit an explicit 'dag'")]
+        return {"valid": not problems, "problems": problems, "warnings": [], "nodes": []}
+    devices = await cluster.devices()
+    policies = {row.id: (row.info or {}).get("policy") for row in await store.list_devices()}
+    answer = validation.dry_run(spec, devices, settings.dag_limits, policies)
+    if not llm and any(n.kind is NodeKind.AGENT for n in spec.nodes):
+        answer["problems"].insert(0, _no_llm("agent nodes need an LLM and this server has none configured"))
+        answer["valid"] = False
+    return answer
+
+
+def _no_llm(message: str) -> dict[str, Any]:
+    return {"code": "planner_unavailable", "message": message}
 
 
 def _same_or_conflict(existing: Task, digest: str) -> tuple[str, TaskBundle | None]:

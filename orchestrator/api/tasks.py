@@ -7,13 +7,14 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from orchestrator.api.deps import Comp, Operator, Viewer
 from orchestrator.api.errors import COMMON, ApiError, problems
 from orchestrator.api.render import task_detail, task_out
-from orchestrator.api.schemas import Page, TaskCreate, TaskOut
+from orchestrator.api.schemas import DryRunOut, Page, TaskCreate, TaskOut, WarningOut
 from orchestrator.api.submission import create_task
+from orchestrator.api.submission import dry_run as check_only
 from orchestrator.domain.model import TaskState
 from orchestrator.engine.records import CancelTask
 from orchestrator.store.repo import BadCursor
@@ -30,8 +31,9 @@ SSE_POLL_S = 2.0  # a reader with no wake-up looks at the store this often
     response_model=TaskOut,
     responses={
         200: {
-            "model": TaskOut,
-            "description": "the task an earlier request with the same Idempotency-Key and body created",
+            "model": TaskOut | DryRunOut,
+            "description": "with dry_run=true: what the submission would do (no task is created); otherwise "
+            "the task an earlier request with the same Idempotency-Key and body created",
         }
     },
 )
@@ -41,12 +43,22 @@ async def submit(
     _p: Operator,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> TaskOut:
-    task_id, created = await create_task(comp.store, comp.cluster, comp.settings, body, idempotency_key)
+    dry_run: Annotated[
+        bool, Query(description="check the body (placement, arguments, warnings, policy refusals) and create nothing")
+    ] = False,
+) -> Any:
+    if dry_run:
+        answer = DryRunOut.model_validate(await check_only(comp.store, comp.cluster, comp.settings, body))
+        return JSONResponse(answer.model_dump(mode="json"), 200)
+    warnings: list[dict[str, str]] = []
+    task_id, created = await create_task(comp.store, comp.cluster, comp.settings, body, idempotency_key, warnings)
     if created is None:
         response.status_code = 200  # the same Idempotency-Key and body: the task made before
-        return await _detail(comp, task_id)
-    return task_detail(created)
+        out = await _detail(comp, task_id)
+    else:
+        out = task_detail(created)
+    out.warnings = [WarningOut.model_validate(w) for w in warnings]
+    return out
 
 
 @router.get("", response_model=Page)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.domain.model import DagSpec
 from orchestrator.domain.problems import Problem
-from orchestrator.engine.records import Input, LinkReport, Route
+from orchestrator.engine.records import DeviceRun, Input, LinkReport, Route
 from protocol.messages import Message
 
 if TYPE_CHECKING:
@@ -43,6 +43,10 @@ class Cluster(Protocol):
     def close(self, device_id: str, code: int, reason: str, route: Route) -> None: ...
 
     async def validate(self, spec: DagSpec) -> list[Problem]: ...
+
+    async def devices(self) -> list[DeviceRun]:
+        """The fleet as submission checks see it (catalogues, placement facts), a snapshot."""
+        ...
 
     def device_connected(self, device_id: str, epoch: int) -> None: ...
 
@@ -88,6 +92,9 @@ class LocalCluster:
 
     async def validate(self, spec: DagSpec) -> list[Problem]:
         return self.engine.validate(spec)
+
+    async def devices(self) -> list[DeviceRun]:
+        return list(self.engine.devices.values())
 
     def device_connected(self, device_id: str, epoch: int) -> None:
         pass

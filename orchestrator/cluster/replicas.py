@@ -42,7 +42,7 @@ from orchestrator.cluster import ClusterUnavailable, wire
 from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec
 from orchestrator.domain.problems import Problem
-from orchestrator.engine.records import Hearing, Input, LinkReport, Route
+from orchestrator.engine.records import DeviceRun, Hearing, Input, LinkReport, Route
 from orchestrator.engine.restore import device_from_row
 from orchestrator.engine.validation import validate_against
 from orchestrator.store.repo import Store
@@ -324,8 +324,10 @@ class RedisCluster:
 
     async def validate(self, spec: DagSpec) -> list[Problem]:
         """Against the fleet as the store has it (the engine may live on another replica)."""
-        devices = [device_from_row(row) for row in await self.store.list_devices()]
-        return validate_against(spec, devices, self.settings.dag_limits)
+        return validate_against(spec, await self.devices(), self.settings.dag_limits)
+
+    async def devices(self) -> list[DeviceRun]:
+        return [device_from_row(row) for row in await self.store.list_devices()]
 
     # ================================================================ Redis plumbing
 

@@ -122,6 +122,9 @@ class CommandSpec(_Spec):
     tool: str = Field(min_length=3, max_length=200)
     arguments: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float = Field(default=60.0, gt=0, le=86400)
+    # The submitter vouches that running this command twice does no harm, so a failure after it
+    # started may be retried even if its tool is neither read-only nor idempotent (SPEC section 2).
+    idempotent: bool = False
 
 
 class NodeSpec(_Spec):

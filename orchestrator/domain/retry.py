@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from orchestrator.domain.model import RetryPolicy
 
@@ -36,6 +36,45 @@ def never_started(error_code: str, started: bool) -> bool:
 
 def should_retry(attempts_made: int, policy: RetryPolicy, safe: bool) -> bool:
     return safe and attempts_made < policy.max_attempts
+
+
+_NEVER_RETRY_REASONS = {
+    "queue_timeout": "no device took it within its queue_timeout_s",
+    "policy_denied": "the device's policy refused it and would refuse it again",
+    "template_error": "a reference in its arguments cannot be resolved, and would not be on another try",
+    "cancelled": "it was cancelled",
+    "invalid_arguments": "the tool refused its arguments and would refuse them again",
+    "unknown_tool": "the device does not offer the tool",
+    "no_capable_device": "no device can run it any more (placement or tools)",
+    "planner_unavailable": "it needs an LLM and none is configured",
+}
+
+
+def declared_hints(hints: Iterable[tuple[bool, bool]], declared: Iterable[bool]) -> tuple[tuple[bool, bool], ...]:
+    """Tool hints with the submitter's word added: a command marked `idempotent: true` counts as
+    idempotent whatever its tool says (SPEC section 2, retries)."""
+    marks = list(declared)
+    return tuple((ro, idem or (k < len(marks) and marks[k])) for k, (ro, idem) in enumerate(hints))
+
+
+def not_retried(
+    error_code: str, tools: Sequence[str] = (), hints: Sequence[tuple[bool, bool]] = (), agent: bool = False
+) -> str:
+    """Why a failed node with tries left was not run again: one sentence for its `error.not_retried`."""
+    reason = _NEVER_RETRY_REASONS.get(error_code)
+    if reason is not None:
+        return f"not retried: {reason}"
+    unsafe = list(dict.fromkeys(t for t, (ro, idem) in zip(tools, hints, strict=False) if not (ro or idem)))
+    if not unsafe:
+        return f"not retried: a '{error_code or 'failed'}' failure is final"
+    names = ", ".join(unsafe)
+    verb = "is" if len(unsafe) == 1 else "are"
+    if agent:
+        return f"not retried: the agent used {names}, which {verb} neither read-only nor idempotent"
+    return (
+        f"not retried: {names} {verb} neither read-only nor idempotent; "
+        "mark the command idempotent: true if it is safe to repeat"
+    )
 
 
 def backoff_s(attempts_made: int, policy: RetryPolicy, jitter: float) -> float:

@@ -52,6 +52,10 @@ class AttemptOutcome:
     error_message: str = ""
     started: bool = True  # False: the attempt never ran on the device
     tool_hints: tuple[tuple[bool, bool], ...] = ()  # (read_only, idempotent) per tool used
+    tools: tuple[str, ...] = ()  # the name of each tool in `tool_hints`
+    # For a tool node: the index in the node's commands of each entry of `tool_hints` (so a
+    # command declared `idempotent` counts as such); None for an agent node's tools.
+    commands: tuple[int, ...] | None = None
     cancelled: bool = False
 
 
@@ -163,12 +167,20 @@ class TaskRun:
             rec.unstarted += 1
             rec.not_before = now + retry.backoff_s(rec.unstarted, rec.spec.retry, jitter)
             return self._set(node_id, NodeState.READY, None)
-        safe = retry.retry_safe(outcome.error_code, outcome.started, outcome.tool_hints)
+        hints = outcome.tool_hints
+        if outcome.commands is not None:
+            cmds = rec.spec.commands
+            hints = retry.declared_hints(hints, [0 <= i < len(cmds) and cmds[i].idempotent for i in outcome.commands])
+        safe = retry.retry_safe(outcome.error_code, outcome.started, hints)
         if retry.should_retry(rec.tries, rec.spec.retry, safe):
             # Ready again once the backoff is over; its queue timeout counts from then, so a long
             # backoff cannot use up the time it has to find a device.
             rec.not_before = now + retry.backoff_s(rec.tries, rec.spec.retry, jitter)
             return self._set(node_id, NodeState.READY, rec.not_before)
+        if rec.tries < rec.spec.retry.max_attempts:  # tries were left: say why none was made
+            rec.error["not_retried"] = retry.not_retried(
+                outcome.error_code, outcome.tools, hints, agent=outcome.commands is None
+            )
         return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
 
     def fail(self, node_id: str, code: str, message: str, now: float) -> list[Transition]:
@@ -177,6 +189,8 @@ class TaskRun:
         if rec.state.terminal:
             return []
         rec.error = {"code": code, "message": message}
+        if rec.tries < rec.spec.retry.max_attempts and code != "cancelled":
+            rec.error["not_retried"] = retry.not_retried(code)
         rec.queued_on = None
         return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
 

@@ -400,7 +400,13 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         dev = self.devices.get(att.device_id)
         hints = tuple(dev.hints(c["tool"]) for c in att.commands) if dev else ()
         outcome = AttemptOutcome(
-            succeeded=False, error_code=code, error_message=message, started=att.sent, tool_hints=hints
+            succeeded=False,
+            error_code=code,
+            error_message=message,
+            started=att.sent,
+            tool_hints=hints,
+            tools=tuple(str(c["tool"]) for c in att.commands) if dev else (),
+            commands=tuple(range(len(hints))) if att.kind == "tool" else None,
         )
         self._end_attempt(att, outcome, now)
 

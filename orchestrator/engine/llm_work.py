@@ -213,6 +213,7 @@ def on_agent_done(eng: Engine, item: AgentDone, now: float) -> None:
         error_message=item.error_message,
         started=bool(att.tools_used),
         tool_hints=hints,
+        tools=tuple(att.tools_used) if dev else (),
         cancelled=att.cancel_reason == "cancelled",
     )
     eng._end_attempt(att, outcome, now)

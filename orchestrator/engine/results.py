@@ -69,10 +69,19 @@ class ResultHandling:
         ordered = [by_call.get(c["call_id"]) for c in att.commands]
         ran = [(c, r) for c, r in zip(att.commands, ordered, strict=True) if r and r.status != "skipped"]
         hints = tuple(dev.hints(c["tool"]) for c, _ in ran)
+        tools = tuple(str(c["tool"]) for c, _ in ran)
+        indexes = tuple(i for i, r in enumerate(ordered) if r and r.status != "skipped")
         dumped = [r.model_dump(mode="json") for r in results]
         if all(r is not None and r.status == "success" for r in ordered):
             last = ordered[-1]
-            return AttemptOutcome(True, output=last.result if last else None, results=dumped, tool_hints=hints)
+            return AttemptOutcome(
+                True,
+                output=last.result if last else None,
+                results=dumped,
+                tool_hints=hints,
+                tools=tools,
+                commands=indexes,
+            )
         bad = next((r for r in ordered if r is not None and r.status in ("failure", "uncertain")), None)
         refused = next((r for r in ordered if r is not None and r.error is not None), None) if not ran else None
         if bad is None and refused is not None and refused.error is not None and att.cancel_reason is None:
@@ -99,5 +108,7 @@ class ResultHandling:
             error_message=message,
             started=bool(ran),
             tool_hints=hints,
+            tools=tools,
+            commands=indexes,
             cancelled=cancelled,
         )

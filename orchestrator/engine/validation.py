@@ -1,10 +1,12 @@
-"""Checking a DAG against the fleet: structure first, then that every tool node fits a device."""
+"""Checking a DAG against the fleet: structure first, then that every tool node fits a device and
+that its arguments fit the tool's input schema there (SPEC section 3, validation at submission)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from orchestrator.domain import dag, placement
+from orchestrator.domain import checks, dag, placement
 from orchestrator.domain.model import AdminState, DagSpec, NodeKind
 from orchestrator.domain.problems import Problem
 from orchestrator.engine.records import DeviceRun
@@ -18,15 +20,65 @@ def known_tools(devices: Iterable[DeviceRun]) -> dict[str, dict[str, object]]:
     return out
 
 
+def catalogued(devices: Iterable[DeviceRun], policies: Mapping[str, Any] | None = None) -> list[checks.CatalogDevice]:
+    """The devices as the submission checks see them; `policies` maps device id to `info.policy`."""
+    policies = policies or {}
+    out = []
+    for d in devices:
+        policy = policies.get(d.id)
+        out.append(checks.CatalogDevice(d.view(), d.tools, policy if isinstance(policy, Mapping) else None))
+    return out
+
+
 def validate_against(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits) -> list[Problem]:
     """SPEC section 3, validation at submission: unique ids, edges, no cycles, references to
-    ancestors, known tools (with the nearest names), sizes; then a capable device for each node."""
+    ancestors, known tools (with the nearest names), sizes; then a capable device for each node,
+    and arguments that fit the input schema of each tool on one of the node's capable devices."""
     problems = dag.validate(spec, known_tools(devices), limits)
     if problems:
         return problems
     views = [d.view() for d in devices]
-    return [
+    problems = [
         placement.no_capable_device(node, views)
         for node in spec.nodes
         if node.kind is NodeKind.TOOL and not placement.could_ever_run(node, views)
     ]
+    return problems + checks.argument_problems(spec, catalogued(devices))
+
+
+def warnings_against(spec: DagSpec, devices: list[DeviceRun]) -> list[checks.SubmissionWarning]:
+    return checks.retry_warnings(spec, catalogued(devices))
+
+
+def dry_run(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits, policies: Mapping[str, Any]) -> dict[str, Any]:
+    """What submitting `spec` would do, without doing it: the body of `POST /v1/tasks?dry_run=true`."""
+    problems = validate_against(spec, devices, limits)
+    fleet = catalogued(devices, policies)
+    views = [d.view for d in fleet]
+    nodes = []
+    for node in spec.nodes:
+        able = checks.candidates(node, fleet)
+        chosen = placement.choose_queue(node, views)
+        nodes.append(
+            {
+                "id": node.id,
+                "devices": sorted(d.name for d in able),
+                "would_run_on": (chosen.name or chosen.id) if chosen is not None else None,
+                "refusals": [r for d in sorted(able, key=lambda d: d.name) for r in checks.refusals(node, d)],
+            }
+        )
+    return {
+        "valid": not problems,
+        "problems": [problem_out(p) for p in problems],
+        "warnings": [w.as_dict() for w in checks.retry_warnings(spec, fleet)],
+        "nodes": nodes,
+    }
+
+
+def problem_out(problem: Problem) -> dict[str, Any]:
+    """A problem as the dry run lists it: `node_id` set whenever the problem is about one node."""
+    out = problem.as_dict()
+    node = problem.extra.get("node_id", problem.extra.get("node"))
+    if isinstance(node, str):
+        out["node_id"] = node
+    return out

@@ -180,3 +180,60 @@ def test_random_runs_terminate_respect_edges_and_never_rerun_unsafely(
     for node_id, count in tries.items():
         # An attempt that never started is placed again without spending a try.
         assert count <= nodes[int(node_id[1:])].retry.max_attempts
+
+
+def _unsafe_shell_failure() -> AttemptOutcome:
+    return AttemptOutcome(
+        False,
+        error_code="tool_error",
+        error_message="exit 1",
+        tool_hints=((False, False),),
+        tools=("shell.run",),
+        commands=(0,),
+    )
+
+
+def _shell_node(idempotent: bool) -> NodeSpec:
+    return NodeSpec.model_validate(
+        {
+            "id": "a",
+            "commands": [{"tool": "shell.run", "arguments": {"argv": ["x"]}, "idempotent": idempotent}],
+            "retry": {"max_attempts": 3},
+        }
+    )
+
+
+def test_a_command_declared_idempotent_is_retried_although_its_tool_is_not() -> None:
+    run = TaskRun("t", [_shell_node(idempotent=True)], [])
+    run.start(0)
+    run.mark_running("a")
+    run.attempt_ended("a", _unsafe_shell_failure(), 1, 0.5)
+    assert run.nodes["a"].state is NodeState.READY
+
+
+def test_a_failure_not_retried_with_tries_left_says_why_in_the_node_error() -> None:
+    run = TaskRun("t", [_shell_node(idempotent=False)], [])
+    run.start(0)
+    run.mark_running("a")
+    run.attempt_ended("a", _unsafe_shell_failure(), 1, 0.5)
+    error = run.nodes["a"].error
+    assert run.nodes["a"].state is NodeState.FAILED and error is not None
+    assert "shell.run is neither read-only nor idempotent" in error["not_retried"]
+    assert "idempotent: true" in error["not_retried"]
+
+
+def test_a_failure_after_the_last_allowed_try_has_no_not_retried() -> None:
+    run = TaskRun("t", [nodespec("a", max_attempts=1)], [])
+    run.start(0)
+    run.mark_running("a")
+    run.attempt_ended("a", fail(), 1, 0.5)
+    error = run.nodes["a"].error
+    assert error is not None and "not_retried" not in error
+
+
+def test_a_queue_timeout_with_tries_left_says_it_is_never_retried() -> None:
+    run = TaskRun("t", [nodespec("a", max_attempts=3)], [])
+    run.start(0)
+    run.fail("a", "queue_timeout", "nobody came", 5)
+    error = run.nodes["a"].error
+    assert error is not None and error["not_retried"].startswith("not retried: no device took it")

@@ -1,0 +1,277 @@
+"""Checks of a DAG against the tool catalogues of the devices its nodes may run on (SPEC section 3,
+validation at submission): tool arguments against their input schemas, retry settings a tool makes
+moot, and what a device's reported policy would refuse. Pure: the caller hands in the devices.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError, validators
+from referencing import Registry
+
+from orchestrator.domain.model import AdminState, CommandSpec, DagSpec, NodeKind, NodeSpec
+from orchestrator.domain.placement import DeviceView, capable
+from orchestrator.domain.problems import Problem
+
+REFERENCE = "${nodes."  # SPEC section 2: `${nodes.<id>...}` is filled in at run time
+MAX_ERRORS_PER_COMMAND = 10
+# Errors about an object's keys, which a reference in one of its values cannot change.
+_KEY_VALIDATORS = frozenset(
+    {"required", "additionalProperties", "dependentRequired", "propertyNames", "minProperties", "maxProperties"}
+)
+# No `$ref` is ever fetched from the network: a device's schema is judged by what it says itself.
+_NO_REMOTE: Registry[Any] = Registry()
+
+
+@dataclass(frozen=True)
+class CatalogDevice:
+    """A device as the submission checks see it: placement facts, tool catalogue, policy."""
+
+    view: DeviceView
+    tools: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> ToolSpec as dict
+    policy: Mapping[str, Any] | None = None  # `info.policy` as the agent reported it (None: unknown)
+
+    @property
+    def name(self) -> str:
+        return self.view.name or self.view.id
+
+
+@dataclass(frozen=True)
+class SubmissionWarning:
+    """Something accepted that probably does not do what its author meant."""
+
+    code: str
+    node_id: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "node_id": self.node_id, "message": self.message}
+
+
+def candidates(node: NodeSpec, devices: Iterable[CatalogDevice]) -> list[CatalogDevice]:
+    """Non-revoked devices the node's placement allows and that offer every tool it uses."""
+    return [d for d in devices if d.view.admin is not AdminState.REVOKED and capable(node, d.view)]
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def argument_problems(spec: DagSpec, devices: Sequence[CatalogDevice]) -> list[Problem]:
+    """`invalid_arguments` for every command whose arguments fit the input schema of its tool on
+    none of the node's candidate devices (arguments that fit one of them are accepted)."""
+    problems: list[Problem] = []
+    for node in spec.nodes:
+        if node.kind is not NodeKind.TOOL:
+            continue
+        able = candidates(node, devices)
+        for index, command in enumerate(node.commands):
+            for where, message in _command_errors(command, able):
+                problems.append(
+                    Problem(
+                        "invalid_arguments",
+                        f"node '{node.id}' command {index} ({command.tool}): {message}",
+                        {"node": node.id, "node_id": node.id, "command": index, "tool": command.tool, "field": where},
+                    )
+                )
+    return problems
+
+
+def _command_errors(command: CommandSpec, devices: Iterable[CatalogDevice]) -> list[tuple[str, str]]:
+    schemas: dict[str, Mapping[str, Any]] = {}
+    for d in devices:
+        schema = (d.tools.get(command.tool) or {}).get("input_schema")
+        if isinstance(schema, Mapping):
+            schemas.setdefault(json.dumps(schema, sort_keys=True, default=str), schema)
+    best: list[tuple[str, str]] | None = None
+    for schema in schemas.values():
+        errors = schema_errors(command.tool, command.arguments, schema)
+        if not errors:
+            return []  # one candidate takes them: accepted
+        if best is None or len(errors) < len(best):
+            best = errors
+    return best or []
+
+
+def schema_errors(tool: str, arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, message) for each way `arguments` break `schema`; [] if they fit, or if the schema
+    cannot be used (a device's broken schema is not the submitter's fault; the device checks)."""
+    if not schema:
+        return []
+    try:
+        cls = validators.validator_for(schema, default=Draft202012Validator)
+        cls.check_schema(dict(schema))
+        found = list(_limited(cls(schema, registry=_NO_REMOTE).iter_errors(dict(arguments))))
+    except Exception:  # any failure of a device's schema means "cannot judge", never a 500
+        return []
+    out: dict[str, str] = {}
+    for error in found:
+        if error.validator not in _KEY_VALIDATORS and has_reference(error.instance):
+            continue  # `${...}` becomes its value at run time, of a type we cannot know yet
+        for where, message in _describe(tool, error, schema):
+            out.setdefault(where, message)
+    return list(out.items())[:MAX_ERRORS_PER_COMMAND]
+
+
+def _limited(errors: Iterator[ValidationError]) -> Iterator[ValidationError]:
+    for n, error in enumerate(errors):
+        if n >= 5 * MAX_ERRORS_PER_COMMAND:
+            return
+        yield error
+
+
+def _describe(tool: str, error: ValidationError, root: Mapping[str, Any]) -> list[tuple[str, str]]:
+    base = [str(p) for p in error.absolute_path]
+    instance = error.instance
+    if error.validator == "required" and isinstance(instance, dict):
+        wanted = error.validator_value if isinstance(error.validator_value, list) else []
+        return [
+            (_dotted([*base, str(k)]), f"argument '{_dotted([*base, str(k)])}' is required but missing")
+            for k in wanted
+            if k not in instance
+        ]
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        declared = error.schema.get("properties") or {} if isinstance(error.schema, Mapping) else {}
+        patterns = list((error.schema.get("patternProperties") or {}) if isinstance(error.schema, Mapping) else {})
+        extra = [k for k in instance if k not in declared and not any(_search(p, k) for p in patterns)]
+        takes = ", ".join(sorted(declared)) or "no arguments"
+        return [
+            (
+                _dotted([*base, k]),
+                f"unknown argument '{_dotted([*base, k])}'; {tool} takes {takes}"
+                if not base
+                else f"unknown field '{_dotted([*base, k])}' (allowed: {takes})",
+            )
+            for k in extra
+        ]
+    where = _dotted(base)
+    text = error.message if len(error.message) <= 300 else error.message[:300] + "..."
+    return [(where, f"argument '{where}': {text}" if where else text)]
+
+
+def _dotted(parts: Sequence[str]) -> str:
+    return ".".join(parts)
+
+
+def _search(pattern: str, key: str) -> bool:
+    try:
+        return re.search(pattern, key) is not None
+    except re.error:
+        return False
+
+
+def has_reference(value: Any) -> bool:
+    """`value` is, or contains, a `${nodes...}` reference (strings nested in lists and objects)."""
+    if isinstance(value, str):
+        return REFERENCE in value
+    if isinstance(value, list):
+        return any(has_reference(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_reference(v) for v in value.values())
+    return False
+
+
+# ---------------------------------------------------------------- retry
+
+
+def retry_warnings(spec: DagSpec, devices: Sequence[CatalogDevice]) -> list[SubmissionWarning]:
+    """`retry_not_safe`: a node asks for retries, but uses a tool that is neither read-only nor
+    idempotent (on some device it may be placed on) in a command not declared `idempotent`, so a
+    failure after that command started is not retried (SPEC section 2, retries)."""
+    out: list[SubmissionWarning] = []
+    for node in spec.nodes:
+        if node.kind is not NodeKind.TOOL or node.retry.max_attempts <= 1:
+            continue
+        able = candidates(node, devices)
+        unsafe: list[str] = []
+        for command in node.commands:
+            if command.idempotent or command.tool in unsafe:
+                continue
+            if any(not retry_safe_tool(d.tools.get(command.tool)) for d in able if command.tool in d.tools):
+                unsafe.append(command.tool)
+        if unsafe:
+            names = ", ".join(unsafe)
+            verb = "is" if len(unsafe) == 1 else "are"
+            out.append(
+                SubmissionWarning(
+                    "retry_not_safe",
+                    node.id,
+                    f"node '{node.id}' has retry.max_attempts {node.retry.max_attempts}, but {names} {verb} "
+                    "neither read-only nor idempotent, so a failure after it started is not retried; "
+                    "mark the command idempotent: true if it is safe to repeat",
+                )
+            )
+    return out
+
+
+def retry_safe_tool(tool: Mapping[str, Any] | None) -> bool:
+    annotations = (tool or {}).get("annotations") or {}
+    return bool(annotations.get("read_only")) or bool(annotations.get("idempotent"))
+
+
+# ---------------------------------------------------------------- device policy
+
+
+def refusals(node: NodeSpec, device: CatalogDevice) -> list[dict[str, Any]]:
+    """Commands of `node` that `device`'s reported policy would refuse (`policy_denied`).
+
+    Mirrors the agent's checks as far as the server can see them: the shell allow and deny lists
+    by program name (the agent also resolves names on its PATH, which the server cannot), tools
+    needing the owner's approval on an agent not running unattended, and the kill switch. No
+    policy reported (an older agent): nothing is predicted."""
+    policy = device.policy
+    if not isinstance(policy, Mapping) or node.kind is not NodeKind.TOOL:
+        return []
+    out = []
+    for index, command in enumerate(node.commands):
+        reason = _refusal(command, device.tools.get(command.tool), policy)
+        if reason:
+            out.append(
+                {
+                    "command": index,
+                    "tool": command.tool,
+                    "device": device.name,
+                    "code": "policy_denied",
+                    "message": f"{device.name} would refuse node '{node.id}' command {index} "
+                    f"({command.tool}): {reason}",
+                }
+            )
+    return out
+
+
+def _refusal(command: CommandSpec, tool: Mapping[str, Any] | None, policy: Mapping[str, Any]) -> str | None:
+    if policy.get("kill_switch") and not bool(((tool or {}).get("annotations") or {}).get("read_only")):
+        return "the device owner has turned on the kill switch, which refuses every tool that is not read-only"
+    approval = [p for p in policy.get("approval_required") or [] if isinstance(p, str)]
+    if not policy.get("unattended") and any(fnmatch.fnmatchcase(command.tool, p) for p in approval):
+        return "the tool needs the device owner's approval and the agent is not running unattended"
+    if command.tool == "shell.run":
+        return _program_refusal(command.arguments.get("argv"), policy)
+    return None
+
+
+def _program_refusal(argv: Any, policy: Mapping[str, Any]) -> str | None:
+    if not isinstance(argv, list) or not argv or not isinstance(argv[0], str) or has_reference(argv[0]):
+        return None
+    program = argv[0]
+    name = posixpath.basename(program)
+    deny = {posixpath.normpath(p) for p in policy.get("shell_deny") or [] if isinstance(p, str)}
+    if {program, name, posixpath.normpath(program)} & deny:
+        return f"program '{program}' is on its shell deny list"
+    allow = policy.get("shell_allow")
+    if not isinstance(allow, list):
+        return None  # null: any program
+    entries = [e for e in allow if isinstance(e, str)]
+    if "/" in program:
+        allowed = posixpath.normpath(program) in {posixpath.normpath(e) for e in entries if e.startswith("/")}
+    else:  # a bare name may also be allowed through an absolute entry that PATH resolves it to
+        allowed = program in entries or any(e.startswith("/") and posixpath.basename(e) == program for e in entries)
+    if allowed:
+        return None
+    return f"program '{program}' is not on its shell allow list ({', '.join(entries) or 'nothing is allowed'})"
