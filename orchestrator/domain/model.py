@@ -124,7 +124,7 @@ class CommandSpec(_Spec):
     timeout_s: float = Field(default=60.0, gt=0, le=86400)
     # The submitter vouches that running this command twice does no harm, so a failure after it
     # started may be retried even if its tool is neither read-only nor idempotent (SPEC section 2).
-    idempotent: bool = False
+    idempotent: bool = Field(default=False, strict=True)
 
 
 class NodeSpec(_Spec):

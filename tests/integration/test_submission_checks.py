@@ -1,0 +1,248 @@
+"""Submission as a user meets it (issue 13, items 3 and 5, `dry_run`): retries on tools that are not
+retry-safe warn and say why they did not happen, `idempotent: true` makes them happen, wrong tool
+arguments are refused at submission against the schemas a real agent reported, and a dry run
+checks everything without creating a task."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.rawdevice import RawDevice
+from tests.support import Fleet, shell, wait_until
+
+ROLE = {"role": "checks"}
+PLACED = {"labels": ROLE}
+
+
+@pytest.fixture(scope="module")
+def fleet(shared_fleet: Fleet) -> Fleet:
+    shared_fleet.agent("checks-agent", ROLE)
+    return shared_fleet
+
+
+def post(fleet: Fleet, body: Any, params: dict[str, str] | None = None, **headers: str) -> Any:
+    with fleet.server.client() as c:
+        return c.post("/v1/tasks", json=body, params=params, headers=headers)
+
+
+def task_count(fleet: Fleet) -> int:
+    with fleet.server.client() as c:
+        return len(c.get("/v1/tasks", params={"limit": 500}).json()["items"])
+
+
+def counter(name: str) -> dict[str, Any]:
+    """A command that fails until its third run (it counts its runs in a workspace file)."""
+    script = f"n=$(cat {name} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {name}; test $n -ge 3"
+    return shell(["sh", "-c", script])
+
+
+def retried_node(command: dict[str, Any]) -> dict[str, Any]:
+    return {"id": "flaky", "placement": PLACED, "commands": [command], "retry": {"max_attempts": 3, "backoff_s": 0.05}}
+
+
+# ---------------------------------------------------------------- retries
+
+
+def test_a_command_declared_idempotent_is_retried_until_it_succeeds(fleet: Fleet) -> None:
+    task = fleet.submit({"nodes": [retried_node({**counter("count-idem"), "idempotent": True})]})
+    assert task["warnings"] == []
+    done = fleet.wait_task(task["id"])
+    node = fleet.node(done, "flaky")
+    assert done["state"] == "succeeded", node
+    assert len(node["attempts"]) == 3
+
+
+def test_a_shell_node_with_retries_warns_runs_once_and_says_why_it_was_not_retried(fleet: Fleet) -> None:
+    task = fleet.submit({"nodes": [retried_node(counter("count-plain"))]})
+    (warning,) = task["warnings"]
+    assert warning["code"] == "retry_not_safe" and warning["node_id"] == "flaky"
+    assert "shell.run" in warning["message"] and "idempotent: true" in warning["message"]
+    done = fleet.wait_task(task["id"])
+    node = fleet.node(done, "flaky")
+    assert done["state"] == "failed" and len(node["attempts"]) == 1
+    assert "shell.run is neither read-only nor idempotent" in node["error"]["not_retried"]
+
+
+def test_the_answer_to_a_repeated_idempotent_submission_carries_the_warnings_too(fleet: Fleet) -> None:
+    body = {"dag": {"nodes": [retried_node(shell(["true"]))]}}
+    first = post(fleet, body, **{"Idempotency-Key": "warn-twice"})
+    again = post(fleet, body, **{"Idempotency-Key": "warn-twice"})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert (
+        [w["code"] for w in again.json()["warnings"]]
+        == ["retry_not_safe"]
+        == [w["code"] for w in first.json()["warnings"]]
+    )
+    assert fleet.task(first.json()["id"])["warnings"] == []  # a later read does not repeat them
+
+
+# ---------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field", "words"),
+    [
+        ({"argv": "uname"}, "argv", "is not of type 'array'"),
+        ({"cwd": "."}, "argv", "required"),
+        ({"argv": ["ls"], "shell": True}, "shell", "unknown argument 'shell'"),
+    ],
+)
+def test_wrong_arguments_are_refused_at_submission_naming_node_command_and_field(
+    fleet: Fleet, arguments: dict[str, Any], field: str, words: str
+) -> None:
+    before = task_count(fleet)
+    dag = {
+        "nodes": [
+            {"id": "ok", "placement": PLACED, "commands": [shell(["true"])]},
+            {
+                "id": "bad",
+                "placement": PLACED,
+                "commands": [shell(["true"]), {"tool": "shell.run", "arguments": arguments}],
+            },
+        ]
+    }
+    r = post(fleet, {"dag": dag})
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["code"] == "invalid_arguments"
+    (problem,) = body["problems"]
+    assert (problem["node_id"], problem["command"], problem["field"]) == ("bad", 1, field)
+    assert "node 'bad' command 1 (shell.run)" in problem["message"] and words in problem["message"]
+    assert task_count(fleet) == before
+
+
+def test_a_reference_where_a_list_is_wanted_is_not_judged_at_submission(fleet: Fleet) -> None:
+    dag = {
+        "nodes": [
+            {"id": "up", "placement": PLACED, "commands": [shell(["true"])]},
+            {
+                "id": "down",
+                "placement": PLACED,
+                "commands": [{"tool": "shell.run", "arguments": {"argv": "${nodes.up.output.argv}"}}],
+            },
+        ],
+        "edges": [{"from": "up", "to": "down"}],
+    }
+    assert post(fleet, {"dag": dag}, params={"dry_run": "true"}).json()["valid"] is True
+
+
+# ---------------------------------------------------------------- dry run
+
+
+def test_a_dry_run_reports_placement_and_warnings_and_creates_nothing(fleet: Fleet) -> None:
+    before = task_count(fleet)
+    dag = {"nodes": [retried_node(shell(["true"])), {"id": "any", "commands": [shell(["true"])]}]}
+    r = post(fleet, {"dag": dag}, params={"dry_run": "true"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["valid"] is True and body["problems"] == []
+    assert [w["code"] for w in body["warnings"]] == ["retry_not_safe"]
+    nodes = {n["id"]: n for n in body["nodes"]}
+    assert nodes["flaky"]["devices"] == ["checks-agent"] and nodes["flaky"]["would_run_on"] == "checks-agent"
+    assert "checks-agent" in nodes["any"]["devices"] and nodes["flaky"]["refusals"] == []
+    assert task_count(fleet) == before
+
+
+def test_a_dry_run_of_an_invalid_dag_lists_its_problems_with_200(fleet: Fleet) -> None:
+    cycle = {
+        "nodes": [{"id": "a", "commands": [shell(["ls"])]}, {"id": "b", "commands": [shell(["ls"])]}],
+        "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "a"}],
+    }
+    r = post(fleet, {"dag": cycle}, params={"dry_run": "true"})
+    assert r.status_code == 200 and r.json()["valid"] is False
+    assert [p["code"] for p in r.json()["problems"]] == ["dag_cycle"]
+    bad_args = {
+        "nodes": [{"id": "a", "placement": PLACED, "commands": [{"tool": "shell.run", "arguments": {"argv": "ls"}}]}]
+    }
+    (problem,) = post(fleet, {"dag": bad_args}, params={"dry_run": "true"}).json()["problems"]
+    assert (problem["code"], problem["node_id"], problem["command"], problem["field"]) == (
+        "invalid_arguments",
+        "a",
+        0,
+        "argv",
+    )
+    nowhere = {"nodes": [{"id": "gpu", "placement": {"labels": {"role": "gpu"}}, "commands": [shell(["ls"])]}]}
+    body = post(fleet, {"dag": nowhere}, params={"dry_run": "true"}).json()
+    assert body["problems"][0]["code"] == "no_capable_device" and body["problems"][0]["node_id"] == "gpu"
+    assert body["nodes"] == [{"id": "gpu", "devices": [], "would_run_on": None, "refusals": []}]
+
+
+def test_a_dry_run_needs_no_idempotency_key_and_ignores_one(fleet: Fleet) -> None:
+    body = {"dag": {"nodes": [{"id": "a", "placement": PLACED, "commands": [shell(["true"])]}]}}
+    assert post(fleet, body, params={"dry_run": "true"}, **{"Idempotency-Key": "dry"}).status_code == 200
+    created = post(fleet, body, **{"Idempotency-Key": "dry"})
+    assert created.status_code == 201  # the dry run did not use up the key
+
+
+def test_a_dry_run_of_a_malformed_body_is_still_a_validation_error(fleet: Fleet) -> None:
+    r = post(fleet, {"dag": {"nodes": []}}, params={"dry_run": "true"})
+    assert r.status_code == 422 and r.json()["code"] == "validation_error"
+
+
+def test_a_dry_run_needs_the_operator_role(fleet: Fleet) -> None:
+    with fleet.server.client() as admin:
+        viewer = admin.post("/v1/api-keys", json={"role": "viewer"}).json()["key"]
+    with fleet.server.client(viewer) as c:
+        r = c.post(
+            "/v1/tasks", params={"dry_run": "true"}, json={"dag": {"nodes": [{"id": "a", "commands": [shell(["ls"])]}]}}
+        )
+    assert r.status_code == 403
+
+
+def test_a_dry_run_lists_what_a_device_policy_would_refuse(fleet: Fleet) -> None:
+    with fleet.server.client() as c:
+        real = c.get(f"/v1/devices/{fleet.agents[0].device_id}").json()
+    shell_tool = next(t for t in real["tools"] if t["name"] == "shell.run")
+    policy = {
+        "shell_allow": None,
+        "shell_deny": ["rm"],
+        "approval_required": ["files.*"],
+        "unattended": False,
+        "kill_switch": False,
+    }
+    dev = RawDevice(fleet, "guarded")
+    asyncio.run(_hello(fleet, dev, [shell_tool], policy))
+    wait_until(lambda: fleet.device(dev.enrolled["id"])["info"].get("policy") == policy, 10, "the policy to be stored")
+    dag = {
+        "nodes": [
+            {
+                "id": "wipe",
+                "placement": {"device": "guarded"},
+                "commands": [shell(["ls"]), shell(["/bin/rm", "-rf", "x"])],
+            },
+            {"id": "look", "placement": {"device": "guarded"}, "commands": [shell(["ls"])]},
+        ]
+    }
+    body = post(fleet, {"dag": dag}, params={"dry_run": "true"}).json()
+    nodes = {n["id"]: n for n in body["nodes"]}
+    (refusal,) = nodes["wipe"]["refusals"]
+    assert {k: refusal[k] for k in ("command", "tool", "device", "code")} == {
+        "command": 1,
+        "tool": "shell.run",
+        "device": "guarded",
+        "code": "policy_denied",
+    }
+    assert "deny list" in refusal["message"]
+    assert nodes["look"]["refusals"] == []
+    assert nodes["wipe"]["devices"] == ["guarded"]
+
+
+async def _hello(fleet: Fleet, dev: RawDevice, tools: list[dict[str, Any]], policy: dict[str, Any]) -> None:
+    url = fleet.server.url.replace("http://", "ws://") + "/v1/agent"
+    async with connect(url, additional_headers={"Authorization": f"Bearer {dev.enrolled['token']}"}) as ws:
+        dev.ws = ws
+        await dev.send(
+            "hello",
+            seq=0,
+            device_id=dev.enrolled["id"],
+            versions=[1],
+            tools=tools,
+            resume=None,
+            info={"platform": "linux", "policy": policy},
+        )
+        await dev.recv("welcome")
