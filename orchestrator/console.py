@@ -45,7 +45,7 @@ def print_table(console: Console, table: Table, widen: bool = True) -> None:
     not a terminal (and `widen`) the table gets its natural width, so each row stays on one line
     for grep and cut."""
     if console.is_terminal or not widen:
-        console.print(table)
+        console.print(table)  # other columns fold to fit; id columns keep their minimum width
         return
     natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
     saved = console.width
@@ -62,12 +62,11 @@ def _id_column(table: Table, header: str, values: list[str]) -> None:
 
 def devices_table(devices: list[dict[str, Any]]) -> Table:
     table = Table(title="Devices", header_style="bold", expand=False)
-    _id_column(table, "name", [d["name"] for d in devices])
-    for col in ("state", "platform", "labels"):
+    busy = any(_current(d) for d in devices)
+    for col in ("name", "state", "platform", "labels", *(["current"] if busy else [])):
         table.add_column(col, overflow="fold")
-    _id_column(table, "current", [_current(d) for d in devices])
     table.add_column("queue")
-    table.add_column("last seen")
+    table.add_column("last seen", overflow="fold")
     _id_column(table, "id", [d["id"] for d in devices])
     for d in devices:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(d.get("labels", {}).items()))
@@ -78,7 +77,7 @@ def devices_table(devices: list[dict[str, Any]]) -> Table:
             Text(state, style=DEVICE_STYLES.get(state, "")),
             d.get("platform", ""),
             labels,
-            _current(d),
+            *([_current(d)] if busy else []),
             str(d.get("queue_length", 0)),
             seen,
             d["id"],
