@@ -598,8 +598,10 @@ def tools(
     server: ServerOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
-    """The tools devices offer: description, arguments (`?` optional) and whether a retry is safe
-    (read-only or idempotent); without DEVICE, every tool of the fleet and which devices have it."""
+    """List tools with their description, arguments and whether a retry is safe.
+
+    Arguments marked `?` are optional; a tool is retry-safe when it is read-only or idempotent.
+    Without DEVICE: every tool of the fleet and which devices have it."""
     from orchestrator.console import tool_rows, tools_view
 
     with _api(server, api_key) as c:
