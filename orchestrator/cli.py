@@ -6,15 +6,17 @@ import contextlib
 import inspect
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
 from device_agent.cli import agent as agent_command
 from device_agent.cli import parse_labels
@@ -22,7 +24,12 @@ from device_agent.logs import setup_logging
 from orchestrator.client import Client, ClientError
 from orchestrator.config import Settings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Orrery: one task across many devices.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Orrery: one task across many devices.",
+    pretty_exceptions_enable=False,
+)
 devices_app = typer.Typer(no_args_is_help=True, help="Enroll and manage devices.")
 tasks_app = typer.Typer(no_args_is_help=True, help="List, inspect, watch and cancel tasks.")
 keys_app = typer.Typer(no_args_is_help=True, help="Create and revoke API keys.")
@@ -39,6 +46,25 @@ KeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key (ORRERY_A
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
+def _fail(message: str, code: int = 1) -> NoReturn:
+    """One error line on stderr (printed literally, never as Rich markup), then exit `code`."""
+    err.print(Text.assemble(("error", "red"), ": ", message), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def problem_lines(exc: ClientError) -> list[str]:
+    """An API problem as short lines: `code: detail`, then its further problems and candidates."""
+    lines = [f"{exc.code}: {exc.detail}"]
+    problems = exc.body.get("problems") or []
+    for p in problems[1:] if len(problems) > 1 else []:
+        if isinstance(p, dict):
+            lines.append(f"  - {p.get('code')}: {p.get('message')}")
+    for cand in exc.body.get("candidates") or []:
+        if isinstance(cand, dict):
+            lines.append(f"  - {cand.get('id')}  {cand.get('name', '')}".rstrip())
+    return lines
+
+
 @contextlib.contextmanager
 def _api(server: str | None, api_key: str | None) -> Iterator[Client]:
     """A client for one command; an API problem becomes a readable message and exit code 1."""
@@ -46,10 +72,32 @@ def _api(server: str | None, api_key: str | None) -> Iterator[Client]:
         with Client(server, api_key) as client:
             yield client
     except ClientError as exc:
-        err.print(f"[red]error[/red] {exc.code}: {exc.detail}")
-        for p in exc.body.get("problems", [])[1:]:
-            err.print(f"  - {p.get('code')}: {p.get('message')}")
+        first, *rest = problem_lines(exc)
+        err.print(Text.assemble(("error", "red"), " ", first), soft_wrap=True)
+        for line in rest:
+            err.print(Text(line), soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("orrery")
+        except PackageNotFoundError:
+            number = "unknown"
+        sys.stdout.write(f"orrery {number}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    pass
 
 
 def _print_json(value: Any) -> None:
@@ -175,9 +223,9 @@ def devices_list(json_out: JsonOpt = False, server: ServerOpt = None, api_key: K
     if json_out:
         _print_json(items)
     else:
-        from orchestrator.console import devices_table
+        from orchestrator.console import devices_table, print_table
 
-        console.print(devices_table(items))
+        print_table(console, devices_table(items))
 
 
 @devices_app.command("show")
@@ -191,7 +239,7 @@ def _device_action(action: str) -> Any:
     def command(device_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
         with _api(server, api_key) as c:
             result = c.device_action(device_id, action)
-        console.print(f"{device_id}: {result.get('state')}")
+        console.print(f"{device_id}: {result.get('state')}", markup=False, highlight=False)
 
     command.__doc__ = {
         "drain": "Finish current work, take no new work.",
@@ -206,15 +254,146 @@ for _action in ("drain", "cordon", "uncordon", "revoke"):
     devices_app.command(_action)(_device_action(_action))
 
 
+@devices_app.command("label")
+def devices_label(
+    device_id: str,
+    changes: Annotated[list[str], typer.Argument(help="KEY=VALUE sets a label, KEY- removes it")],
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Set or remove a device's labels (placement uses them at once)."""
+    labels: dict[str, str | None] = {}
+    for change in changes:
+        if "=" in change and change.split("=", 1)[0]:
+            key, value = change.split("=", 1)
+            labels[key] = value
+        elif change.endswith("-") and len(change) > 1 and "=" not in change:
+            labels[change[:-1]] = None
+        else:
+            _fail(f"{change!r}: give KEY=VALUE to set a label or KEY- to remove one", 2)
+    with _api(server, api_key) as c:
+        result = c.label(device_id, labels)
+    if json_out:
+        _print_json(result)
+    else:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted((result.get("labels") or {}).items())) or "(none)"
+        console.print(f"{result['name']} {result['id']}: {shown}", markup=False, highlight=False)
+
+
+@devices_app.command("rotate-token")
+def devices_rotate_token(
+    device_id: str, json_out: JsonOpt = False, server: ServerOpt = None, api_key: KeyOpt = None
+) -> None:
+    """Give a device a new token (shown once); the old one stops working and its connection closes."""
+    with _api(server, api_key) as c:
+        result = c.rotate_token(device_id)
+    if json_out:
+        _print_json(result)
+    else:
+        console.print(
+            f"device id: {result['id']}\nname:      {result['name']}\ntoken:     {result['token']}",
+            markup=False,
+            highlight=False,
+        )
+        console.print("[dim]the token is shown once; restart the agent with it (the old token no longer works)[/dim]")
+
+
+@devices_app.command("history")
+def devices_history(
+    device_id: str,
+    limit: Annotated[int, typer.Option(help="at most this many")] = 50,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """A device's state changes (liveness and admin), newest first."""
+    from orchestrator.console import history_table, print_table
+
+    with _api(server, api_key) as c:
+        page = c.device_history(device_id, limit)
+    if json_out:
+        _print_json(page["items"])
+    else:
+        print_table(console, history_table(page["items"]))
+
+
 # ---------------------------------------------------------------- tasks
 
 
+class DagFileError(Exception):
+    """A DAG file that cannot be read or parsed; the message is one line, with file:line:column."""
+
+
+class DagLoader(yaml.SafeLoader):
+    """A safe loader where only `true`/`false` are booleans (as in YAML 1.2), so the edge key `on:`
+    and values such as `yes`, `no`, `on`, `off` stay strings."""
+
+
+DagLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+DagLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def parse_dag_text(text: str, source: str, as_json: bool = False) -> Any:
+    """Parse JSON or YAML text; a syntax error becomes a DagFileError naming source:line:column."""
+    if as_json:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DagFileError(f"{source}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    try:
+        return yaml.load(text, Loader=DagLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = exc.problem or "not valid YAML"
+        context = f" ({exc.context})" if exc.context else ""
+        raise DagFileError(f"{where}: invalid YAML: {problem}{context}") from None
+    except yaml.YAMLError as exc:
+        raise DagFileError(f"{source}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
 def load_dag_file(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DagFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DagFileError(f"{path}: is a directory, not a DAG file") from None
+    except UnicodeDecodeError:
+        raise DagFileError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise DagFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    data = parse_dag_text(text, str(path), as_json=path.suffix.lower() == ".json")
     if not isinstance(data, dict) or "nodes" not in data:
-        raise typer.BadParameter(f"{path} must hold an object with 'nodes' (and optionally 'edges', 'name')")
+        raise DagFileError(f"{path}: must hold an object with 'nodes' (and optionally 'edges', 'name')")
     return data
+
+
+def _dag_body(file: Path, name: str | None) -> dict[str, Any]:
+    try:
+        data = load_dag_file(file)
+    except DagFileError as exc:
+        _fail(str(exc), 2)
+    body: dict[str, Any] = {"dag": {"nodes": data["nodes"], "edges": data.get("edges", [])}}
+    if name or data.get("name"):
+        body["name"] = name or data.get("name")
+    return body
+
+
+def _print_warnings(answer: dict[str, Any]) -> None:
+    """The submission's warnings (e.g. retry_not_safe), one line each on stderr."""
+    for w in answer.get("warnings") or []:
+        node = f" node {w['node_id']}" if w.get("node_id") else ""
+        err.print(
+            Text.assemble(("warning", "yellow"), f" {w.get('code', 'warning')}{node}: {w.get('message', '')}"),
+            soft_wrap=True,
+        )
 
 
 @app.command()
@@ -230,27 +409,26 @@ def submit(
     api_key: KeyOpt = None,
 ) -> None:
     """Submit a task: a DAG file, or a plain request for the planner."""
-    if (file is None) == (request is None):
-        raise typer.BadParameter("give a DAG FILE or --request, not both")
+    if file is None and request is None:
+        _fail("give a DAG FILE (JSON or YAML) or --request TEXT: orrery submit dag.yaml [--watch]", 2)
+    if file is not None and request is not None:
+        _fail("give a DAG FILE or --request, not both", 2)
     body: dict[str, Any] = {"priority": priority}
     if file is not None:
-        data = load_dag_file(file)
-        body["dag"] = {"nodes": data["nodes"], "edges": data.get("edges", [])}
-        body["name"] = name or data.get("name")
+        body.update(_dag_body(file, name))
     else:
         body["request"] = request
-        body["name"] = name
-    body = {k: v for k, v in body.items() if v is not None}
+        if name:
+            body["name"] = name
     with _api(server, api_key) as c:
         task = c.submit(body, idempotency_key)
+        _print_warnings(task)
         if watch:
-            from orchestrator.console import watch as watch_task
-
-            task = watch_task(c, task["id"], console)
+            task = _watch(c, task["id"])
     if json_out:
         _print_json(task)
     elif not watch:
-        console.print(f"task {task['id']} is {task['state']}")
+        console.print(f"task {task['id']} is {task['state']}", markup=False, highlight=False)
     if watch and task["state"] != "succeeded":
         raise typer.Exit(1)
 
@@ -269,9 +447,9 @@ def tasks_list(
     if json_out:
         _print_json(page["items"])
     else:
-        from orchestrator.console import tasks_table
+        from orchestrator.console import print_table, tasks_table
 
-        console.print(tasks_table(page["items"]))
+        print_table(console, tasks_table(page["items"]))
 
 
 @tasks_app.command("show")
@@ -283,28 +461,59 @@ def tasks_show(
     api_key: KeyOpt = None,
 ) -> None:
     """A task with its nodes, attempts and outputs (or, with --llm, its LLM transcript)."""
+    from orchestrator.console import device_names, llm_view, task_view
+
     with _api(server, api_key) as c:
         data: Any = c.request("GET", f"/v1/tasks/{task_id}/llm")["items"] if llm else c.task(task_id)
+        names = {} if json_out or llm else device_names(c)
     if json_out:
         _print_json(data)
     elif llm:
-        from orchestrator.console import llm_view
-
         console.print(llm_view(data))
     else:
-        from orchestrator.console import task_view
-
-        console.print(task_view(data, show_outputs=True))
+        console.print(task_view(data, show_outputs=True, names=names))
 
 
 @tasks_app.command("watch")
 def tasks_watch(task_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
-    """Follow a task live until it ends."""
+    """Follow a task until it ends (line by line when stdout is not a terminal); exit 1 unless it succeeded."""
+    with _api(server, api_key) as c:
+        task = _watch(c, task_id)
+    if task["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _watch(c: Client, task_id: str) -> dict[str, Any]:
     from orchestrator.console import watch as watch_task
 
+    return watch_task(c, task_id, console)
+
+
+@tasks_app.command("rerun")
+def tasks_rerun(
+    task_id: str,
+    from_node: Annotated[
+        str | None, typer.Option("--from", help="re-run this node and its descendants; keep the rest's outputs")
+    ] = None,
+    watch: Annotated[bool, typer.Option("--watch", help="follow the new task")] = False,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Run a finished task again as a new task (whole, or from one node on)."""
     with _api(server, api_key) as c:
-        task = watch_task(c, task_id, console)
-    if task["state"] != "succeeded":
+        task = c.rerun(task_id, from_node)
+        if watch:
+            task = _watch(c, task["id"])
+    if json_out:
+        _print_json(task)
+    elif not watch:
+        console.print(
+            f"task {task['id']} is {task['state']} (re-run of {task.get('rerun_of') or task_id})",
+            markup=False,
+            highlight=False,
+        )
+    if watch and task["state"] != "succeeded":
         raise typer.Exit(1)
 
 
@@ -314,6 +523,119 @@ def tasks_cancel(task_id: str, server: ServerOpt = None, api_key: KeyOpt = None)
     with _api(server, api_key) as c:
         c.cancel(task_id)
     console.print(f"task {task_id} is being cancelled")
+
+
+@app.command()
+def validate(
+    file: Annotated[Path, typer.Argument(help="JSON or YAML file with {nodes, edges}")],
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Check a DAG without running it: placement per node, argument errors, warnings, policy refusals.
+
+    Exit 0 when the server would accept it, 1 otherwise."""
+    body = _dag_body(file, None)
+    with _api(server, api_key) as c:
+        try:
+            answer = c.validate(body)
+        except ClientError as exc:
+            if exc.status != 422:
+                raise
+            answer = {
+                "valid": False,
+                "problems": exc.body.get("problems") or [{"code": exc.code, "message": exc.detail}],
+            }
+            answer.update(warnings=[], nodes=[])
+    if not isinstance(answer, dict) or "valid" not in answer:
+        _fail("this server does not support validation (POST /v1/tasks?dry_run=true); upgrade it")
+    if json_out:
+        _print_json(answer)
+    else:
+        _print_validation(answer)
+    if not answer["valid"]:
+        raise typer.Exit(1)
+
+
+def _print_validation(answer: dict[str, Any]) -> None:
+    def out(*parts: str | tuple[str, str]) -> None:
+        console.print(Text.assemble(*parts), soft_wrap=True)
+
+    for node in answer.get("nodes") or []:
+        devices = node.get("devices") or []
+        chosen = node.get("would_run_on")
+        if chosen:
+            placed: str | tuple[str, str] = f"would run on {chosen}"
+        elif devices:
+            placed = "no device free now"
+        else:
+            placed = ("no device can run it", "red")
+        may = f" (may run on: {', '.join(devices)})" if devices else ""
+        out(f"node {node.get('id')}: ", placed, may)
+        for r in node.get("refusals") or []:
+            out(
+                ("  refused", "red"),
+                f" command {r.get('command')} {r.get('tool')} on {r.get('device')}:",
+                f" {r.get('code')}: {r.get('message')}",
+            )
+    for p in answer.get("problems") or []:
+        where = "".join(
+            f" {label} {p[key]}"
+            for key, label in (("node_id", "node"), ("command", "command"), ("field", "field"))
+            if p.get(key) is not None
+        )
+        out(("error", "red"), f" {p.get('code')}{where}: {p.get('message')}")
+    for w in answer.get("warnings") or []:
+        node = f" node {w['node_id']}" if w.get("node_id") else ""
+        out(("warning", "yellow"), f" {w.get('code')}{node}: {w.get('message')}")
+    out(("valid", "green") if answer["valid"] else ("not valid", "red"))
+
+
+@app.command()
+def tools(
+    device: Annotated[str | None, typer.Argument(help="a device id, id prefix or name (default: every device)")] = None,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """List tools with their description, arguments and whether a retry is safe.
+
+    Arguments marked `?` are optional; a tool is retry-safe when it is read-only or idempotent.
+    Without DEVICE: every tool of the fleet and which devices have it."""
+    from orchestrator.console import tool_rows, tools_view
+
+    with _api(server, api_key) as c:
+        devices = c.devices()
+        if device is not None:
+            devices = _pick_device(c, devices, device)
+    rows = tool_rows(devices)
+    if json_out:
+        _print_json(
+            [
+                {k: r[k] for k in ("name", "description", "input_schema", "read_only", "idempotent", "retry_safe")}
+                | ({} if device else {"devices": r["devices"]})
+                for r in rows
+            ]
+        )
+    elif not rows:
+        console.print("no tools: " + ("this device has not reported any" if device else "no device has reported any"))
+    else:
+        console.print(tools_view(rows, per_device=device is not None))
+
+
+def _pick_device(c: Client, devices: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
+    """The one device `ref` names: exact id or name, else a unique id prefix, else the server's answer."""
+    exact = [d for d in devices if ref in (d["id"], d["name"]) and d["state"] != "revoked"]
+    exact = exact or [d for d in devices if d["id"] == ref]
+    if exact:
+        return exact[:1]
+    prefixed = [d for d in devices if d["id"].startswith(ref)]
+    if len(prefixed) == 1:
+        return prefixed
+    if len(prefixed) > 1:
+        listing = ", ".join(f"{d['id']} ({d['name']})" for d in prefixed)
+        _fail(f"ambiguous_id: {ref!r} matches several devices: {listing}")
+    return [c.device(ref)]
 
 
 # ---------------------------------------------------------------- api keys
@@ -358,7 +680,17 @@ def demo(
 
 
 def main(argv: list[str] | None = None) -> None:
-    app(args=argv)
+    """The `orrery` entry point: no Python traceback reaches the user (one line, exit 1)."""
+    try:
+        app(args=argv)
+    except BrokenPipeError:  # `orrery tasks list | head`
+        sys.stderr.close()
+        raise SystemExit(1) from None
+    except Exception as exc:
+        err.print(
+            Text.assemble(("error", "red"), f" internal: {type(exc).__name__}: {exc}".rstrip(": ")), soft_wrap=True
+        )
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

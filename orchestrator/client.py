@@ -62,10 +62,33 @@ class Client:
         try:
             resp = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ClientError(0, "unreachable", f"cannot reach {self.server}: {exc}") from None
+            raise self._unreachable(exc) from None
         if resp.status_code >= 400:
-            raise _problem(resp)
-        return resp.json() if resp.content else None
+            raise self._problem(resp)
+        try:
+            return resp.json() if resp.content else None
+        except ValueError:
+            raise ClientError(
+                resp.status_code, "bad_response", f"{self.server} answered {method} {path} with something not JSON"
+            ) from None
+
+    def _unreachable(self, exc: httpx.HTTPError) -> ClientError:
+        if isinstance(exc, httpx.ConnectError):
+            detail = f"cannot reach the orchestrator at {self.server}: is `orrery serve` running?"
+        elif isinstance(exc, httpx.TimeoutException):
+            detail = f"the orchestrator at {self.server} did not answer in time"
+        else:
+            detail = f"cannot talk to the orchestrator at {self.server}: {exc or type(exc).__name__}"
+        return ClientError(0, "unreachable", detail)
+
+    def _problem(self, resp: httpx.Response) -> ClientError:
+        problem = _problem(resp)
+        if problem.status == 401 and not self.api_key:
+            problem.detail = (
+                "no API key: pass --api-key, set ORRERY_API_KEY, "
+                "or set ORRERY_DATA_DIR to the server's data directory (it holds admin.key)"
+            )
+        return problem
 
     # ------------------------------------------------------------------ resources
 
@@ -91,6 +114,16 @@ class Client:
         result: dict[str, Any] = self.request("POST", f"/v1/tasks/{task_id}/cancel")
         return result
 
+    def validate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A dry run of a submission: placement, problems, warnings; never creates a task."""
+        result: dict[str, Any] = self.request("POST", "/v1/tasks", params={"dry_run": "true"}, json=body)
+        return result
+
+    def rerun(self, task_id: str, from_node: str | None = None) -> dict[str, Any]:
+        body = {"from_node": from_node} if from_node else {}
+        result: dict[str, Any] = self.request("POST", f"/v1/tasks/{task_id}/rerun", json=body)
+        return result
+
     def devices(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.request("GET", "/v1/devices")["items"]
         return result
@@ -110,6 +143,19 @@ class Client:
             result = self.request("POST", f"/v1/devices/{device_id}/{action}")
         return result
 
+    def label(self, device_id: str, labels: dict[str, str | None]) -> dict[str, Any]:
+        """Merge labels into a device's; a None value deletes that label."""
+        result: dict[str, Any] = self.request("PATCH", f"/v1/devices/{device_id}", json={"labels": labels})
+        return result
+
+    def rotate_token(self, device_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("POST", f"/v1/devices/{device_id}/token")
+        return result
+
+    def device_history(self, device_id: str, limit: int = 50) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/v1/devices/{device_id}/history", params={"limit": limit})
+        return result
+
     def create_api_key(self, role: str, name: str = "") -> dict[str, Any]:
         result: dict[str, Any] = self.request("POST", "/v1/api-keys", json={"role": role, "name": name})
         return result
@@ -121,21 +167,24 @@ class Client:
     def events(self, task_id: str, after: int = 0) -> Iterator[tuple[int, str, dict[str, Any]]]:
         """Server-sent events of a task: (id, type, data), until the task ends."""
         params = {"after": after}
-        with self._http.stream("GET", f"/v1/tasks/{task_id}/events", params=params, timeout=None) as resp:
-            if resp.status_code >= 400:
-                resp.read()
-                raise _problem(resp)
-            event_id, event_type, data = 0, "", ""
-            for line in resp.iter_lines():
-                if line.startswith("id:"):
-                    event_id = int(line[3:].strip())
-                elif line.startswith("event:"):
-                    event_type = line[6:].strip()
-                elif line.startswith("data:"):
-                    data += line[5:].strip()
-                elif line == "" and event_type:
-                    yield event_id, event_type, json.loads(data or "{}")
-                    event_type, data = "", ""
+        try:
+            with self._http.stream("GET", f"/v1/tasks/{task_id}/events", params=params, timeout=None) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise self._problem(resp)
+                event_id, event_type, data = 0, "", ""
+                for line in resp.iter_lines():
+                    if line.startswith("id:"):
+                        event_id = int(line[3:].strip())
+                    elif line.startswith("event:"):
+                        event_type = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data += line[5:].strip()
+                    elif line == "" and event_type:
+                        yield event_id, event_type, json.loads(data or "{}")
+                        event_type, data = "", ""
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
 
 
 def _problem(resp: httpx.Response) -> ClientError:
