@@ -172,6 +172,8 @@ def test_a_dag_example_is_accepted_and_runs_to_success(block: Block, docs_fleet:
         assert stdout.startswith(os.uname().sysname), stdout
         analysis = next(a for a in docs_fleet.agents if a.name == "analysis")
         assert (analysis.workspace / "uname.txt").read_text() == stdout
+        assert nodes["save"]["output"]["path"] == "uname.txt"
+        assert nodes["save"]["output"]["size"] == len(stdout.encode())
         assert nodes["tidy"]["state"] == "succeeded"
 
 
