@@ -672,11 +672,14 @@ def keys_revoke(key_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -
 @app.command()
 def demo(
     data_dir: Annotated[Path | None, typer.Option(help="keep the demo's files here (default: a temp dir)")] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="leave the server and agents running (dashboard, viewer key) until Ctrl-C")
+    ] = False,
 ) -> None:
     """Start an orchestrator and 3 device agents, run a multi-device DAG, print the results."""
     from orchestrator.demo import run_demo
 
-    raise typer.Exit(run_demo(console, data_dir))
+    raise typer.Exit(run_demo(console, data_dir, keep))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,13 +1,17 @@
 """`orrery demo`: an embedded orchestrator, three local device agents and one multi-device DAG.
 
-No configuration: everything lives in a temporary directory, the server listens on a free
-loopback port, and the agents are real `orrery agent` processes with their own workspaces.
+No configuration: everything lives in a temporary directory (removed at the end, so the demo
+prints no path into it) or in `--data-dir` (kept), the server listens on a free loopback port, and
+the agents are real `orrery agent` processes with their own workspaces. `--keep` leaves the server
+and the agents running after the DAG, prints the dashboard URL and a viewer API key, and stops
+everything on Ctrl-C (exit 0).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -108,12 +112,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_demo(console: Console, data_dir: Path | None) -> int:
+def run_demo(console: Console, data_dir: Path | None, keep: bool = False) -> int:
     base = data_dir.absolute() if data_dir else Path(tempfile.mkdtemp(prefix="orrery-demo-"))
-    return asyncio.run(_demo(console, base, temporary=data_dir is None))
+    temporary = data_dir is None
+    # The server announces where it wrote the admin key; in a temporary dir that path is gone
+    # when the demo ends, so it is not printed at all (a --data-dir one stays and is printed).
+    hide = _HideAdminKeyPath()
+    if temporary:
+        logging.getLogger("orrery").addFilter(hide)
+    try:
+        return asyncio.run(_demo(console, base, temporary=temporary, keep=keep))
+    finally:
+        logging.getLogger("orrery").removeFilter(hide)
 
 
-async def _demo(console: Console, base: Path, temporary: bool) -> int:
+class _HideAdminKeyPath(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("created an admin API key")
+
+
+async def _demo(console: Console, base: Path, temporary: bool, keep: bool = False) -> int:
     started = time.monotonic()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -132,10 +150,18 @@ async def _demo(console: Console, base: Path, temporary: bool) -> int:
             lifespan="on",
         )
     )
+    if keep:
+        # uvicorn puts back the handlers it found and then re-raises the signal it caught; with
+        # these, Ctrl-C (or SIGTERM) ends the kept demo cleanly instead of as a KeyboardInterrupt.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
     serving = asyncio.create_task(server.serve())
     agents: list[subprocess.Popen[bytes]] = []
     try:
-        console.print(f"[bold]orrery demo[/bold]  orchestrator on {url}, data in {base}")
+        where = "a temporary dir, removed at the end" if temporary else str(base)
+        console.print(f"[bold]orrery demo[/bold]  orchestrator on {url}, data in {where}", soft_wrap=True)
+        if not temporary:
+            console.print(f"  admin API key: {settings.data_dir / 'admin.key'}", soft_wrap=True, highlight=False)
         await _until(lambda: server.started, 30, "the orchestrator did not start")
         api_key = await asyncio.to_thread(_read_key, settings.data_dir / "admin.key")
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {api_key}"}) as http:
@@ -163,6 +189,21 @@ async def _demo(console: Console, base: Path, temporary: bool) -> int:
         console.print(
             f"task [{style}]{final['state']}[/{style}] in {elapsed:.1f}s (3 devices, {len(final['nodes'])} nodes)"
         )
+        if keep:
+            async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {api_key}"}) as http:
+                created = await http.post("/v1/api-keys", json={"role": "viewer", "name": "demo viewer"})
+                created.raise_for_status()
+                viewer = created.json()["key"]
+            console.print(
+                f"\nThe orchestrator and the 3 agents keep running.\n"
+                f"  dashboard:  {url}/\n"
+                f"  viewer key: {viewer}  (paste it on the sign-in page; it can look, not act)\n"
+                f"  CLI:        ORRERY_URL={url} ORRERY_API_KEY={viewer} orrery tasks list\n"
+                "Press Ctrl-C to stop them" + (" (the temporary data dir is then removed)." if temporary else "."),
+                highlight=False,
+                soft_wrap=True,
+            )
+            await serving
         return 0 if final["state"] == "succeeded" else 1
     finally:
         for proc in agents:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,3 +28,45 @@ def test_ci_runs_the_readme_test_command() -> None:
     _demo, tests = quick_start_commands()
     # CI may quieten pip; otherwise the command is the same.
     assert tests.replace("pip install -q", "pip install") in ci.replace("pip install -q", "pip install")
+
+
+def inline_orrery_commands() -> list[str]:
+    """Every `orrery ...` inline code span of README.md and docs/*.md (spans may wrap lines)."""
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    spans: list[str] = []
+    for path in texts:
+        text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+        spans += [" ".join(m.split()) for m in re.findall(r"`(orrery[^`]*)`", text)]
+    return spans
+
+
+def test_every_orrery_command_and_option_the_docs_name_exists() -> None:
+    """Inline mentions (`orrery tasks rerun`, `orrery demo --keep`, ...) name real commands and
+    options; the fenced sh blocks are run for real by tests/integration/test_docs_examples.py."""
+    import typer
+
+    from orchestrator.cli import app
+
+    root = typer.main.get_command(app)
+    missing = []
+    for span in inline_orrery_commands():
+        commands: list[Any] = [root]  # typer's own click types
+        for word in span.split()[1:]:
+            if word == "..." or word.isupper() or not re.fullmatch(r"[a-z][\w|-]*|--[\w-]+", word):
+                if word.startswith("--"):
+                    continue
+                break
+            if word.startswith("--"):
+                flag = word
+                if not any(flag in p.opts for c in commands for p in c.params):
+                    missing.append(f"{span}: {flag}")
+                continue
+            groups = [c for c in commands if hasattr(c, "commands")]
+            if not groups:
+                continue  # an argument (a device name, KEY=VALUE, ...)
+            found = [g.commands.get(name) for g in groups for name in word.split("|")]
+            if not all(found):
+                missing.append(f"{span}: {word}")
+                break
+            commands = [c for c in found if c is not None]
+    assert not missing, missing

@@ -1,0 +1,435 @@
+"""Every example in README.md and docs/*.md runs, as written, against a real server and real agents.
+
+DAG examples (``yaml``/``yml``/``json`` blocks holding a ``nodes`` key) are written to a file
+exactly as they stand and submitted with ``orrery submit FILE --watch`` in a subprocess; the task
+must succeed (exit 0). The server has three enrolled, connected agents (``web-1`` and ``web-2``
+with ``role=web``, ``analysis`` with ``role=analysis``, as in the demo) and an LLM: the fake
+OpenAI-compatible model of tests/fakellm.py, which answers every ``kind: agent`` step with a
+``finish`` call, so agent nodes really run their step loop (no dry run).
+
+Shell examples (``sh`` blocks) run line by line in a fresh directory, one session per block, with
+the venv's ``orrery`` first on PATH. Lines starting with ``orrery`` (after ``VAR=value``
+prefixes) run for real: ``orrery serve`` and ``orrery agent`` stay in the background (waited on
+until the server answers ``/readyz`` and the device is ``idle``), every other command must exit 0.
+The only changes the test makes, all deliberate and minimal:
+
+- the session serves HTTPS with a throwaway CA (``ORRERY_TLS_CERT``/``ORRERY_TLS_KEY``) on a free
+  port (``ORRERY_PORT``); that CA is written to ``ca.pem`` in the directory, so ``--ca-file
+  ca.pem`` is used as written; the CLI finds the server through ``ORRERY_URL`` and trusts the CA
+  through ``SSL_CERT_FILE``;
+- ``https://orchestrator:8765`` becomes ``https://localhost:<port>`` (no DNS name here);
+- the n-th ``orrd_...`` of a block becomes the token printed by the block's n-th
+  ``orrery devices enroll``;
+- a code block whose first line is a comment naming a file (``# dag.yaml — ...``) is written to
+  that file in the session's directory first.
+
+Lines that cannot run here are listed in ``NOT_RUN`` with the reason; any other line fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trustme
+
+from tests.fakellm import FakeLLM, call
+from tests.support import ROOT, Fleet, child_env, free_port, wait_until
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# Lines of sh blocks the test does not run, with the reason (exact text, comments removed).
+NOT_RUN = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -q -e . && orrery demo": (
+        "quick start: creating a venv and installing needs the network; tests/test_readme.py pins the "
+        "line and test_the_demo_* below run `orrery demo` itself"
+    ),
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[test]' && scripts/check": (
+        "quick start: this is the whole test suite, this test among it; .ci/run runs it"
+    ),
+}
+SERVER_PLACEHOLDER = "https://orchestrator:8765"
+TOKEN_PLACEHOLDER = "orrd_..."
+DEVICES = {"web-1": {"role": "web"}, "web-2": {"role": "web"}, "analysis": {"role": "analysis"}}
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    lang: str
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def file_name(self) -> str | None:
+        """`dag.yaml` for a block opening with `# dag.yaml — ...`."""
+        first = self.text.splitlines()[0] if self.text else ""
+        m = re.match(r"#\s*([\w.-]+\.(?:ya?ml|json|toml))\b", first)
+        return m.group(1) if m else None
+
+
+def code_blocks() -> list[Block]:
+    blocks = []
+    for path in DOCS:
+        text = path.read_text()
+        for m in re.finditer(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.M | re.S):
+            blocks.append(Block(path, text.count("\n", 0, m.start()) + 1, m.group(1).lower(), m.group(2)))
+    return blocks
+
+
+def dag_examples() -> list[Block]:
+    return [
+        b for b in code_blocks() if b.lang in ("yaml", "yml", "json") and re.search(r'^\s*"?nodes"?\s*:', b.text, re.M)
+    ]
+
+
+def shell_examples() -> list[Block]:
+    return [b for b in code_blocks() if b.lang in ("sh", "bash", "shell", "console")]
+
+
+def test_the_docs_have_the_examples_this_test_expects() -> None:
+    """The extraction itself: the README's DAG and its `Running it` block are found."""
+    assert any(b.file_name == "dag.yaml" for b in dag_examples())
+    commands = [line for b in shell_examples() for line in b.text.splitlines()]
+    assert any(line.startswith("orrery serve") for line in commands)
+    assert any("orrery submit dag.yaml --watch" in line for line in commands)
+
+
+# ---------------------------------------------------------------- the fake model and the fleet
+
+
+def finish_steps(n: int = 200) -> list[dict[str, Any]]:
+    return [call("finish", answer="done: nothing needed doing")] * n
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[FakeLLM]:
+    model = FakeLLM()
+    model.add(*finish_steps())
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def docs_fleet(tmp_path_factory: pytest.TempPathFactory, llm: FakeLLM) -> Iterator[Fleet]:
+    with Fleet(tmp_path_factory.mktemp("docs-fleet"), **llm.env()) as f:
+        for name, labels in DEVICES.items():
+            f.agent(name, labels)
+        yield f
+
+
+def orrery_env(**extra: str) -> dict[str, str]:
+    env = child_env(**extra)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("COLUMNS", "160")
+    return env
+
+
+# ---------------------------------------------------------------- DAG examples
+
+
+@pytest.mark.parametrize("block", dag_examples(), ids=lambda b: b.where)
+def test_a_dag_example_is_accepted_and_runs_to_success(block: Block, docs_fleet: Fleet, tmp_path: Path) -> None:
+    suffix = ".json" if block.lang == "json" else ".yaml"
+    path = tmp_path / (block.file_name or f"example{suffix}")
+    path.write_text(block.text)
+    with docs_fleet.server.client() as c:
+        before = {t["id"] for t in c.get("/v1/tasks", params={"limit": 200}).json()["items"]}
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "submit", str(path), "--watch"],
+        capture_output=True,
+        text=True,
+        env=orrery_env(ORRERY_URL=docs_fleet.server.url, ORRERY_API_KEY=docs_fleet.server.api_key),
+        cwd=tmp_path,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, f"{block.where}: `orrery submit --watch` failed:\n{result.stdout}\n{result.stderr}"
+    with docs_fleet.server.client() as c:
+        (task,) = [t for t in c.get("/v1/tasks", params={"limit": 200}).json()["items"] if t["id"] not in before]
+        task = c.get(f"/v1/tasks/{task['id']}").json()
+    assert task["state"] == "succeeded", task
+    if block.file_name == "dag.yaml":
+        # The README's example: `save` writes what `web` printed to uname.txt on the analysis box.
+        nodes = {n["id"]: n for n in task["nodes"]}
+        stdout = nodes["web"]["output"]["stdout"]
+        assert stdout.startswith(os.uname().sysname), stdout
+        analysis = next(a for a in docs_fleet.agents if a.name == "analysis")
+        assert (analysis.workspace / "uname.txt").read_text() == stdout
+        assert nodes["save"]["output"]["path"] == "uname.txt"
+        assert nodes["save"]["output"]["size"] == len(stdout.encode())
+        assert nodes["tidy"]["state"] == "succeeded"
+
+
+def test_the_readme_dag_reads_on_as_an_edge_condition(tmp_path: Path) -> None:
+    """The YAML reading the CLI must do: `on:` unquoted is the key "on", not the boolean True."""
+    from orchestrator.cli import load_dag_file
+
+    (block,) = [b for b in dag_examples() if b.file_name == "dag.yaml"]
+    path = tmp_path / "dag.yaml"
+    path.write_text(block.text)
+    edges = load_dag_file(path)["edges"]
+    assert any(e.get("on") == "always" for e in edges), edges
+
+
+# ---------------------------------------------------------------- shell examples
+
+
+class Session:
+    """One sh block run by a user in an empty directory; background processes stopped at the end."""
+
+    def __init__(self, block: Block, cwd: Path, llm: FakeLLM) -> None:
+        self.block = block
+        self.cwd = cwd
+        self.port = free_port()
+        self.url = f"https://localhost:{self.port}"
+        ca = trustme.CA()
+        cert = ca.issue_cert("localhost", "127.0.0.1")
+        cert.cert_chain_pems[0].write_to_path(str(cwd / "server-cert.pem"))
+        cert.private_key_pem.write_to_path(str(cwd / "server-key.pem"))
+        ca.cert_pem.write_to_path(str(cwd / "ca.pem"))
+        self.env = orrery_env(
+            ORRERY_PORT=str(self.port),
+            ORRERY_TLS_CERT=str(cwd / "server-cert.pem"),
+            ORRERY_TLS_KEY=str(cwd / "server-key.pem"),
+            ORRERY_URL=self.url,
+            SSL_CERT_FILE=str(cwd / "ca.pem"),
+            **{f"ORRERY_{k.upper()}": v for k, v in llm.env().items()},
+        )
+        self.tls = ssl.create_default_context(cafile=str(cwd / "ca.pem"))
+        self.tokens: list[str] = []
+        self.used_tokens = 0
+        self.background: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+        self.transcript: list[str] = []
+
+    def http(self) -> httpx.Client:
+        key = (self.cwd / ".orrery" / "admin.key").read_text().strip()
+        return httpx.Client(base_url=self.url, verify=self.tls, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+
+    def substitute(self, line: str) -> str:
+        line = line.replace(SERVER_PLACEHOLDER, self.url)
+        while TOKEN_PLACEHOLDER in line:
+            assert self.used_tokens < len(self.tokens), f"{self.block.where}: `{TOKEN_PLACEHOLDER}` before an enroll"
+            line = line.replace(TOKEN_PLACEHOLDER, self.tokens[self.used_tokens], 1)
+            self.used_tokens += 1
+        return line
+
+    def run(self, line: str) -> None:
+        words = shlex.split(self.substitute(line), comments=True)
+        env = dict(self.env)
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        if words and words[-1] == "&":
+            words.pop()
+        assert words and words[0] == "orrery", f"{self.block.where}: not an orrery command: {line!r}"
+        if words[1:2] in (["serve"], ["agent"]):
+            self.start(words, env)
+        else:
+            self.call(words, env)
+
+    def start(self, words: list[str], env: dict[str, str]) -> None:
+        log = self.cwd / f"{words[1]}-{len(self.background)}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                words, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.background.append((" ".join(words), proc, log))
+
+        def alive() -> None:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.block.where}: `{' '.join(words)}` exited {proc.returncode}:\n{log.read_text()}"
+                )
+
+        if words[1] == "serve":
+
+            def ready() -> bool:
+                alive()
+                try:
+                    return httpx.get(f"{self.url}/readyz", verify=self.tls, timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(ready, 60, f"`{' '.join(words)}` to be ready")
+            self.transcript.append(f"$ {' '.join(words)}  (background)\n{log.read_text()}")
+            return
+        token = env.get("ORRERY_AGENT_TOKEN") or words[words.index("--token") + 1]
+        device_id = token.removeprefix("orrd_").split(".", 1)[0]
+
+        def idle() -> bool:
+            alive()
+            with self.http() as c:
+                return bool(c.get(f"/v1/devices/{device_id}").json()["state"] == "idle")
+
+        wait_until(idle, 60, f"device {device_id} of `{' '.join(words)}` to be idle")
+        self.transcript.append(f"$ {' '.join(words)}  (background, device {device_id} idle)")
+
+    def call(self, words: list[str], env: dict[str, str]) -> None:
+        result = subprocess.run(words, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=180, check=False)
+        self.transcript.append(f"$ {' '.join(words)}\n{result.stdout}{result.stderr}")
+        if result.returncode != 0:
+            raise AssertionError(f"exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        if words[1:3] == ["devices", "enroll"]:
+            tokens = re.findall(r"orrd_[\w-]+\.[\w-]+", result.stdout)
+            assert tokens, f"{self.block.where}: no token in the output of `{' '.join(words)}`:\n{result.stdout}"
+            self.tokens.append(tokens[0])
+
+    def stop(self) -> None:
+        for _cmd, proc, _log in reversed(self.background):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+
+
+def runnable_lines(block: Block) -> list[str]:
+    lines = []
+    for raw in block.text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if re.sub(r"(^|\s)#.*$", "", line).strip() in NOT_RUN:
+            continue
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("block", shell_examples(), ids=lambda b: b.where)
+def test_a_shell_example_runs_as_written(block: Block, tmp_path: Path, llm: FakeLLM) -> None:
+    lines = runnable_lines(block)
+    if not lines:
+        pytest.skip(f"{block.where}: every line is in NOT_RUN ({'; '.join(sorted(set(NOT_RUN.values())))})")
+    for other in code_blocks():
+        if other.file_name:
+            (tmp_path / other.file_name).write_text(other.text)
+    session = Session(block, tmp_path, llm)
+    failures = []
+    try:
+        for line in lines:  # every line is tried, so one run names every broken one
+            try:
+                session.run(line)
+            except AssertionError as exc:
+                failures.append(f"{block.where}: {line}\n    {str(exc).strip()}")
+    finally:
+        session.stop()
+    logs = "\n".join(f"--- {cmd}\n{log.read_text()[-2000:]}" for cmd, _p, log in session.background)
+    assert not failures, "\n\n".join(failures) + "\n\nbackground logs:\n" + logs
+
+
+def test_every_line_not_run_is_still_in_the_docs() -> None:
+    """The allowlist cannot keep excusing a line that was edited or removed."""
+    text = "\n".join(p.read_text() for p in DOCS)
+    for line in NOT_RUN:
+        assert line in text, line
+
+
+# ---------------------------------------------------------------- orrery demo
+
+
+def test_the_demo_prints_no_path_that_vanishes(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "demo"],
+        capture_output=True,
+        text=True,
+        env=orrery_env(),
+        cwd=tmp_path,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    printed = re.findall(r"(/[\w./-]+)", result.stdout + result.stderr)
+    paths = [p for p in printed if p.startswith(("/tmp", "/var", str(tmp_path))) or "admin.key" in p]
+    assert all(Path(p).exists() for p in paths), paths
+
+
+def test_the_demo_with_a_data_dir_prints_the_admin_key_path_and_keeps_it(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "demo", "--data-dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        env=orrery_env(),
+        cwd=tmp_path,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    key_path = tmp_path / "demo" / "server" / "admin.key"
+    assert str(key_path) in result.stdout + result.stderr
+    assert key_path.read_text().startswith("orrk_")
+
+
+def test_demo_keep_leaves_a_dashboard_and_a_viewer_key_then_stops_on_ctrl_c(tmp_path: Path) -> None:
+    out = tmp_path / "demo.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "demo", "--keep"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=orrery_env(),
+            cwd=tmp_path,
+        )
+    try:
+
+        def printed() -> re.Match[str] | None:
+            assert proc.poll() is None, out.read_text()
+            return re.search(r"dashboard:\s+(\S+)\s*\n\s*viewer key:\s+(orrk_\S+)", out.read_text())
+
+        url, key = wait_until(printed, 180, "the dashboard URL and viewer key").groups()
+        assert "Ctrl-C" in out.read_text()
+        agents = [
+            int(p)
+            for p in subprocess.run(
+                ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+            ).stdout.split()
+        ]
+        assert len(agents) == 3, agents
+        page = httpx.get(url, timeout=10)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        tasks = httpx.get(f"{url.rstrip('/')}/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        assert tasks.status_code == 200, tasks.text
+        (task,) = tasks.json()["items"]
+        assert task["state"] == "succeeded"
+        me = httpx.get(f"{url.rstrip('/')}/v1/api-keys/me", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        assert me.json()["role"] == "viewer"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, out.read_text()
+        assert time.monotonic() - started < 30
+        for pid in agents:
+            wait_until(lambda pid=pid: not _alive(pid), 10, f"agent {pid} to be gone")
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url, timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (reaped later by nobody) counts as gone
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
