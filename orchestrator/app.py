@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, WebSocket
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -58,11 +60,14 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
         version=__version__,
         description="Control plane for fleets of devices: multi-device DAGs over MCP tools.",
         lifespan=lifespan,
+        docs_url=None,  # served below from local assets: /docs works without internet
+        redoc_url=None,
     )
     errors.install(app)
     for module in (health, tasks, devices, keys):
         app.include_router(module.router)
     web.mount(app)
+    install_docs(app)
 
     @app.websocket("/v1/agent")
     async def agent_socket(ws: WebSocket) -> None:
@@ -72,6 +77,32 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestId)
     return app
+
+
+SWAGGER_UI = "/ui/vendor/swagger-ui"
+
+
+def install_docs(app: FastAPI) -> None:
+    """Swagger UI at `/docs` with its script, style and icon served by this server (the vendored
+    swagger-ui-dist under orchestrator/web/static/vendor/), never from a CDN."""
+    openapi_url = app.openapi_url or "/openapi.json"
+    redirect_url = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} API",
+            swagger_js_url=f"{SWAGGER_UI}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER_UI}/swagger-ui.css",
+            swagger_favicon_url=f"{SWAGGER_UI}/favicon-32x32.png",
+            oauth2_redirect_url=redirect_url,
+            swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from swagger.io
+        )
+
+    @app.get(redirect_url, include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
 
 
 async def start_components(settings: Settings, migrate: bool) -> Components:

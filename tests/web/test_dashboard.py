@@ -489,3 +489,32 @@ def test_dag_edited_redraws_and_a_stream_resumes_after_its_last_id(web_fleet: Fl
     event_urls = [u for u in watched.urls if "/task_fake/events" in u]
     assert [u.rsplit("after=", 1)[1] for u in event_urls] == ["0", "2"]
     assert page.inner_text("#stream-status") == "Final"
+
+
+def test_graph_nodes_name_their_device_and_count_attempts(web_fleet: Fleet, watched: Watched) -> None:
+    # files.read is read-only, so its failures are retried: two attempts on alpha.
+    task = web_fleet.submit(
+        {
+            "nodes": [
+                {"id": "hello", "placement": {"device": "beta"}, "commands": [shell(["echo", "hi"])]},
+                {
+                    "id": "flaky-read",
+                    "placement": {"device": "alpha"},
+                    "retry": {"max_attempts": 2, "backoff_s": 0},
+                    "commands": [{"tool": "files.read", "arguments": {"path": "no-such-file.txt"}}],
+                },
+            ]
+        },
+        name="graph-labels",
+    )
+    done = web_fleet.wait_task(task["id"])
+    assert len(web_fleet.node(done, "flaky-read")["attempts"]) == 2
+    page = sign_in(watched, web_fleet, hash_=f"#/tasks/{task['id']}")
+    page.wait_for_selector(node_sel("flaky-read", "failed") + "[data-device=alpha]")
+    runs = page.eval_on_selector_all(
+        "svg.dag g.node",
+        "gs => Object.fromEntries(gs.map(g => [g.dataset.nodeId,"
+        " [g.dataset.device, g.dataset.attempts, g.querySelector('.node-run').textContent]]))",
+    )
+    assert runs == {"hello": ["beta", "1", "beta · 1 attempt"], "flaky-read": ["alpha", "2", "alpha · 2 attempts"]}
+    assert "alpha · 2 attempts" in (page.get_attribute(node_sel("flaky-read"), "aria-label") or "")

@@ -22,10 +22,27 @@ export function getKey() {
 
 export function setKey(key) {
   sessionStorage.setItem(KEY, key);
+  rolePromise = null;
 }
 
 export function clearKey() {
   sessionStorage.removeItem(KEY);
+  rolePromise = null;
+}
+
+let rolePromise = null;
+
+/** The signed-in key's role ("viewer", "operator", "admin"), or null when the server does not
+ * say; asked once per key (GET /v1/api-keys/me). The server still decides: this only hides
+ * what would be refused. */
+export function myRole() {
+  if (!rolePromise) {
+    rolePromise = api("/v1/api-keys/me").then(
+      (me) => me?.role || null,
+      () => null,
+    );
+  }
+  return rolePromise;
 }
 
 /** Called with the problem detail whenever the server answers 401. */

@@ -71,4 +71,6 @@ const ICONS = {
   back: ["M15 6l-6 6 6 6"],
   chevronLeft: ["M15 6l-6 6 6 6"],
   chevronRight: ["M9 6l6 6-6 6"],
+  rerun: ["M4 12a8 8 0 0 1 14-5.3", "M18 3v4h-4", "M20 12a8 8 0 0 1-14 5.3", "M6 21v-4h4"],
+  external: ["M14 5h5v5", "M19 5l-8 8", "M17 14v5H5V7h5"],
 };

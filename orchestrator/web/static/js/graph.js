@@ -1,20 +1,23 @@
 // graph.js: draws a task's DAG as SVG from layout.js and keeps it live: node colours follow
 // state changes in place, the selected node is highlighted, and the view scrolls, pans (drag
 // the background) and zooms (buttons or Ctrl + wheel) for graphs larger than the screen.
+// Each node shows its id, state, tool, and where it ran: "web-1 · 2 attempts" (device names
+// come from the `deviceName` callback; ids until the names are known).
 
 import { h, icon, s } from "./dom.js";
 import { layout, pathData } from "./layout.js";
 
 const EDGE_KINDS = ["success", "failure", "always"];
 const NODE_W = 184;
-const NODE_H = 52;
+const NODE_H = 66;
 const MIN_ZOOM = 0.1;
 const MAX_ZOOM = 2.5;
 const AUTO_MIN_ZOOM = 0.55; // fitting never shrinks text below this: scroll instead
 
 export class DagView {
-  constructor({ onSelect }) {
+  constructor({ onSelect, deviceName = (id) => id }) {
     this.onSelect = onSelect;
+    this.deviceName = deviceName;
     this.zoom = 1;
     this.autoFit = true; // until the user zooms, keep the graph fitted when the view resizes
     this.selected = null;
@@ -116,23 +119,28 @@ export class DagView {
     else this.applyZoom();
   }
 
-  /** Update one node's state, subtitle and tooltip in place. */
+  /** Update one node's state, subtitle, device line and tooltip in place. */
   update(node) {
     const g = this.nodeEls.get(node.id);
     if (!g) return;
-    this.setState(node.id, node.state);
     const sub = g.querySelector(".node-sub");
     if (sub) sub.textContent = truncate(subtitle(node), 26);
+    const where = placed(node, this.deviceName);
+    g.dataset.device = where.device;
+    g.dataset.attempts = String(where.attempts);
+    g.querySelector(".node-run").textContent = truncate(where.text, 30);
+    this.setState(node.id, node.state, true);
   }
 
-  setState(id, state) {
+  setState(id, state, force = false) {
     const g = this.nodeEls.get(id);
-    if (!g || g.dataset.state === state) return;
+    if (!g || (g.dataset.state === state && !force)) return;
     g.dataset.state = state;
     g.setAttribute("class", nodeClass(state, id === this.selected));
     g.querySelector(".node-state").textContent = state;
-    g.querySelector("title").textContent = `${id}: ${state}`;
-    g.setAttribute("aria-label", `Node ${id}, ${state}`);
+    const run = g.dataset.device ? ` on ${g.querySelector(".node-run").textContent}` : "";
+    g.querySelector("title").textContent = `${id}: ${state}${run}`;
+    g.setAttribute("aria-label", `Node ${id}, ${state}${run}`);
   }
 
   highlight(id) {
@@ -252,7 +260,24 @@ function nodeShape(node, pos) {
     s("text", { class: "node-title", x: 31, y: 22 }, truncate(node.id, 20)),
     s("text", { class: "node-state", x: 14, y: 40 }, node.state),
     s("text", { class: "node-sub", x: w - 12, y: 40, "text-anchor": "end" }, truncate(subtitle(node), 26)),
+    s("text", { class: "node-run", x: 14, y: 57 }, ""),
   );
+}
+
+/** Where a node ran or waits: the device of its latest attempt (else the one it is queued on)
+ * and how many attempts it made, e.g. {text: "web-1 · 2 attempts", device: "web-1", attempts: 2}. */
+export function placed(node, deviceName = (id) => id) {
+  const attempts = node.attempts || [];
+  const last = attempts[attempts.length - 1];
+  if (last?.device_id) {
+    const device = deviceName(last.device_id) || last.device_id;
+    return { device, attempts: attempts.length, text: `${device} · ${attempts.length} attempt${attempts.length === 1 ? "" : "s"}` };
+  }
+  if (node.queued_on) {
+    const device = deviceName(node.queued_on) || node.queued_on;
+    return { device, attempts: 0, text: `queued on ${device}` };
+  }
+  return { device: "", attempts: 0, text: "" };
 }
 
 function subtitle(node) {

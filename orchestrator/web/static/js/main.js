@@ -1,9 +1,11 @@
-// main.js: boots the dashboard: sign-in gate, hash router (#/devices, #/tasks, #/tasks/<id>)
+// main.js: boots the dashboard: sign-in gate, hash router (#/devices, #/devices/<id>, #/tasks,
+// #/tasks/<id>)
 // and view lifecycle (each view returns a cleanup that stops its timers and streams).
 
 import { clearKey, getKey, onUnauthorized } from "./api.js";
 import { createShell } from "./shell.js";
 import { startTicker } from "./ui.js";
+import { mountDevice } from "./views/device.js";
 import { mountDevices } from "./views/devices.js";
 import { mountSignIn } from "./views/signin.js";
 import { mountTask } from "./views/task.js";
@@ -20,6 +22,7 @@ function route() {
   const parts = path.split("/").filter(Boolean);
   if (parts[0] === "tasks" && parts[1]) return { name: "task", nav: "tasks", id: decodeURIComponent(parts[1]), params };
   if (parts[0] === "tasks") return { name: "tasks", nav: "tasks", params };
+  if (parts[0] === "devices" && parts[1]) return { name: "device", nav: "devices", id: decodeURIComponent(parts[1]), params };
   return { name: "devices", nav: "devices", params };
 }
 
@@ -41,8 +44,9 @@ function render() {
   view.dataset.view = r.name;
   if (r.name === "task") cleanup = mountTask(view, r.id);
   else if (r.name === "tasks") cleanup = mountTasks(view, r.params);
+  else if (r.name === "device") cleanup = mountDevice(view, r.id);
   else cleanup = mountDevices(view);
-  document.title = `${r.name === "task" ? r.id : r.name === "tasks" ? "Tasks" : "Devices"} · Orrery`;
+  document.title = `${r.name === "task" || r.name === "device" ? r.id : r.name === "tasks" ? "Tasks" : "Devices"} · Orrery`;
 }
 
 function showSignIn(message) {

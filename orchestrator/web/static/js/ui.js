@@ -107,3 +107,40 @@ export function countChips(counts) {
     ),
   );
 }
+
+/**
+ * A button that asks for a second click within 5 s before it acts (for actions with side
+ * effects: cancel, re-run). `run` is awaited with the button disabled.
+ */
+export function confirmButton({ id, label, confirmLabel, title, kind = "", iconName = null, run }) {
+  const text = h("span", {}, label);
+  const button = h(
+    "button",
+    { class: ["button small", kind], type: "button", id, title },
+    iconName ? icon(iconName, 14) : null,
+    text,
+  );
+  let timer = null;
+  const reset = () => {
+    clearTimeout(timer);
+    button.classList.remove("confirm");
+    text.textContent = label;
+  };
+  button.addEventListener("click", async () => {
+    if (!button.classList.contains("confirm")) {
+      button.classList.add("confirm");
+      text.textContent = confirmLabel;
+      timer = setTimeout(reset, 5000);
+      return;
+    }
+    reset();
+    button.disabled = true;
+    try {
+      await run();
+    } finally {
+      button.disabled = false;
+    }
+  });
+  button.reset = reset;
+  return button;
+}

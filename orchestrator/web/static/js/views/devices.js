@@ -1,14 +1,16 @@
 // views/devices.js: the fleet at a glance. Polls GET /v1/devices every 2 s (there is no device
 // event stream), updates rows in place, and offers Drain / Cordon / Uncordon to operators;
-// a refusal (e.g. 403 for a viewer key) shows the server's problem detail.
+// a refusal (e.g. 403 for a viewer key) shows the server's problem detail. A device's name
+// opens its page; its current batch links to the task it belongs to.
 
 import { api } from "../api.js";
 import { h, pill, replace } from "../dom.js";
-import { labelList, serverNow, shortId } from "../format.js";
+import { labelList, serverNow } from "../format.js";
 import { emptyState, flash, loading, timeAgo } from "../ui.js";
+import { currentBatch } from "./device.js";
 
 const POLL_MS = 2000;
-const STATES = ["idle", "busy", "suspect", "offline", "draining", "cordoned", "enrolled", "revoked"];
+const STATES = ["idle", "busy", "suspect", "offline", "draining", "drained", "cordoned", "enrolled", "revoked"];
 const ACTIONS = [
   { verb: "drain", label: "Drain", hint: "Finish the current batch, then take no new work" },
   { verb: "cordon", label: "Cordon", hint: "Take no new work" },
@@ -113,7 +115,7 @@ export function mountDevices(root) {
         row = { tr: h("tr", { dataset: { deviceId: d.id } }), sig: "" };
         rows.set(d.id, row);
       }
-      const sig = JSON.stringify([d.name, d.state, d.labels, d.platform, d.info, d.tools?.length, d.current_batch, d.queue_length, d.last_seen, busy.has(d.id)]);
+      const sig = JSON.stringify([d.name, d.state, d.labels, d.platform, d.info, d.tools?.length, d.current_batch, d.current_task_id, d.current_node_id, d.queue_length, d.last_seen, busy.has(d.id)]);
       if (sig !== row.sig) {
         row.sig = sig;
         fillRow(row.tr, d);
@@ -137,7 +139,7 @@ export function mountDevices(root) {
       h(
         "td",
         {},
-        h("div", { class: "strong device-name" }, d.name),
+        h("a", { class: "strong device-name", href: `#/devices/${encodeURIComponent(d.id)}` }, d.name),
         h("div", { class: "mono muted small", title: d.id }, d.id),
       ),
       h("td", {}, pill(d.state, "device")),
@@ -157,7 +159,7 @@ export function mountDevices(root) {
           labelList(d.labels).length ? null : h("span", { class: "muted" }, "—"),
         ),
       ),
-      h("td", {}, d.current_batch ? h("span", { class: "mono", title: d.current_batch }, shortId(d.current_batch, 14)) : h("span", { class: "muted" }, "—")),
+      h("td", { class: "current" }, currentBatch(d)),
       h("td", { class: "right num" }, String(d.queue_length ?? 0)),
       h("td", { class: "nowrap" }, timeAgo(d.last_seen)),
       h("td", { class: "actions" }, ACTIONS.map((a) => actionButton(d, a))),
@@ -170,7 +172,7 @@ export function mountDevices(root) {
     const disabled =
       busy.has(d.id) ||
       state === "revoked" ||
-      (action.verb === "drain" && state === "draining") ||
+      (action.verb === "drain" && (state === "draining" || state === "drained")) ||
       (action.verb === "cordon" && state === "cordoned") ||
       (action.verb === "uncordon" && (state === "idle" || state === "busy"));
     return h(

@@ -2,19 +2,30 @@
 // arguments), attempts (device, batch, timings, each result with status, error and JSON), and
 // output; long JSON is cut with "show more". A second tab loads the task's LLM transcript
 // (GET /v1/tasks/{id}/llm: this node's calls, then planning and DAG edits; none or 404 means none).
+// Once the task has finished, "Re-run from here" runs this node and its descendants again.
 
 import { api } from "../api.js";
 import { h, icon, pill, replace } from "../dom.js";
 import { duration, labelList, pretty, shortId, span } from "../format.js";
-import { liveDuration, loading, timeAt, timeRange } from "../ui.js";
+import { confirmButton, liveDuration, loading, timeAt, timeRange } from "../ui.js";
 
 const CUT_LINES = 18;
 const CUT_CHARS = 1400;
 
 export class NodePanel {
-  constructor({ taskId, deviceName, onClose }) {
+  constructor({ taskId, deviceName, onClose, canRerun = () => false, onRerun = async () => {} }) {
     this.taskId = taskId;
     this.deviceName = deviceName;
+    this.canRerun = canRerun;
+    this.rerunButton = confirmButton({
+      id: "rerun-node",
+      label: "Re-run from here",
+      confirmLabel: "Confirm re-run",
+      title: "A new task: this node and everything after it run again; the nodes before it keep their outputs",
+      iconName: "rerun",
+      run: () => (this.node ? onRerun(this.node.id) : null),
+    });
+    this.actions = h("div", { class: "panel-actions" }, this.rerunButton);
     this.tab = "details";
     this.expanded = new Set();
     this.signature = "";
@@ -37,6 +48,7 @@ export class NodePanel {
         this.state,
         h("button", { class: "icon-button", type: "button", "aria-label": "Close", title: "Close (Esc)", onclick: onClose }, icon("close")),
       ),
+      this.actions,
       h("div", { class: "tabs", role: "tablist" }, this.tabs.details, this.tabs.llm),
       this.body,
     );
@@ -50,6 +62,8 @@ export class NodePanel {
     this.task = task;
     this.el.hidden = false;
     this.el.dataset.nodeId = node.id;
+    if (changedNode) this.rerunButton.reset();
+    this.refreshActions();
     if (!changedNode && sig === this.signature) return;
     this.signature = sig;
     if (changedNode) this.expanded.clear();
@@ -63,6 +77,13 @@ export class NodePanel {
       replace(this.body, this.details(node));
       this.body.scrollTop = scroll;
     } else this.showLlm(node);
+  }
+
+  /** Show the node actions the task's state (and the key's role) allow. */
+  refreshActions() {
+    const allowed = Boolean(this.node) && this.canRerun();
+    this.actions.hidden = !allowed;
+    if (!allowed) this.rerunButton.reset();
   }
 
   hide() {

@@ -1,13 +1,15 @@
 // views/task.js: one task, live. Draws the DAG (graph.js), follows GET /v1/tasks/{id}/events
 // (sse.js) and recolours nodes as events arrive; re-fetches the task at most every 500 ms for
 // attempt details, and redraws after `dag.edited`. Clicking a node opens its side panel.
+// A finished task can be re-run (whole, or from the selected node: POST /v1/tasks/{id}/rerun);
+// the page then moves to the new task, which says which task it re-runs.
 
-import { api } from "../api.js";
+import { api, myRole } from "../api.js";
 import { h, icon, pill, replace } from "../dom.js";
-import { labelList } from "../format.js";
+import { labelList, shortId } from "../format.js";
 import { DagView } from "../graph.js";
 import { EventFeed } from "../sse.js";
-import { countChips, emptyState, flash, liveDuration, loading, TERMINAL_TASK, timeAgo, timeAt } from "../ui.js";
+import { confirmButton, countChips, emptyState, flash, liveDuration, loading, TERMINAL_TASK, timeAgo, timeAt } from "../ui.js";
 import { NodePanel } from "./nodepanel.js";
 
 const REFETCH_MS = 500;
@@ -23,11 +25,20 @@ export function mountTask(root, taskId) {
   const eventStates = new Map(); // node id -> {state, seq, error}: newer than a snapshot may be
   let taskEvent = null; // {state, seq}
   const devices = new Map(); // device id -> name
+  const askedDevices = new Set(); // ids looked up one by one (not in the list)
   let devicesAt = 0;
+  let role = null; // the key's role once known; null shows every action (the server decides)
+  const taskNames = new Map(); // task id -> name, for the "re-run of" link
 
   const head = h("div", { class: "task-head" });
-  const dag = new DagView({ onSelect: (id) => select(id) });
-  const panel = new NodePanel({ taskId, deviceName: (id) => deviceName(id), onClose: () => select(null) });
+  const dag = new DagView({ onSelect: (id) => select(id), deviceName: (id) => deviceName(id) });
+  const panel = new NodePanel({
+    taskId,
+    deviceName: (id) => deviceName(id),
+    onClose: () => select(null),
+    canRerun: () => canRerun(),
+    onRerun: (nodeId) => rerun(nodeId),
+  });
   const graphCard = h("div", { class: "card graph-card" }, dag.el);
   const bodyEl = h("div", { class: "task-body" }, graphCard, panel.el);
   const page = h("div", { class: "page task-page" }, head, bodyEl);
@@ -35,6 +46,14 @@ export function mountTask(root, taskId) {
 
   const connection = h("span", { class: "conn", id: "stream-status" });
   const cancelButton = h("button", { class: "button danger-outline small", type: "button", id: "cancel-task" }, "Cancel task");
+  const rerunButton = confirmButton({
+    id: "rerun-task",
+    label: "Re-run",
+    confirmLabel: "Confirm re-run",
+    title: "Run this task's DAG again as a new task",
+    iconName: "rerun",
+    run: () => rerun(null),
+  });
   let confirmTimer = null;
   cancelButton.addEventListener("click", onCancel);
 
@@ -106,7 +125,19 @@ export function mountTask(root, taskId) {
       if (node) panel.show(task, node);
       else select(null);
     }
-    for (const n of task.nodes || []) for (const a of n.attempts || []) if (a.device_id && !devices.has(a.device_id)) loadDevices();
+    if ([...usedDevices()].some((id) => !devices.has(id) && !askedDevices.has(id))) loadDevices();
+    if (task.rerun_of && !taskNames.has(task.rerun_of)) loadTaskName(task.rerun_of);
+  }
+
+  async function loadTaskName(id) {
+    taskNames.set(id, null);
+    try {
+      const t = await api(`/v1/tasks/${encodeURIComponent(id)}`, { signal: controller.signal });
+      taskNames.set(id, t.name || "");
+      if (!stopped && task) drawHead();
+    } catch {
+      /* the link shows the id */
+    }
   }
 
   async function loadDevices() {
@@ -115,7 +146,20 @@ export function mountTask(root, taskId) {
     try {
       const out = await api("/v1/devices", { signal: controller.signal });
       for (const d of out.items || []) devices.set(d.id, d.name);
-      if (task && selected) {
+      // A device missing from the list (e.g. a revoked one) is asked for once by id.
+      const missing = [...usedDevices()].filter((id) => !devices.has(id) && !askedDevices.has(id));
+      for (const id of missing) askedDevices.add(id);
+      await Promise.all(
+        missing.map((id) =>
+          api(`/v1/devices/${encodeURIComponent(id)}`, { signal: controller.signal }).then(
+            (d) => devices.set(d.id, d.name),
+            () => {},
+          ),
+        ),
+      );
+      if (stopped || !task) return;
+      dag.render(task); // same shape: updates the device names on the nodes in place
+      if (selected) {
         panel.signature = "";
         const node = findNode(selected);
         if (node) panel.show(task, node);
@@ -123,6 +167,15 @@ export function mountTask(root, taskId) {
     } catch {
       /* names are a nicety: ids are shown instead */
     }
+  }
+
+  function usedDevices() {
+    const ids = new Set();
+    for (const n of task?.nodes || []) {
+      if (n.queued_on) ids.add(n.queued_on);
+      for (const a of n.attempts || []) if (a.device_id) ids.add(a.device_id);
+    }
+    return ids;
   }
 
   function deviceName(id) {
@@ -199,6 +252,9 @@ export function mountTask(root, taskId) {
     const t = task;
     const running = !TERMINAL_TASK.has(t.state);
     cancelButton.hidden = !running;
+    rerunButton.hidden = !canRerun();
+    if (rerunButton.hidden) rerunButton.reset();
+    panel.refreshActions();
     drawCounts();
     replace(
       head,
@@ -211,11 +267,13 @@ export function mountTask(root, taskId) {
         connection,
         h("span", { class: "spacer" }),
         cancelButton,
+        rerunButton,
       ),
       h(
         "div",
         { class: "task-meta" },
         meta("ID", h("span", { class: "mono" }, t.id)),
+        t.rerun_of ? meta("Re-run of", rerunOfLink(t.rerun_of)) : null,
         meta("Created", [timeAt(t.created_at), " ", h("span", { class: "muted" }, "(", timeAgo(t.created_at), ")")]),
         meta("Finished", timeAt(t.finished_at)),
         meta("Duration", running || t.finished_at ? liveDuration(t.created_at, t.finished_at) : "—"),
@@ -248,6 +306,38 @@ export function mountTask(root, taskId) {
     }
   }
 
+  /** Re-running needs a finished task and (when the UI knows it) more than a viewer key. */
+  function canRerun() {
+    return Boolean(task) && TERMINAL_TASK.has(task.state) && role !== "viewer";
+  }
+
+  async function rerun(fromNode) {
+    const id = task.id;
+    try {
+      const made = await api(`/v1/tasks/${encodeURIComponent(id)}/rerun`, {
+        method: "POST",
+        body: fromNode ? { from_node: fromNode } : {},
+      });
+      flash(fromNode ? `Re-running from ${fromNode} as a new task.` : "Re-running as a new task.", "ok");
+      if (!stopped) location.hash = `#/tasks/${encodeURIComponent(made.id)}`;
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      const what = fromNode ? `Re-run from ${fromNode} refused` : "Re-run refused";
+      // A viewer key (403) gets the server's own sentence: which role the route needs.
+      flash(err.message, "error", what);
+    }
+  }
+
+  function rerunOfLink(id) {
+    const name = taskNames.get(id);
+    return h(
+      "a",
+      { href: `#/tasks/${encodeURIComponent(id)}`, id: "rerun-of", title: id },
+      name ? [h("span", { class: "strong" }, name), " "] : null,
+      h("span", { class: "mono" }, shortId(id, 18)),
+    );
+  }
+
   function resetCancel() {
     clearTimeout(confirmTimer);
     cancelButton.classList.remove("confirm");
@@ -266,6 +356,10 @@ export function mountTask(root, taskId) {
     } else panel.hide();
   }
 
+  myRole().then((r) => {
+    role = r;
+    if (!stopped && task) drawHead();
+  });
   loadDevices();
   fetchTask();
   return () => {
@@ -274,6 +368,7 @@ export function mountTask(root, taskId) {
     dag.destroy();
     clearTimeout(fetchTimer);
     clearTimeout(confirmTimer);
+    rerunButton.reset();
     controller.abort();
     document.removeEventListener("keydown", onKey);
   };

@@ -1,0 +1,361 @@
+// views/device.js: one device (#/devices/<id>): its state, labels, info (and the policy its
+// agent reports), what it is running now (linked to the task), its tools (description,
+// whether a retry is safe, the input schema on demand), its recent attempts (each linked to
+// its task) and its state history. Polls every 3 s; each section is redrawn only when its data
+// changed, so an opened schema stays open.
+
+import { api } from "../api.js";
+import { h, icon, pill, replace } from "../dom.js";
+import { duration, labelList, pretty, shortId, span } from "../format.js";
+import { emptyState, flash, loading, timeAgo, timeAt, timeRange } from "../ui.js";
+
+const POLL_MS = 3000;
+const LIST_LIMIT = 25;
+const ACTIONS = [
+  { verb: "drain", label: "Drain", hint: "Finish the current batch, then take no new work" },
+  { verb: "cordon", label: "Cordon", hint: "Take no new work" },
+  { verb: "uncordon", label: "Uncordon", hint: "Back to service" },
+];
+
+export function mountDevice(root, deviceId) {
+  const base = `/v1/devices/${encodeURIComponent(deviceId)}`;
+  const controller = new AbortController();
+  let stopped = false;
+  let timer = null;
+  let device = null;
+  let acting = false;
+  const sigs = {};
+
+  const head = h("div", { class: "device-head" });
+  const overview = h("section", { class: "card device-card", id: "device-overview" });
+  const tools = h("section", { class: "card device-card", id: "device-tools" });
+  const attempts = h("section", { class: "card device-card", id: "device-attempts" });
+  const history = h("section", { class: "card device-card", id: "device-history" });
+  const page = h(
+    "div",
+    { class: "page device-page" },
+    head,
+    h("div", { class: "device-grid" }, h("div", { class: "device-main" }, overview, tools), h("div", { class: "device-side" }, attempts, history)),
+  );
+  root.append(h("div", { class: "page" }, loading("Loading device…")));
+
+  /** Redraw `el` with `draw()` only when `data` differs from what it shows. */
+  function section(name, el, data, draw) {
+    const sig = JSON.stringify(data);
+    if (sigs[name] === sig) return;
+    sigs[name] = sig;
+    replace(el, draw());
+  }
+
+  async function poll() {
+    clearTimeout(timer);
+    let d;
+    try {
+      d = await api(base, { signal: controller.signal });
+    } catch (err) {
+      if (stopped || err.name === "AbortError") return;
+      if (!device) {
+        replace(root, h("div", { class: "page" }, backLink(), emptyState(err.status === 404 ? "No such device" : "Could not load the device", err.message)));
+        return;
+      }
+      schedule();
+      return;
+    }
+    if (stopped) return;
+    const first = !device;
+    device = d;
+    if (first) {
+      replace(root, page);
+      document.title = `${d.name} · Orrery`;
+    }
+    drawHead();
+    section("overview", overview, d, () => drawOverview(d));
+    section("tools", tools, d.tools, () => drawTools(d.tools || []));
+    // The device's own id from here on: the route may have used its name or an id prefix.
+    const id = encodeURIComponent(d.id);
+    const [att, hist] = await Promise.all([
+      listOf(`/v1/devices/${id}/attempts?limit=${LIST_LIMIT}`),
+      listOf(`/v1/devices/${id}/history?limit=${LIST_LIMIT}`),
+    ]);
+    if (stopped) return;
+    section("attempts", attempts, att, () => drawAttempts(att));
+    section("history", history, hist, () => drawHistory(hist));
+    schedule();
+  }
+
+  function schedule() {
+    if (!stopped) timer = setTimeout(poll, POLL_MS);
+  }
+
+  /** {items} or {error}: one list failing leaves the rest of the page working. */
+  async function listOf(path) {
+    try {
+      const out = await api(path, { signal: controller.signal });
+      return { items: out.items || [] };
+    } catch (err) {
+      return { error: err.status === 404 ? "This server does not offer it." : err.message, status: err.status || 0 };
+    }
+  }
+
+  // ---- header ------------------------------------------------------------------------------
+
+  function drawHead() {
+    const d = device;
+    replace(
+      head,
+      h(
+        "div",
+        { class: "task-title-row" },
+        h("div", { class: "crumbs" }, backLink(), h("span", { class: "crumb-sep" }, "/")),
+        h("h1", { class: "task-name device-title", title: d.name }, d.name),
+        h("span", { id: "device-state" }, pill(d.state, "device")),
+        h("span", { class: "spacer" }),
+        ACTIONS.map((a) => actionButton(d, a)),
+      ),
+      h(
+        "div",
+        { class: "task-meta" },
+        meta("ID", h("span", { class: "mono" }, d.id)),
+        meta("Platform", [d.platform || "other", d.info?.os ? ` · ${[d.info.os, d.info.version].filter(Boolean).join(" ")}` : ""]),
+        meta("Last seen", timeAgo(d.last_seen)),
+        meta("Enrolled", timeAt(d.created_at)),
+        meta("Queue", String(d.queue_length ?? 0)),
+      ),
+    );
+  }
+
+  function actionButton(d, action) {
+    const state = d.state;
+    const disabled =
+      acting ||
+      state === "revoked" ||
+      (action.verb === "drain" && (state === "draining" || state === "drained")) ||
+      (action.verb === "cordon" && state === "cordoned") ||
+      (action.verb === "uncordon" && (state === "idle" || state === "busy"));
+    return h(
+      "button",
+      { class: "button small", type: "button", title: action.hint, disabled, dataset: { action: action.verb }, onclick: () => act(action) },
+      action.label,
+    );
+  }
+
+  async function act(action) {
+    acting = true;
+    drawHead();
+    try {
+      const out = await api(`/v1/devices/${encodeURIComponent(device.id)}/${action.verb}`, { method: "POST" });
+      flash(`${device.name} is now ${out.state}.`, "ok");
+    } catch (err) {
+      flash(err.message, "error", `${action.label} ${device.name} refused`);
+    } finally {
+      acting = false;
+      if (!stopped) poll();
+    }
+  }
+
+  // ---- overview: labels, now running, info, policy -------------------------------------------
+
+  function drawOverview(d) {
+    const info = { ...(d.info || {}) };
+    const policy = info.policy;
+    delete info.policy;
+    const labels = labelList(d.labels);
+    return [
+      h("h2", { class: "card-title" }, "Overview"),
+      h(
+        "dl",
+        { class: "facts device-facts" },
+        h("dt", {}, "Labels"),
+        h(
+          "dd",
+          { id: "device-labels" },
+          labels.length ? h("div", { class: "labels" }, labels.map((l) => h("span", { class: "label" }, l))) : h("span", { class: "muted" }, "none"),
+        ),
+        h("dt", {}, "Running"),
+        h("dd", { id: "device-current" }, currentBatch(d)),
+        h("dt", {}, "Connection"),
+        h("dd", {}, `${d.connected ? "connected" : "not connected"} · ${d.liveness || "—"}${d.admin_state && d.admin_state !== "active" ? ` · ${d.admin_state}` : ""}`),
+      ),
+      policy && typeof policy === "object" ? drawPolicy(policy) : null,
+      h("h3", { class: "sub-title" }, "Info"),
+      Object.keys(info).length ? h("pre", { class: "json", id: "device-info" }, pretty(info)) : h("p", { class: "muted" }, "The agent reported nothing else."),
+    ];
+  }
+
+  function drawPolicy(p) {
+    const list = (v, none) => (Array.isArray(v) ? (v.length ? v.join(", ") : none) : v === null || v === undefined ? none : String(v));
+    const rows = [
+      ["Shell allowed", p.shell_allow === null || p.shell_allow === undefined ? "any command (no allow list)" : list(p.shell_allow, "nothing")],
+      ["Shell denied", list(p.shell_deny, "—")],
+      ["Needs approval", list(p.approval_required, "—")],
+      ["Unattended", p.unattended === undefined ? "—" : p.unattended ? "yes" : "no"],
+      ["Kill switch", p.kill_switch ? "ON: the agent refuses all work" : "off"],
+    ];
+    const known = new Set(["shell_allow", "shell_deny", "approval_required", "unattended", "kill_switch"]);
+    const extra = Object.fromEntries(Object.entries(p).filter(([k]) => !known.has(k)));
+    return h(
+      "div",
+      { id: "device-policy" },
+      h("h3", { class: "sub-title" }, "Policy (reported by the agent)"),
+      h(
+        "dl",
+        { class: "facts device-facts" },
+        rows.map(([k, v]) => [h("dt", {}, k), h("dd", { class: k === "Kill switch" && p.kill_switch ? "warn strong" : null }, v)]),
+      ),
+      Object.keys(extra).length ? h("pre", { class: "json" }, pretty(extra)) : null,
+    );
+  }
+
+  // ---- tools -------------------------------------------------------------------------------
+
+  function drawTools(list) {
+    const sorted = [...list].sort((a, b) => String(a.name).localeCompare(String(b.name)));
+    return [
+      h("h2", { class: "card-title" }, `Tools (${sorted.length})`),
+      sorted.length
+        ? h("div", { class: "tool-list" }, sorted.map(toolRow))
+        : h("p", { class: "muted" }, "No tools reported yet: the agent sends its catalogue when it connects."),
+    ];
+  }
+
+  function toolRow(t) {
+    const ann = t.annotations || {};
+    const safe = Boolean(ann.read_only || ann.idempotent);
+    const props = Object.keys(t.input_schema?.properties || {});
+    return h(
+      "details",
+      { class: "tool", dataset: { tool: t.name } },
+      h(
+        "summary",
+        {},
+        h("span", { class: "mono strong tool-name", title: t.name }, t.name),
+        h(
+          "span",
+          { class: "tool-badges" },
+          h(
+            "span",
+            {
+              class: `badge ${safe ? "badge-ok" : "badge-warn"}`,
+              dataset: { retrySafe: String(safe) },
+              title: safe
+                ? "A failed or uncertain attempt may be retried"
+                : "Neither read-only nor idempotent: not retried unless the command says idempotent: true",
+            },
+            safe ? "retry-safe" : "not retry-safe",
+          ),
+          // Why it is safe: read-only implies idempotent, so one reason is enough.
+          ann.read_only ? h("span", { class: "badge" }, "read-only") : ann.idempotent ? h("span", { class: "badge" }, "idempotent") : null,
+          ann.destructive ? h("span", { class: "badge badge-danger" }, "destructive") : null,
+        ),
+        h("span", { class: "tool-desc" }, firstLine(t.description) || h("span", { class: "muted" }, "no description")),
+      ),
+      h(
+        "div",
+        { class: "tool-body" },
+        t.description && t.description.trim() !== firstLine(t.description) ? h("p", { class: "tool-long" }, t.description.trim()) : null,
+        h("div", { class: "eyebrow" }, props.length ? `Input schema · ${props.join(", ")}` : "Input schema"),
+        h("pre", { class: "json tool-schema" }, pretty(t.input_schema || {})),
+      ),
+    );
+  }
+
+  // ---- attempts and history ----------------------------------------------------------------
+
+  function drawAttempts(out) {
+    const title = h("h2", { class: "card-title" }, "Recent attempts");
+    if (out.error) return [title, h("p", { class: "muted", id: "attempts-unavailable" }, `Attempts are not available: ${out.error}`)];
+    if (!out.items.length) return [title, h("p", { class: "muted" }, "No work has run on this device yet.")];
+    return [
+      title,
+      h(
+        "table",
+        { class: "table compact", id: "attempts-table" },
+        h("thead", {}, h("tr", {}, ["Task · node", "Status", "When", "Took"].map((t) => h("th", { scope: "col" }, t)))),
+        h(
+          "tbody",
+          {},
+          out.items.map((a) =>
+            h(
+              "tr",
+              { dataset: { taskId: a.task_id, nodeId: a.node_id, status: a.status } },
+              h(
+                "td",
+                {},
+                h(
+                  "a",
+                  { class: "attempt-task", href: `#/tasks/${encodeURIComponent(a.task_id)}`, title: a.task_id },
+                  h("span", { class: "strong" }, a.task_name || shortId(a.task_id, 14)),
+                ),
+                h("div", { class: "muted small" }, h("span", { class: "mono" }, a.node_id), ` · attempt ${a.n}`),
+                a.error ? h("div", { class: "small error-line", title: a.error.message || "" }, h("span", { class: "mono" }, a.error.code || "error"), " ", a.error.message || "") : null,
+              ),
+              h("td", {}, pill(a.status, "result")),
+              h("td", { class: "nowrap small" }, timeRange(a.started_at, a.ended_at)),
+              h("td", { class: "nowrap small num" }, a.started_at && a.ended_at ? duration(span(a.started_at, a.ended_at)) : "—"),
+            ),
+          ),
+        ),
+      ),
+    ];
+  }
+
+  function drawHistory(out) {
+    const title = h("h2", { class: "card-title" }, "State history");
+    if (out.error) return [title, h("p", { class: "muted", id: "history-unavailable" }, `History is not available: ${out.error}`)];
+    if (!out.items.length) return [title, h("p", { class: "muted" }, "No state changes recorded yet.")];
+    return [
+      title,
+      h(
+        "ol",
+        { class: "timeline", id: "history-list" },
+        out.items.map((e) =>
+          h(
+            "li",
+            { dataset: { state: e.state } },
+            pill(e.state, "device"),
+            h("span", { class: "timeline-reason" }, e.reason || ""),
+            h("span", { class: "spacer" }),
+            h("span", { class: "small muted nowrap" }, timeAt(e.at)),
+          ),
+        ),
+      ),
+    ];
+  }
+
+  poll();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+    controller.abort();
+  };
+}
+
+/** What the device is running now, linked to its task (or its batch id on older servers). */
+export function currentBatch(d) {
+  if (d.current_task_id) {
+    return h(
+      "a",
+      { class: "current-task", href: `#/tasks/${encodeURIComponent(d.current_task_id)}`, title: d.current_batch || d.current_task_id, dataset: { taskId: d.current_task_id } },
+      icon("tasks", 14),
+      d.current_node_id ? h("span", { class: "mono" }, d.current_node_id) : null,
+      h("span", { class: "muted small mono" }, shortId(d.current_task_id, 14)),
+    );
+  }
+  if (d.current_batch) return h("span", { class: "mono", title: d.current_batch }, shortId(d.current_batch, 14));
+  return h("span", { class: "muted" }, "—");
+}
+
+function firstLine(text) {
+  return String(text || "")
+    .trim()
+    .split("\n")[0]
+    .trim();
+}
+
+function meta(label, value) {
+  return h("div", { class: "meta" }, h("span", { class: "meta-label" }, label), h("span", { class: "meta-value" }, value));
+}
+
+function backLink() {
+  return h("a", { class: "back", href: "#/devices" }, icon("back", 14), "Devices");
+}
