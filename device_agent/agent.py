@@ -177,7 +177,10 @@ class Agent:
                 if why is not None:
                     refusals += 1
                     if refusals >= REFUSALS_TO_GIVE_UP:
-                        raise TokenRefused(f"{TOKEN_REFUSED} (device {self.device_id}, {url}: {why})") from None
+                        last = (
+                            f"HTTP {exc.status}" if isinstance(exc, Refused) else f"close {getattr(exc, 'code', '?')}"
+                        )
+                        raise TokenRefused(f"{TOKEN_REFUSED} (device {self.device_id}, {last} from {url})") from None
                 delay = backoff.next_delay()
                 if why is not None:
                     log.warning(

@@ -39,23 +39,27 @@ def agent(
     device_id: Annotated[str | None, typer.Option(help="must match the token's device")] = None,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE, repeatable")] = None,
     workspace: Annotated[
-        Path | None, typer.Option(help="directory the tools work in  [default: <data dir>/workspace]")
+        Path | None, typer.Option(help="directory the tools work in (default: <data dir>/workspace)")
     ] = None,
     data_dir: Annotated[
         Path | None,
         typer.Option(
-            help="this device's ledger, audit log and lock; one agent per data dir  "
-            "[default: ./.orrery-agent/<device id>, from the token]"
+            help="this device's ledger, audit log and lock; one agent per data dir "
+            "(default: ./.orrery-agent/<device id>, the id from the token)"
         ),
     ] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML file with [agent] settings")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file with an \\[agent] table of settings")] = None,
     also_server: Annotated[list[str] | None, typer.Option("--also-server", help="failover URLs")] = None,
     ca_file: Annotated[Path | None, typer.Option(help="CA bundle to verify an https server")] = None,
     toolset: Annotated[list[str] | None, typer.Option(help="built-in toolsets (default system, shell, files)")] = None,
     unattended: Annotated[bool | None, typer.Option("--unattended", help="allow tools that need approval")] = None,
     log_format: Annotated[str | None, typer.Option(help="text or json")] = None,
     check: Annotated[
-        bool, typer.Option("--check", help="check that the configured toolsets can run, print JSON, exit 0/1")
+        bool,
+        typer.Option(
+            "--check",
+            help="check that the configured toolsets can run; print JSON (with the data dir and workspace), exit 0/1",
+        ),
     ] = False,
 ) -> None:
     """Run a device agent: connect to the orchestrator and serve this machine's MCP tools.
