@@ -9,7 +9,11 @@ SPEC section 4 guarantees rest here:
 - a batch whose fence is older than the newest one this device accepted from this server is
   refused (stale). The high-water mark is kept per (server_id, device_id): a data dir reused
   for a new enrollment, or an orchestrator restored from a backup (another fence history), must
-  not make every batch stale. Batch ids are globally unique, so de-duplication stays global.
+  not make every batch stale. Batch ids are globally unique, so de-duplication stays global;
+- the ledger belongs to one device (`meta.device_id`). Another device's agent may take it over
+  only once nothing of the first device's work is left to report (no outbox entry, no batch
+  received or running): its results would otherwise go out under the wrong token, be refused by
+  the server and never reach the device they belong to. Such an agent is refused at start.
 
 One SQLite file in WAL mode, written synchronously from the agent's single event loop: every
 write is a short transaction, so the loop is held for well under a millisecond.
