@@ -19,10 +19,10 @@ from device_agent.config import AgentConfig
 from device_agent.faults import CrashPoints
 from device_agent.ledger import Ledger, LedgerError, Receipt, deadline_passed, namespace_of, none_ran, skipped
 from device_agent.reconnect import Backoff
-from device_agent.router import Router
+from device_agent.router import CallLimit, Router
 from device_agent.transport import Closed, Refused, Transport
 from protocol.codec import encode
-from protocol.errors import ErrorCode, ProtocolError
+from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
     SUPPORTED_VERSIONS,
     BatchAccepted,
@@ -46,6 +46,27 @@ log = logging.getLogger("orrery.agent")
 
 WELCOME_TIMEOUT_S = 15.0
 STABLE_SESSION_S = 10.0  # a session this long resets the backoff
+
+
+# A refusal of the token itself: an HTTP status on the upgrade, or a close code after it.
+PERMANENT_STATUS = frozenset({401, 403})
+PERMANENT_CLOSE = frozenset({CloseCode.UNAUTHORIZED, CloseCode.FORBIDDEN})
+REFUSALS_TO_GIVE_UP = 3  # in a row, with no session welcomed between them
+TOKEN_REFUSED = "the orchestrator refused this device's token: revoked or wrong; enroll again or pass the right --token"
+
+
+class TokenRefused(Exception):
+    """The orchestrator refused the device's token `REFUSALS_TO_GIVE_UP` times in a row: retrying
+    cannot help, so the agent exits (status 3) instead of knocking forever."""
+
+
+def refusal(exc: BaseException) -> str | None:
+    """Why `exc` is a permanent refusal of this device's credentials, or None if it is transient."""
+    if isinstance(exc, Refused) and exc.status in PERMANENT_STATUS:
+        return f"HTTP {exc.status}: {exc.detail}"
+    if isinstance(exc, Closed) and exc.code in PERMANENT_CLOSE:
+        return f"closed with {exc.code}: {exc.reason or 'no reason given'}"
+    return None
 
 
 class AgentFailed(Exception):
@@ -110,6 +131,8 @@ class Agent:
             done, _ = await asyncio.wait({executor, connector}, return_when=asyncio.FIRST_COMPLETED)
             ended = done.pop()
             failure = ended.exception()
+            if isinstance(failure, TokenRefused):
+                raise failure
             if isinstance(failure, LedgerError):
                 raise AgentFailed(str(failure)) from failure
             what = "the batch executor" if ended is executor else "the connection loop"
@@ -127,26 +150,51 @@ class Agent:
         """Connect, and after every lost or failed connection try again (SPEC section 4).
 
         Delays come from `Backoff` (capped exponential, full jitter, a short cap while an outage
-        is young). Everything short of cancellation is retried: an agent never gives up. Only a
-        session that stayed up `STABLE_SESSION_S` ends an outage; one that drops sooner counts as
-        another failure, so a server that accepts and then closes is not hammered. With
-        `--also-server`, each attempt goes to the next URL in turn.
+        is young). Transient failures (nothing listening, a timeout, HTTP 5xx or 429, close 1013)
+        are retried forever. A refusal of the token itself (HTTP 401/403 on the upgrade, close
+        4401/4403) is retried with the same backoff, but the `REFUSALS_TO_GIVE_UP`-th one with no
+        session welcomed since the first ends the agent (`TokenRefused`); transient failures in
+        between neither count nor reset. Only a session that stayed up `STABLE_SESSION_S` ends an
+        outage; one that drops sooner counts as another failure, so a server that accepts and then
+        closes is not hammered. With `--also-server`, each attempt goes to the next URL in turn.
         """
         urls = self.config.server_urls()
         backoff = Backoff()
         turn = 0
+        refusals = 0
         while True:
             url = urls[turn % len(urls)]
             turn += 1
+            opened = self.sessions_opened
             try:
                 await self._session(url)
             except LedgerError:
                 raise  # not a connection problem: the agent must stop (see run)
             except Exception as exc:
+                if self.sessions_opened != opened:
+                    refusals = 0  # the token worked for this session: older refusals are history
+                why = refusal(exc)
+                if why is not None:
+                    refusals += 1
+                    if refusals >= REFUSALS_TO_GIVE_UP:
+                        last = (
+                            f"HTTP {exc.status}" if isinstance(exc, Refused) else f"close {getattr(exc, 'code', '?')}"
+                        )
+                        raise TokenRefused(f"{TOKEN_REFUSED} (device {self.device_id}, {last} from {url})") from None
                 delay = backoff.next_delay()
-                _log_retry(exc, delay)
+                if why is not None:
+                    log.warning(
+                        "the orchestrator refused this device's token (%s); try %d of %d, retrying in %.1fs",
+                        why,
+                        refusals,
+                        REFUSALS_TO_GIVE_UP,
+                        delay,
+                    )
+                else:
+                    _log_retry(exc, delay)
                 await asyncio.sleep(delay)
             else:
+                refusals = 0
                 backoff.reset()
 
     # ================================================================ one connection
@@ -159,7 +207,12 @@ class Agent:
             data = await asyncio.wait_for(t.recv(), WELCOME_TIMEOUT_S)
             first = channel.receive(data)
             if isinstance(first, Error):
-                raise Closed(None, f"server refused hello: {first.code}: {first.message}")
+                # The server closes 4401/4403 right after these; say so even if the close is lost.
+                closes = {
+                    ErrorCode.UNAUTHORIZED.value: CloseCode.UNAUTHORIZED,
+                    ErrorCode.FORBIDDEN.value: CloseCode.FORBIDDEN,
+                }
+                raise Closed(closes.get(first.code), f"the server refused the hello: {first.code}: {first.message}")
             assert isinstance(first, Welcome)
             self.ledger.welcomed(first.server_id)
             if first.server_time is not None:
@@ -181,7 +234,7 @@ class Agent:
             try:
                 await self._read(t, channel)
             except Closed as exc:
-                if time.monotonic() - opened < STABLE_SESSION_S:
+                if time.monotonic() - opened < STABLE_SESSION_S or exc.code in PERMANENT_CLOSE:
                     raise
                 log.warning("%s; reconnecting", exc)
             finally:
@@ -373,11 +426,14 @@ class Agent:
         """The orchestrator's time, as far as the last welcome told us (deadlines are in it)."""
         return time.time() + self.clock_offset_s
 
-    def _timeout(self, timeout_s: float, batch: CommandBatch) -> float:
+    def _timeout(self, timeout_s: float, batch: CommandBatch) -> CallLimit:
+        """The command's timeout_s, or the time left to the batch deadline if that is shorter."""
         if batch.deadline is None:
-            return timeout_s
+            return CallLimit(timeout_s, "command")
         left = batch.deadline.timestamp() - self.server_now()
-        return max(0.1, min(timeout_s, left))
+        if left < timeout_s:
+            return CallLimit(max(0.1, left), "deadline")
+        return CallLimit(timeout_s, "command")
 
     async def tools_changed(self) -> None:
         await self._send(ToolsChanged(tools=self.router.catalogue()))

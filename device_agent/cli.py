@@ -15,6 +15,11 @@ from device_agent.logs import setup_logging
 
 app = typer.Typer(add_completion=False)
 
+# Exit statuses: 0 stopped by a signal; a supervisor should restart on EXIT_FAILED only.
+EXIT_FAILED = 1  # the ledger or the executor failed; a restart reports the interrupted batch
+EXIT_CONFIG = 2  # bad settings, the data dir held by another agent or by another device's work
+EXIT_TOKEN_REFUSED = 3  # the orchestrator refused the token (revoked or wrong) 3 times in a row
+
 
 def parse_labels(values: list[str] | None) -> dict[str, str] | None:
     if not values:
@@ -33,19 +38,35 @@ def agent(
     token: Annotated[str | None, typer.Option(help="device token from 'orrery devices enroll'")] = None,
     device_id: Annotated[str | None, typer.Option(help="must match the token's device")] = None,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE, repeatable")] = None,
-    workspace: Annotated[Path | None, typer.Option(help="directory the tools work in")] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="ledger, audit log, screenshots")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML file with [agent] settings")] = None,
+    workspace: Annotated[
+        Path | None, typer.Option(help="directory the tools work in (default: <data dir>/workspace)")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="this device's ledger, audit log and lock; one agent per data dir "
+            "(default: ./.orrery-agent/<device id>, the id from the token)"
+        ),
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file with an \\[agent] table of settings")] = None,
     also_server: Annotated[list[str] | None, typer.Option("--also-server", help="failover URLs")] = None,
     ca_file: Annotated[Path | None, typer.Option(help="CA bundle to verify an https server")] = None,
     toolset: Annotated[list[str] | None, typer.Option(help="built-in toolsets (default system, shell, files)")] = None,
     unattended: Annotated[bool | None, typer.Option("--unattended", help="allow tools that need approval")] = None,
     log_format: Annotated[str | None, typer.Option(help="text or json")] = None,
     check: Annotated[
-        bool, typer.Option("--check", help="check that the configured toolsets can run, print JSON, exit 0/1")
+        bool,
+        typer.Option(
+            "--check",
+            help="check that the configured toolsets can run; print JSON (with the data dir and workspace), exit 0/1",
+        ),
     ] = False,
 ) -> None:
-    """Run a device agent: connect to the orchestrator and serve this machine's MCP tools."""
+    """Run a device agent: connect to the orchestrator and serve this machine's MCP tools.
+
+    Exit status: 1 the agent failed (restart it), 2 bad settings or a data dir in use,
+    3 the orchestrator refused the token (revoked or wrong: enroll again).
+    """
     overrides: dict[str, Any] = {
         "server": server,
         "token": token,
@@ -64,16 +85,18 @@ def agent(
     if check:
         _check(cfg)
         return
-    from device_agent.agent import AgentFailed
+    from device_agent.agent import AgentFailed, TokenRefused
     from device_agent.runner import ConfigError, main
 
     try:
         main(cfg)
     except ConfigError as exc:
         logging.getLogger("orrery.agent").error("%s", exc)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_CONFIG) from None
     except AgentFailed:
-        raise typer.Exit(1) from None  # logged where it happened
+        raise typer.Exit(EXIT_FAILED) from None  # logged where it happened
+    except TokenRefused:
+        raise typer.Exit(EXIT_TOKEN_REFUSED) from None  # logged where it happened
 
 
 def _check(cfg: agent_config.AgentConfig) -> None:

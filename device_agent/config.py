@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -13,6 +14,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from device_agent.policy import Policy
 
 TOKEN_PREFIX = "orrd_"
+# Without --data-dir, each device gets `<this>/<device id>/` under the directory the agent is
+# started from, so several agents started from one directory never share a ledger.
+DATA_ROOT = Path(".orrery-agent")
 
 
 class McpServerConfig(BaseModel):
@@ -39,7 +43,7 @@ class AgentConfig(BaseSettings):
     token: str = ""
     device_id: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    data_dir: Path = Path(".orrery-agent")
+    data_dir: Path | None = None  # default: DATA_ROOT / <device id> (see resolved_data_dir)
     workspace: Path | None = None
     ca_file: Path | None = None
     toolsets: list[str] = Field(default_factory=lambda: ["system", "shell", "files"])
@@ -64,8 +68,15 @@ class AgentConfig(BaseSettings):
         return v.strip()
 
     @property
+    def resolved_data_dir(self) -> Path:
+        """`data_dir` as given, else `./.orrery-agent/<device id>/` (the device the token names)."""
+        if self.data_dir is not None:
+            return self.data_dir.resolve()
+        return (DATA_ROOT / dir_name(self.identity() or "no-device")).resolve()
+
+    @property
     def resolved_workspace(self) -> Path:
-        return (self.workspace or self.data_dir / "workspace").resolve()
+        return (self.workspace or self.resolved_data_dir / "workspace").resolve()
 
     def token_device_id(self) -> str | None:
         """The device id a token names (`orrd_<device id>.<secret>`), if it has that shape."""
@@ -79,6 +90,16 @@ class AgentConfig(BaseSettings):
     def server_urls(self) -> list[str]:
         return [agent_url(u) for u in [self.server, *self.servers]]
 
+    def policy_report(self) -> dict[str, Any]:
+        """What the owner allows, as `hello.info.policy` reports it (the server keeps it as given)."""
+        return {
+            "shell_allow": list(self.shell_allow) if self.shell_allow is not None else None,
+            "shell_deny": list(self.shell_deny),
+            "approval_required": list(self.approval_required),
+            "unattended": self.unattended,
+            "kill_switch": self.kill_switch,
+        }
+
     def policy(self) -> Policy:
         return Policy(
             shell_allow=tuple(self.shell_allow) if self.shell_allow is not None else None,
@@ -87,6 +108,12 @@ class AgentConfig(BaseSettings):
             unattended=self.unattended,
             kill_switch=self.kill_switch,
         )
+
+
+def dir_name(device_id: str) -> str:
+    """A device id as one safe path component (ids are `dev_<hex>`; anything else is defanged)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", device_id).lstrip(".")
+    return name or "no-device"
 
 
 def agent_url(server: str) -> str:

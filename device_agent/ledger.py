@@ -9,7 +9,11 @@ SPEC section 4 guarantees rest here:
 - a batch whose fence is older than the newest one this device accepted from this server is
   refused (stale). The high-water mark is kept per (server_id, device_id): a data dir reused
   for a new enrollment, or an orchestrator restored from a backup (another fence history), must
-  not make every batch stale. Batch ids are globally unique, so de-duplication stays global.
+  not make every batch stale. Batch ids are globally unique, so de-duplication stays global;
+- the ledger belongs to one device (`meta.device_id`). Another device's agent may take it over
+  only once nothing of the first device's work is left to report (no outbox entry, no batch
+  received or running): its results would otherwise go out under the wrong token, be refused by
+  the server and never reach the device they belong to. Such an agent is refused at start.
 
 One SQLite file in WAL mode, written synchronously from the agent's single event loop: every
 write is a short transaction, so the loop is held for well under a millisecond.
@@ -75,6 +79,10 @@ class LedgerError(Exception):
     """
 
 
+class LedgerOwned(Exception):
+    """The ledger holds another device's work that is not yet reported: this device may not use it."""
+
+
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
@@ -118,11 +126,43 @@ class Ledger:
         # NORMAL in WAL mode survives a killed process (not a power cut) at a fraction of FULL's cost.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self.rebound_from: str | None = None
+        try:
+            self._bind_device()
+        except BaseException:
+            self._db.close()
+            raise
         # An older ledger kept one 'max_fence' for the whole data dir, bound to no server or
         # device; it is not carried over (it is what made re-enrolled devices refuse every batch).
         row = self._db.execute("SELECT value FROM meta WHERE key='server_id'").fetchone()
         self._server_id: str = row[0] if row else ""
         self._max_fence = self._load_fence()
+
+    def _bind_device(self) -> None:
+        """The ledger belongs to one device; another device may take it over only when nothing of
+        the first one's work is still to be reported (its results would go out under the wrong
+        device, be refused by the server as `unknown_batch`, and never reach the first device)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='device_id'").fetchone()
+        if row is not None and row[0] != self.device_id:
+            owner = str(row[0])
+            (unsent,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
+            (unfinished,) = self._db.execute(
+                "SELECT COUNT(*) FROM batches WHERE state IN ('received', 'running')"
+            ).fetchone()
+            if unsent or unfinished:
+                raise LedgerOwned(
+                    f"the data dir {self.path.parent} holds the ledger of device {owner}, with "
+                    f"{unsent + unfinished} batch(es) not yet reported to the orchestrator, but this agent is "
+                    f"device {self.device_id}: give it its own --data-dir (or none: the default is "
+                    f"./.orrery-agent/<device id>), or run device {owner}'s agent here first"
+                )
+            self.rebound_from = owner
+        if row is None or row[0] != self.device_id:
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES ('device_id', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (self.device_id,),
+            )
 
     def close(self) -> None:
         try:

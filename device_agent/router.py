@@ -13,10 +13,11 @@ import contextlib
 import fnmatch
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 from mcp import Client, StdioServerParameters
@@ -57,6 +58,30 @@ Target = MCPServer | StdioServerParameters | HttpTarget
 
 class ToolsetUnavailable(Exception):
     pass
+
+
+# A tool that takes `timeout_s` enforces it itself; the router waits this much longer before it
+# gives up on the call, so the tool can kill its processes and return their partial output.
+TOOL_TIMEOUT_GRACE_S = 3.0
+
+LimitSource = Literal["command", "argument", "deadline", "device"]
+
+
+@dataclass(frozen=True)
+class CallLimit:
+    """How long one command may run, and which setting decided it (every timeout error names it)."""
+
+    seconds: float
+    source: LimitSource = "command"
+
+    def describe(self) -> str:
+        s = self.seconds
+        return {
+            "command": f"the command's timeout_s ({s:g} s); raise it if the work needs longer",
+            "argument": f"the tool argument timeout_s ({s:g} s); raise it (up to the command's timeout_s)",
+            "deadline": f"the batch deadline (the node's timeout_s): {s:g} s were left when the command started",
+            "device": f"this device's maximum of {s:g} s per command; split the work into shorter commands",
+        }[self.source]
 
 
 class ToolsetHost:
@@ -108,13 +133,18 @@ class ToolsetHost:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
-    async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
-        """Call a tool from any task (only opening and closing the client are tied to its task)."""
+    async def call(
+        self, tool: str, arguments: dict[str, Any], timeout_s: float, grace_s: float = 0.0
+    ) -> CallToolResult:
+        """Call a tool from any task (only opening and closing the client are tied to its task).
+
+        The call is abandoned `grace_s` after `timeout_s`: a tool that enforces the limit itself
+        gets the grace to kill what it started and return its partial output."""
         client = self._client
         if client is None:
             raise ToolsetUnavailable(f"toolset '{self.namespace}' is not running (it is being restarted)")
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s + grace_s):
                 return await client.call_tool(tool, arguments)
         except TimeoutError:
             return _error("timeout", f"{self.namespace}.{tool} did not finish within {timeout_s:g}s")
@@ -257,8 +287,17 @@ class Router:
     def catalogue(self) -> list[ToolSpec]:
         return [spec for host in self.hosts.values() for spec in host.catalogue()]
 
-    async def call(self, cmd: Command, batch_id: str, timeout_s: float) -> Result:
+    async def call(self, cmd: Command, batch_id: str, limit: CallLimit | float) -> Result:
+        """Run `cmd` under `limit` (the command's timeout_s, or less if the batch deadline is nearer).
+
+        A tool whose input schema has a `timeout_s` property runs under the limit itself: it is
+        passed when the call did not give one, and an explicit one above the limit is lowered to it.
+        """
         started = time.monotonic()
+        if not isinstance(limit, CallLimit):
+            limit = CallLimit(float(limit))
+        if limit.seconds > self.policy.max_timeout_s:
+            limit = CallLimit(self.policy.max_timeout_s, "device")
         namespace, _, name = cmd.tool.partition(".")
         host = self.hosts.get(namespace)
         spec = next((t for t in host.catalogue() if t.name == cmd.tool), None) if host else None
@@ -286,11 +325,12 @@ class Router:
         denial = self._policy_denial(cmd.tool, spec)
         if denial:
             return self._finish(cmd, namespace, started, audit, "denied", _error("policy_denied", denial))
+        arguments, limit, enforced = with_timeout(spec, cmd.arguments, limit)
         try:
-            raw = await host.call(name, cmd.arguments, timeout_s)
+            raw = await host.call(name, arguments, limit.seconds, TOOL_TIMEOUT_GRACE_S if enforced else 0.0)
         except ToolsetUnavailable as exc:
             raw = _error("tool_error", f"{exc}; the toolset is being restarted, so the call may be retried")
-        return self._finish(cmd, namespace, started, audit, "allowed", raw)
+        return self._finish(cmd, namespace, started, audit, "allowed", _name_limit(raw, limit))
 
     def _policy_denial(self, tool: str, spec: ToolSpec) -> str | None:
         harmless = spec.annotations.read_only or (spec.annotations.idempotent and not spec.annotations.destructive)
@@ -350,6 +390,49 @@ class Router:
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         keep = self.max_result_bytes // 2
         return {"truncated": True, "original_bytes": size, "preview": text[:keep]}
+
+
+def with_timeout(spec: ToolSpec, arguments: dict[str, Any], limit: CallLimit) -> tuple[dict[str, Any], CallLimit, bool]:
+    """The arguments to send, the limit the call runs under, and whether the tool enforces it.
+
+    A tool that declares `timeout_s` gets the limit as that argument unless the call gave a
+    smaller one (then that is the limit); a value the tool would refuse anyway is left to it.
+    """
+    prop = (spec.input_schema.get("properties") or {}).get("timeout_s")
+    if not isinstance(prop, dict):
+        return arguments, limit, False
+    given = arguments.get("timeout_s")
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int | float) or given <= 0:
+            return arguments, limit, True  # not a valid limit: the tool's own validation says so
+        if given < limit.seconds:
+            return arguments, CallLimit(float(given), "argument"), True
+    value: float | int = limit.seconds
+    if "integer" in _types(prop) and "number" not in _types(prop):
+        value = max(1, math.floor(limit.seconds))
+    return {**arguments, "timeout_s": value}, limit, True
+
+
+def _types(schema: dict[str, Any]) -> set[str]:
+    kinds = schema.get("type")
+    found = {kinds} if isinstance(kinds, str) else set(kinds or [])
+    for branch in schema.get("anyOf") or schema.get("oneOf") or []:
+        if isinstance(branch, dict):
+            found |= _types(branch)
+    return found
+
+
+def _name_limit(raw: CallToolResult, limit: CallLimit) -> CallToolResult:
+    """A timeout error says which limit was hit (the command's, the argument's, the deadline, the device's)."""
+    detail = raw.structured_content if isinstance(raw.structured_content, dict) else None
+    if not raw.is_error or detail is None or detail.get("code") != "timeout":
+        return raw
+    message = f"{detail.get('message') or _text(raw) or 'the tool timed out'}; limit hit: {limit.describe()}"
+    return CallToolResult(
+        content=[TextContent(type="text", text=message)],
+        structured_content={**detail, "message": message, "limit": limit.source, "limit_s": limit.seconds},
+        is_error=True,
+    )
 
 
 # Arguments that moved to a tool of their own, so the message can point the caller there.
@@ -414,4 +497,4 @@ def _value(raw: CallToolResult) -> Any:
     return parts or None
 
 
-__all__ = ["Router", "ToolsetHost"]
+__all__ = ["CallLimit", "Router", "ToolsetHost"]

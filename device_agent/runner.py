@@ -6,18 +6,20 @@ import asyncio
 import contextlib
 import logging
 import signal
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from mcp import StdioServerParameters
 
-from device_agent.agent import Agent, AgentFailed
+from device_agent.agent import Agent, AgentFailed, TokenRefused
 from device_agent.audit import AuditLog
 from device_agent.config import AgentConfig
 from device_agent.datadir import DataDirBusy, DataDirLock
 from device_agent.faults import CrashPoints
-from device_agent.ledger import Ledger, LedgerError
+from device_agent.ledger import Ledger, LedgerError, LedgerOwned
 from device_agent.router import HttpTarget, Router, ToolsetHost
 from device_agent.toolsets import files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
@@ -34,7 +36,8 @@ class ConfigError(ValueError):
     pass
 
 
-def build(config: AgentConfig) -> Agent:
+def validate(config: AgentConfig) -> None:
+    """What must hold before anything is created on disk (the data dir is named after the device)."""
     if not config.token:
         raise ConfigError("a device token is required: --token or ORRERY_AGENT_TOKEN ('orrery devices enroll')")
     if not config.identity():
@@ -42,6 +45,10 @@ def build(config: AgentConfig) -> Agent:
     token_id = config.token_device_id()
     if config.device_id and token_id and config.device_id != token_id:
         raise ConfigError(f"--device-id {config.device_id} does not match the token's device ({token_id})")
+
+
+def build(config: AgentConfig) -> Agent:
+    validate(config)
     for url in config.server_urls():
         host = urlsplit(url).hostname or ""
         if url.startswith("ws://") and host not in ("127.0.0.1", "localhost", "::1"):
@@ -51,7 +58,7 @@ def build(config: AgentConfig) -> Agent:
                 url,
             )
     ctx = toolset_context(config)
-    data_dir = config.data_dir.resolve()
+    data_dir = config.resolved_data_dir
     audit = AuditLog(data_dir / "audit.jsonl")
     router = Router(ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all)
     for name in config.toolsets:
@@ -83,8 +90,19 @@ def build(config: AgentConfig) -> Agent:
         crash = CrashPoints.from_env()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    ledger = Ledger(data_dir / "ledger.sqlite3", config.identity())
-    return Agent(config, router, ledger, system.device_info(), crash)
+    try:
+        ledger = Ledger(data_dir / "ledger.sqlite3", config.identity())
+    except LedgerOwned as exc:
+        raise ConfigError(str(exc)) from None
+    if ledger.rebound_from:
+        log.info(
+            "the data dir %s held device %s's ledger, with everything reported; it is now device %s's",
+            data_dir,
+            ledger.rebound_from,
+            config.identity(),
+        )
+    info = {**system.device_info(), "policy": config.policy_report()}
+    return Agent(config, router, ledger, info, crash)
 
 
 def _add(router: Router, host: ToolsetHost) -> None:
@@ -96,7 +114,7 @@ def _add(router: Router, host: ToolsetHost) -> None:
 
 def toolset_context(config: AgentConfig) -> ToolsetContext:
     """The context every built-in toolset gets; creates the data dir (0700) and the workspace."""
-    data_dir = config.data_dir.resolve()
+    data_dir = config.resolved_data_dir
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     workspace = config.resolved_workspace
     workspace.mkdir(parents=True, exist_ok=True)
@@ -107,8 +125,19 @@ async def check(config: AgentConfig) -> dict[str, Any]:
     """`orrery agent --check`: build each configured toolset, list its tools, run its readiness check.
 
     Returns `{"ready", "reason", "toolsets": {name: {"ready", "reason", "tools", ...}}}`; ready
-    only if every configured toolset is. No token or orchestrator is needed.
+    only if every configured toolset is. No token or orchestrator is needed. With a token (or
+    --data-dir) it also names the data dir and workspace the agent would use; without either, the
+    check runs in a temporary directory and leaves nothing behind.
     """
+    if config.data_dir is None and not config.identity():
+        with tempfile.TemporaryDirectory(prefix="orrery-agent-check-") as tmp:
+            report = await _check(config.model_copy(update={"data_dir": Path(tmp)}))
+        return {**report, "data_dir": None, "workspace": None}
+    report = await _check(config)
+    return {**report, "data_dir": str(config.resolved_data_dir), "workspace": str(config.resolved_workspace)}
+
+
+async def _check(config: AgentConfig) -> dict[str, Any]:
     ctx = toolset_context(config)
     reports: dict[str, dict[str, Any]] = {}
     for name in config.toolsets:
@@ -129,8 +158,9 @@ async def check(config: AgentConfig) -> dict[str, Any]:
 
 
 async def serve(config: AgentConfig) -> None:
+    validate(config)
     try:
-        lock = DataDirLock.acquire(config.data_dir.resolve())  # before the ledger is opened
+        lock = DataDirLock.acquire(config.resolved_data_dir)  # before the ledger is opened
     except DataDirBusy as exc:
         raise ConfigError(str(exc)) from None
     try:
@@ -151,6 +181,9 @@ async def _serve(config: AgentConfig) -> None:
         await agent.run()
     except asyncio.CancelledError:
         log.info("agent stopping")
+    except TokenRefused as exc:
+        log.error("%s", exc)
+        raise
     except AgentFailed as exc:
         log.error(
             "agent stopping with an error: %s; restart it (it reports the interrupted batch when it starts)",

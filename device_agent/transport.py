@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import ssl
 from pathlib import Path
 from types import TracebackType
@@ -16,8 +17,23 @@ class Refused(Exception):
     """The server refused the upgrade (HTTP status) before any frame."""
 
     def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"server refused the connection with HTTP {status}: {body[:200]}")
         self.status = status
+        self.detail = problem_detail(body)
+        super().__init__(f"the server refused the connection with HTTP {status}: {self.detail}")
+
+
+def problem_detail(body: str) -> str:
+    """The sentence of an error body: a problem document's `detail`, never the raw JSON."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        for key in ("detail", "title", "code"):
+            if isinstance(doc.get(key), str) and doc[key]:
+                return str(doc[key])[:300]
+    text = " ".join(body.split())
+    return text[:200] or "no reason given"
 
 
 class Closed(Exception):

@@ -90,7 +90,11 @@ def build(ctx: ToolsetContext) -> MCPServer:
         ] = None,
         timeout_s: Annotated[
             float | None,
-            Field(gt=0, description="Seconds before the program and its children are killed."),
+            Field(
+                gt=0,
+                description="Seconds before the program and its children are killed "
+                "(default and maximum: the command's timeout_s).",
+            ),
         ] = None,
         stdin: Annotated[str | None, Field(description="Text fed to the program's standard input.")] = None,
     ) -> Annotated[CallToolResult, RunResult]:
@@ -257,8 +261,7 @@ def _result(
             )
         return failure(
             "timeout",
-            f"{program} did not finish within {timeout:g} s and was killed with its process group; "
-            "pass a larger timeout_s if it needs longer, or make the command do less",
+            f"{program} did not finish within {timeout:g} s and was killed with its process group",
             **outputs,
         )
     if code is None:  # cannot happen once proc.wait() completed; kept so the type is narrowed

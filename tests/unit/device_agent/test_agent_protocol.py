@@ -167,3 +167,47 @@ async def test_unstarted_batches_left_by_a_crash_are_reported_when_due_and_run_w
         ran = await conn.result_for(later)
         assert ran["results"][0]["status"] == "success"
         assert (agent.workspace / "later.txt").read_text() == "ran\n"
+
+
+async def test_hello_reports_the_device_policy_as_the_contract_says(tmp_path: Path) -> None:
+    env = {
+        "ORRERY_AGENT_SHELL_DENY": '["rm", "shutdown"]',
+        "ORRERY_AGENT_APPROVAL_REQUIRED": '["gui.click"]',
+        "ORRERY_AGENT_KILL_SWITCH": "1",
+    }
+    async with scripted(tmp_path, **env) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        assert conn.hello["info"]["policy"] == {
+            "shell_allow": None,
+            "shell_deny": ["rm", "shutdown"],
+            "approval_required": ["gui.click"],
+            "unattended": False,
+            "kill_switch": True,
+        }
+
+
+def sleep_for(seconds: float, timeout_s: float) -> dict[str, Any]:
+    return {"tool": "shell.run", "arguments": {"argv": ["sleep", str(seconds)]}, "timeout_s": timeout_s}
+
+
+async def test_the_commands_timeout_s_is_the_limit_the_shell_runs_under(tmp_path: Path) -> None:
+    """Before, shell.run fell back to its own 60-s default whatever the command said."""
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        started = time.monotonic()
+        done = await conn.result_for(await conn.batch(sleep_for(5, 1.5), fence=1))
+        took = time.monotonic() - started
+        result = done["results"][0]
+        assert result["error"]["code"] == "timeout", result
+        assert "the command's timeout_s (1.5 s)" in result["error"]["message"]
+        assert 1.4 <= took < 4.0, took
+
+        # A batch deadline nearer than the command's limit is the one that stops it, and says so.
+        done = await conn.result_for(await conn.batch(sleep_for(5, 30), fence=2, deadline_in_s=1.5))
+        result = done["results"][0]
+        assert result["error"]["code"] == "timeout", result
+        assert "the batch deadline" in result["error"]["message"]

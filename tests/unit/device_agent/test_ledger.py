@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from device_agent import ledger as ledger_module
-from device_agent.ledger import Ledger, Receipt
+from device_agent.ledger import Ledger, LedgerOwned, Receipt
 from protocol.messages import Command, CommandBatch, Result
 
 DEVICE = "dev_1"
@@ -66,10 +66,34 @@ def test_a_data_dir_reused_by_a_new_enrollment_accepts_its_first_fences(tmp_path
     old = Ledger(path, "dev_old")
     old.welcomed("srv")
     old.receive(batch("b9", 9))
+    old.finish_batch("b9", 9, [ok("c1"), ok("c2")])
+    old.acknowledged("b9")  # everything of the old device reached the server
     old.close()
     new = Ledger(path, "dev_new")
+    assert new.rebound_from == "dev_old"
     assert (new.server_id, new.max_fence) == ("srv", 0)
     assert new.receive(batch("n1", 1)) is Receipt.NEW
+
+
+@pytest.mark.parametrize("left", ["unsent results", "an unfinished batch"])
+def test_another_devices_ledger_with_unreported_work_is_refused(tmp_path: Path, left: str) -> None:
+    """Its results would go out under the new device's token, be refused by the server
+    (`unknown_batch`) and never reach the device they belong to."""
+    path = tmp_path / "data" / "ledger.sqlite3"
+    old = Ledger(path, "dev_old")
+    old.receive(batch("b1", 1))
+    if left == "unsent results":
+        old.finish_batch("b1", 1, [ok("c1"), ok("c2")])
+    old.close()
+    with pytest.raises(LedgerOwned) as refused:
+        Ledger(path, "dev_new")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "device dev_old" in message and "device dev_new" in message and "--data-dir" in message
+    assert str(path.parent) in message
+    again = Ledger(path, "dev_old")  # the owner still opens it, and its work is all there
+    assert again.rebound_from is None
+    assert [e.batch_id for e in again.outbox()] == (["b1"] if left == "unsent results" else [])
 
 
 def test_the_last_server_and_its_mark_survive_a_reopen(tmp_path: Path) -> None:
