@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.api.errors import ApiError
 from orchestrator.api.schemas import TaskCreate
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
-from orchestrator.domain.model import DagSpec, NodeKind, TaskState
+from orchestrator.domain.model import DagSpec, NodeKind, NodeState, TaskState
 from orchestrator.domain.problems import DomainError
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine.records import TaskCreated
@@ -20,6 +21,16 @@ from orchestrator.ids import new_id
 from orchestrator.store.models import Edge, Node, Task
 from orchestrator.store.repo import ChangeSet, Store, TaskBundle, WriteConflict
 from orchestrator.store.rows import node_rows
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """A task submitted as a re-run of another: the old task's id and request, and the nodes it
+    keeps as they ended (node id -> state, output, results, error, started_at, finished_at)."""
+
+    of: str
+    request: str | None = None
+    kept: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def body_hash(body: TaskCreate) -> str:
@@ -33,8 +44,10 @@ async def create_task(
     settings: Settings,
     body: TaskCreate,
     idempotency_key: str | None,
+    rerun: Rerun | None = None,
 ) -> tuple[str, TaskBundle | None]:
     """Store a new task and hand it to the engine (an explicit DAG) or the planner (a request).
+    A `rerun` links it to the task it runs again and starts its kept nodes as they ended there.
 
     Returns its id and, when it was created now, the stored rows (so the caller can answer from
     them without reading the task back)."""
@@ -64,6 +77,8 @@ async def create_task(
     task_id = new_id("task")
     now = time.time()
     rows = task_rows(task_id, body, spec, now, idempotency_key, digest)
+    if rerun is not None:
+        _as_rerun(rows, rerun)
     changes = ChangeSet()
     changes.insert(Task, rows["task"])
     for node in rows["nodes"]:
@@ -83,14 +98,30 @@ async def create_task(
     if spec is not None and cluster.is_leader:  # hand the parsed task over; other replicas load it
         run = TaskRun(task_id, spec.nodes, spec.edges, priority=body.priority)
         run.replan = body.replan
+        if rerun is not None:
+            run.request = rerun.request
+            for node_id, kept in rerun.kept.items():
+                rec = run.nodes[node_id]
+                rec.state = NodeState(kept["state"])
+                rec.output, rec.results, rec.error = kept["output"], list(kept["results"] or []), kept["error"]
+            run.recount()
     cluster.notify(TaskCreated(task_id, run))  # a planned task goes to the planner from the engine
     bundle = TaskBundle(
         Task(**rows["task"]),
-        [Node(**n, output=None, results=None, error=None) for n in rows["nodes"]],
+        [Node(**{"output": None, "results": None, "error": None, **n}) for n in rows["nodes"]],
         [Edge(**e) for e in rows["edges"]],
         [],
     )
     return task_id, bundle
+
+
+def _as_rerun(rows: dict[str, Any], rerun: Rerun) -> None:
+    rows["task"]["rerun_of"] = rerun.of
+    rows["task"]["request"] = rerun.request
+    for node in rows["nodes"]:
+        kept = rerun.kept.get(node["id"])
+        if kept is not None:
+            node.update(kept)
 
 
 def _same_or_conflict(existing: Task, digest: str) -> tuple[str, TaskBundle | None]:
