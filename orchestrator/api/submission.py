@@ -118,10 +118,9 @@ async def create_task(
 def _as_rerun(rows: dict[str, Any], rerun: Rerun) -> None:
     rows["task"]["rerun_of"] = rerun.of
     rows["task"]["request"] = rerun.request
+    fresh = {"output": None, "results": None, "error": None, "started_at": None, "finished_at": None}
     for node in rows["nodes"]:
-        kept = rerun.kept.get(node["id"])
-        if kept is not None:
-            node.update(kept)
+        node.update(rerun.kept.get(node["id"], fresh))  # one shape for all rows (one executemany)
 
 
 def _same_or_conflict(existing: Task, digest: str) -> tuple[str, TaskBundle | None]:
