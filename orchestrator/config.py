@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = Field(
         default=2.0, gt=0, description="how often the engine adopts tasks it finds in the store but not in memory"
     )
+    device_history_kept: int = Field(
+        default=1000, ge=10, description="state changes kept per device in its history (the newest)"
+    )
     log_format: str = "text"
     log_level: str = "info"
 

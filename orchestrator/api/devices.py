@@ -1,33 +1,55 @@
-"""`/v1/devices`: enroll, list, get, drain, cordon, uncordon, revoke (SPEC section 3)."""
+"""`/v1/devices`: enroll, list, get, label, rotate the token, drain, cordon, uncordon, revoke,
+history and recent attempts (SPEC section 3). Every `{device_id}` is an id, a unique id prefix
+or the device's name (see `orchestrator.api.lookup`)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from orchestrator.api.deps import Admin, Comp, Operator, Viewer
 from orchestrator.api.errors import COMMON, ApiError, problems
+from orchestrator.api.lookup import find_device
 from orchestrator.api.render import device_out
-from orchestrator.api.schemas import DeviceEnroll, DeviceEnrolled, DeviceOut, Page
-from orchestrator.domain.model import AdminState
+from orchestrator.api.schemas import (
+    MAX_LABELS,
+    DeviceAttemptItem,
+    DeviceEnroll,
+    DeviceEnrolled,
+    DeviceHistoryItem,
+    DeviceOut,
+    DevicePatch,
+    Page,
+)
+from orchestrator.domain.lifecycle import history_state
+from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.records import DeviceChanged
 from orchestrator.engine.times import utc
 from orchestrator.ids import new_id
 from orchestrator.security import device_token
-from orchestrator.store.models import Device
-from orchestrator.store.repo import WriteConflict
+from orchestrator.store.models import Device, DeviceHistory
+from orchestrator.store.repo import BadCursor, ChangeSet, WriteConflict
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"], responses={**COMMON, **problems(404, 409)})
+
+_ADMIN_REASONS = {
+    AdminState.ACTIVE: "uncordoned by an operator",
+    AdminState.DRAINING: "drained by an operator",
+    AdminState.CORDONED: "cordoned by an operator",
+    AdminState.REVOKED: "revoked by an admin",
+}
 
 
 @router.post("", status_code=201, response_model=DeviceEnrolled)
 async def enroll(body: DeviceEnroll, comp: Comp, _p: Admin) -> DeviceEnrolled:
+    taken = f"a device named '{body.name}' is already enrolled (revoke it first to reuse the name)"
     if await comp.store.find_device_by_name(body.name) is not None:
-        raise ApiError(409, "conflict", f"a device named '{body.name}' is already enrolled")
+        raise ApiError(409, "conflict", taken)
     device_id = new_id("dev")
     token = device_token(device_id)
+    now = time.time()
     row = {
         "id": device_id,
         "name": body.name,
@@ -41,13 +63,16 @@ async def enroll(body: DeviceEnroll, comp: Comp, _p: Admin) -> DeviceEnrolled:
         "liveness": "enrolled",
         "fence": 0,
         "current_batch_id": None,
-        "created_at": utc(time.time()),
+        "created_at": utc(now),
         "last_seen": None,
     }
+    changes = ChangeSet()
+    changes.insert(Device, row)
+    changes.insert(DeviceHistory, _history(device_id, "enrolled", "enrolled by an admin", now))
     try:
-        await comp.store.add(Device, row)
+        await comp.store.write(changes)  # the name's unique index decides between concurrent enrollments
     except WriteConflict:
-        raise ApiError(409, "conflict", f"a device named '{body.name}' is already enrolled") from None
+        raise ApiError(409, "conflict", taken) from None
     await comp.cluster.submit(DeviceChanged(device_id))
     return DeviceEnrolled(id=device_id, name=body.name, token=token)
 
@@ -56,12 +81,94 @@ async def enroll(body: DeviceEnroll, comp: Comp, _p: Admin) -> DeviceEnrolled:
 async def list_devices(comp: Comp, _p: Viewer) -> Page:
     rows = await comp.store.list_devices()
     queues = await comp.store.queue_lengths()
-    return Page(items=[_out(comp, r, queues.get(r.id, 0)) for r in rows])
+    work = await comp.store.current_work([r.current_batch_id for r in rows if r.current_batch_id])
+    return Page(items=[_out(comp, r, queues.get(r.id, 0), work) for r in rows])
 
 
 @router.get("/{device_id}", response_model=DeviceOut)
 async def get_device(device_id: str, comp: Comp, _p: Viewer) -> DeviceOut:
-    return await _detail(comp, await _row(comp, device_id))
+    return await _detail(comp, await find_device(comp.store, device_id))
+
+
+@router.patch("/{device_id}", response_model=DeviceOut)
+async def patch_device(device_id: str, body: DevicePatch, comp: Comp, _p: Operator) -> DeviceOut:
+    """Merge `labels` into the device's enrollment labels (a null value deletes one). Placement
+    uses the new labels from the answer on."""
+    row = await _usable(comp, device_id)
+    labels = dict(row.labels or {})
+    for key, value in body.labels.items():
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
+    if len(labels) > MAX_LABELS:
+        raise ApiError(
+            422, "validation_error", f"a device has at most {MAX_LABELS} labels; this would make {len(labels)}"
+        )
+    await comp.store.update(Device, (row.id,), labels=labels)
+    await comp.cluster.submit(DeviceChanged(row.id))
+    return await _detail(comp, await find_device(comp.store, row.id))
+
+
+@router.post("/{device_id}/token", response_model=DeviceEnrolled)
+async def rotate_token(device_id: str, comp: Comp, _p: Admin) -> DeviceEnrolled:
+    """A new token for the device. The old one stops working now, and a connection opened with
+    it is closed (4401): restart the agent with the new token."""
+    row = await _usable(comp, device_id)
+    token = device_token(row.id)
+    await comp.store.update(Device, (row.id,), token_hash=comp.hasher.digest(token))
+    await comp.cluster.submit(DeviceChanged(row.id))
+    return DeviceEnrolled(id=row.id, name=row.name, token=token)
+
+
+@router.get("/{device_id}/history", response_model=Page)
+async def history(
+    device_id: str,
+    comp: Comp,
+    _p: Viewer,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> Page:
+    """Every change of the device's state (liveness and admin), newest first."""
+    row = await find_device(comp.store, device_id)
+    try:
+        rows, nxt = await comp.store.device_history(row.id, limit, cursor)
+    except BadCursor as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    items = [DeviceHistoryItem(state=h.state, reason=h.reason, at=h.at) for h in rows]
+    return Page(items=items, next_cursor=nxt)
+
+
+@router.get("/{device_id}/attempts", response_model=Page)
+async def attempts(
+    device_id: str,
+    comp: Comp,
+    _p: Viewer,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> Page:
+    """The batches sent to the device, newest first."""
+    row = await find_device(comp.store, device_id)
+    try:
+        rows, nxt = await comp.store.device_attempts(row.id, limit, cursor)
+    except BadCursor as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    items = [
+        DeviceAttemptItem(
+            task_id=a.task_id,
+            task_name=name,
+            node_id=a.node_id,
+            n=a.n,
+            batch_id=a.batch_id,
+            kind=a.kind,
+            status=a.status,
+            started_at=a.started_at,
+            ended_at=a.ended_at,
+            error=a.error,
+        )
+        for a, name in rows
+    ]
+    return Page(items=items, next_cursor=nxt)
 
 
 @router.post("/{device_id}/drain", response_model=DeviceOut)
@@ -81,33 +188,42 @@ async def uncordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
 
 @router.delete("/{device_id}", status_code=200)
 async def revoke(device_id: str, comp: Comp, _p: Admin) -> dict[str, Any]:
-    await _set_admin(comp, device_id, AdminState.REVOKED)
-    return {"id": device_id, "state": "revoked"}
+    out = await _set_admin(comp, device_id, AdminState.REVOKED)
+    return {"id": out.id, "state": "revoked"}
+
+
+async def _usable(comp: Comp, device_id: str) -> Device:
+    row = await find_device(comp.store, device_id)
+    if row.admin_state == AdminState.REVOKED:
+        raise ApiError(409, "conflict", f"device '{row.name}' is revoked; enroll it again to use it")
+    return row
 
 
 async def _set_admin(comp: Comp, device_id: str, admin: AdminState) -> DeviceOut:
-    row = await _row(comp, device_id)
-    if row.admin_state == AdminState.REVOKED:
-        raise ApiError(409, "conflict", f"device '{row.name}' is revoked; enroll it again to use it")
-    await comp.store.update(Device, (row.id,), admin_state=admin.value)
+    row = await _usable(comp, device_id)
+    changes = ChangeSet()
+    changes.update(Device, (row.id,), admin_state=admin.value)
+    if admin.value != row.admin_state:  # the change and its history entry in one transaction
+        queued = (await comp.store.queue_lengths()).get(row.id, 0) if admin is AdminState.ACTIVE else 0
+        state = history_state(admin, Liveness(row.liveness), row.current_batch_id is not None, queued)
+        changes.insert(DeviceHistory, _history(row.id, state.value, _ADMIN_REASONS[admin], time.time()))
+    await comp.store.write(changes)
     await comp.cluster.submit(DeviceChanged(row.id))
-    return await _detail(comp, await _row(comp, row.id))
+    await comp.store.prune_device_history([row.id], comp.settings.device_history_kept)
+    return await _detail(comp, await find_device(comp.store, row.id))
 
 
-async def _row(comp: Comp, device_id: str) -> Device:
-    row = await comp.store.get_device(device_id)
-    if row is None:
-        row = await comp.store.find_device_by_name(device_id)
-    if row is None:
-        raise ApiError(404, "not_found", f"no device '{device_id}'")
-    return row
+def _history(device_id: str, state: str, reason: str, now: float) -> dict[str, Any]:
+    return {"device_id": device_id, "state": state, "reason": reason, "at": utc(now)}
 
 
 async def _detail(comp: Comp, row: Device) -> DeviceOut:
     queues = await comp.store.queue_lengths()
-    return _out(comp, row, queues.get(row.id, 0))
+    work = await comp.store.current_work([row.current_batch_id] if row.current_batch_id else [])
+    return _out(comp, row, queues.get(row.id, 0), work)
 
 
-def _out(comp: Comp, row: Device, queue: int) -> DeviceOut:
+def _out(comp: Comp, row: Device, queue: int, work: dict[str, tuple[str, str]]) -> DeviceOut:
     gw = comp.gateway
-    return device_out(row, queue, gw.is_connected(row.id), gw.last_seen_monotonic(row.id))
+    current = work.get(row.current_batch_id or "")
+    return device_out(row, queue, gw.is_connected(row.id), gw.last_seen_monotonic(row.id), current)

@@ -25,6 +25,7 @@ def task_out(task: Task, counts: dict[str, int] | None = None) -> TaskOut:
         finished_at=task.finished_at,
         error=task.error,
         dag_version=task.dag_version or 1,
+        rerun_of=task.rerun_of,
         node_counts=counts or {},
     )
 
@@ -82,11 +83,22 @@ def _counts(bundle: TaskBundle) -> dict[str, int]:
     return counts
 
 
-def device_out(row: Device, queue_length: int, connected: bool, last_frame_mono: float | None) -> DeviceOut:
+def device_out(
+    row: Device,
+    queue_length: int,
+    connected: bool,
+    last_frame_mono: float | None,
+    current: tuple[str, str] | None = None,
+) -> DeviceOut:
+    """`current`: (task id, node id) of the batch the device runs now, if known."""
     last_seen = row.last_seen
     if last_frame_mono is not None:
         last_seen = datetime.fromtimestamp(time.time() - (time.monotonic() - last_frame_mono), UTC)
-    state = device_state(AdminState(row.admin_state), Liveness(row.liveness), row.current_batch_id is not None)
+    state = device_state(
+        AdminState(row.admin_state), Liveness(row.liveness), row.current_batch_id is not None, queue_length
+    )
+    if row.current_batch_id is None:
+        current = None
     return DeviceOut(
         id=row.id,
         name=row.name,
@@ -98,6 +110,8 @@ def device_out(row: Device, queue_length: int, connected: bool, last_frame_mono:
         info=row.info or {},
         tools=row.tools or [],
         current_batch=row.current_batch_id,
+        current_task_id=current[0] if current else None,
+        current_node_id=current[1] if current else None,
         queue_length=queue_length,
         last_seen=last_seen,
         connected=connected,

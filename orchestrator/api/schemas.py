@@ -37,9 +37,30 @@ class TaskCreate(_In):
         return self
 
 
+# Device labels (enrollment and PATCH): keys a placement can name, values of bounded size.
+LabelKey = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]*$")]
+LabelValue = Annotated[str, Field(max_length=200)]
+MAX_LABELS = 64
+
+
 class DeviceEnroll(_In):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+
+
+class DevicePatch(_In):
+    """Labels to merge into the device's enrollment labels; a null value deletes that label."""
+
+    labels: dict[LabelKey, LabelValue | None] = Field(default_factory=dict, max_length=MAX_LABELS)
+
+
+class TaskRerun(_In):
+    from_node: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="run this node and everything downstream of it again; the other nodes keep their outcome",
+    )
 
 
 class DeviceEnrolled(BaseModel):
@@ -119,6 +140,7 @@ class TaskOut(BaseModel):
     finished_at: datetime | None = None
     error: dict[str, Any] | None = None
     dag_version: int = 1
+    rerun_of: str | None = None  # the task this one runs again
     node_counts: dict[str, int] = Field(default_factory=dict)
     nodes: list[NodeOut] | None = None
     edges: list[EdgeOut] | None = None
@@ -172,10 +194,31 @@ class DeviceOut(BaseModel):
     info: dict[str, Any]
     tools: list[dict[str, Any]]
     current_batch: str | None = None
+    current_task_id: str | None = None  # what its current batch belongs to (null when idle)
+    current_node_id: str | None = None
     queue_length: int = 0
     last_seen: datetime | None = None
     connected: bool = False
     created_at: datetime
+
+
+class DeviceHistoryItem(BaseModel):
+    state: str
+    reason: str
+    at: datetime
+
+
+class DeviceAttemptItem(BaseModel):
+    task_id: str
+    task_name: str
+    node_id: str
+    n: int
+    batch_id: str
+    kind: str = "tool"
+    status: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    error: dict[str, Any] | None = None
 
 
 class Page(BaseModel):

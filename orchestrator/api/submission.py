@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.api.errors import ApiError
 from orchestrator.api.schemas import TaskCreate
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
-from orchestrator.domain.model import DagSpec, NodeKind, TaskState
+from orchestrator.domain.model import DagSpec, NodeKind, NodeState, TaskState
 from orchestrator.domain.problems import DomainError
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine import validation
@@ -24,8 +25,23 @@ from orchestrator.store.repo import ChangeSet, Store, TaskBundle, WriteConflict
 from orchestrator.store.rows import node_rows
 
 
+@dataclass(frozen=True)
+class Rerun:
+    """A task submitted as a re-run of another: the old task's id and request, and the nodes it
+    keeps as they ended (node id -> state, output, results, error, started_at, finished_at)."""
+
+    of: str
+    request: str | None = None
+    kept: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
 def body_hash(body: TaskCreate) -> str:
-    canonical = json.dumps(body.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+    data = body.model_dump(mode="json", by_alias=True)
+    for node in (data.get("dag") or {}).get("nodes", []):
+        for command in node.get("commands", []):
+            if command.get("idempotent") is False:  # added later: a body hashed before still matches
+                del command["idempotent"]
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -36,8 +52,10 @@ async def create_task(
     body: TaskCreate,
     idempotency_key: str | None,
     warnings: list[dict[str, str]] | None = None,
+    rerun: Rerun | None = None,
 ) -> tuple[str, TaskBundle | None]:
     """Store a new task and hand it to the engine (an explicit DAG) or the planner (a request).
+    A `rerun` links it to the task it runs again and starts its kept nodes as they ended there.
 
     Returns its id and, when it was created now, the stored rows (so the caller can answer from
     them without reading the task back). A `warnings` list given is filled with what the answer
@@ -74,6 +92,8 @@ async def create_task(
     task_id = new_id("task")
     now = time.time()
     rows = task_rows(task_id, body, spec, now, idempotency_key, digest)
+    if rerun is not None:
+        _as_rerun(rows, rerun)
     changes = ChangeSet()
     changes.insert(Task, rows["task"])
     for node in rows["nodes"]:
@@ -93,10 +113,17 @@ async def create_task(
     if spec is not None and cluster.is_leader:  # hand the parsed task over; other replicas load it
         run = TaskRun(task_id, spec.nodes, spec.edges, priority=body.priority)
         run.replan = body.replan
+        if rerun is not None:
+            run.request = rerun.request
+            for node_id, kept in rerun.kept.items():
+                rec = run.nodes[node_id]
+                rec.state = NodeState(kept["state"])
+                rec.output, rec.results, rec.error = kept["output"], list(kept["results"] or []), kept["error"]
+            run.recount()
     cluster.notify(TaskCreated(task_id, run))  # a planned task goes to the planner from the engine
     bundle = TaskBundle(
         Task(**rows["task"]),
-        [Node(**n, output=None, results=None, error=None) for n in rows["nodes"]],
+        [Node(**{"output": None, "results": None, "error": None, **n}) for n in rows["nodes"]],
         [Edge(**e) for e in rows["edges"]],
         [],
     )
@@ -122,6 +149,14 @@ async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: Task
 
 def _no_llm(message: str) -> dict[str, Any]:
     return {"code": "planner_unavailable", "message": message}
+
+
+def _as_rerun(rows: dict[str, Any], rerun: Rerun) -> None:
+    rows["task"]["rerun_of"] = rerun.of
+    rows["task"]["request"] = rerun.request
+    fresh = {"output": None, "results": None, "error": None, "started_at": None, "finished_at": None}
+    for node in rows["nodes"]:
+        node.update(rerun.kept.get(node["id"], fresh))  # one shape for all rows (one executemany)
 
 
 def _same_or_conflict(existing: Task, digest: str) -> tuple[str, TaskBundle | None]:

@@ -1,4 +1,5 @@
-"""`/v1/tasks`: submit, list, get, cancel, and the event stream (SPEC section 3)."""
+"""`/v1/tasks`: submit, list, get, cancel, re-run, and the event stream (SPEC section 3). Every
+`{task_id}` is an id, a unique id prefix or the task's name (see `orchestrator.api.lookup`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from orchestrator.api.deps import Comp, Operator, Viewer
 from orchestrator.api.errors import COMMON, ApiError, problems
+from orchestrator.api.lookup import find_task
 from orchestrator.api.render import task_detail, task_out
-from orchestrator.api.schemas import DryRunOut, Page, TaskCreate, TaskOut, WarningOut
-from orchestrator.api.submission import create_task
+from orchestrator.api.schemas import DryRunOut, Page, TaskCreate, TaskOut, TaskRerun, WarningOut
+from orchestrator.api.submission import Rerun, create_task
 from orchestrator.api.submission import dry_run as check_only
-from orchestrator.domain.model import TaskState
+from orchestrator.domain.dag import Graph
+from orchestrator.domain.model import DagSpec, EdgeSpec, NodeSpec, NodeState, TaskState
+from orchestrator.domain.rerun import kept_nodes
 from orchestrator.engine.records import CancelTask
 from orchestrator.store.repo import BadCursor
 
@@ -85,8 +89,7 @@ async def get_task(task_id: str, comp: Comp, _p: Viewer) -> TaskOut:
 @router.get("/{task_id}/llm", response_model=Page)
 async def llm_calls(task_id: str, comp: Comp, _p: Viewer) -> Page:
     """Every model call made for the task (planning, agent steps, re-planning), secrets removed."""
-    if await comp.store.get_task(task_id) is None:
-        raise ApiError(404, "not_found", f"no task '{task_id}'")
+    task_id = (await find_task(comp.store, task_id)).id
     rows = await comp.store.llm_calls(task_id)
     edits = await comp.store.dag_edits(task_id)
     items: list[Any] = [
@@ -114,13 +117,59 @@ async def llm_calls(task_id: str, comp: Comp, _p: Viewer) -> Page:
 
 @router.post("/{task_id}/cancel", status_code=202)
 async def cancel(task_id: str, comp: Comp, _p: Operator) -> dict[str, Any]:
-    bundle = await comp.store.get_task(task_id)
+    task = await find_task(comp.store, task_id)
+    if TaskState(task.state).terminal:
+        raise ApiError(409, "conflict", f"task '{task.id}' already ended as {task.state}")
+    await comp.cluster.submit(CancelTask(task.id))
+    return {"task_id": task.id, "state": "cancelling"}
+
+
+@router.post("/{task_id}/rerun", status_code=201, response_model=TaskOut, responses=problems(422))
+async def rerun(task_id: str, comp: Comp, _p: Operator, body: TaskRerun | None = None) -> TaskOut:
+    """Run a finished task again as a new task (`rerun_of` links them): its whole DAG as it is
+    now, or with `from_node` only that node and everything downstream of it; the other nodes
+    keep their outcome and output, so references to them resolve as before."""
+    from_node = body.from_node if body is not None else None
+    found = await find_task(comp.store, task_id)
+    bundle = await comp.store.get_task(found.id)
     if bundle is None:
         raise ApiError(404, "not_found", f"no task '{task_id}'")
-    if TaskState(bundle.task.state).terminal:
-        raise ApiError(409, "conflict", f"task '{task_id}' already ended as {bundle.task.state}")
-    await comp.cluster.submit(CancelTask(task_id))
-    return {"task_id": task_id, "state": "cancelling"}
+    old = bundle.task
+    if not TaskState(old.state).terminal:
+        raise ApiError(409, "conflict", f"task '{old.id}' is still {old.state}; re-run it once it has ended")
+    if from_node is not None and from_node not in {n.id for n in bundle.nodes}:
+        known = ", ".join(n.id for n in bundle.nodes) or "none"
+        raise ApiError(422, "unknown_node", f"task '{old.id}' has no node '{from_node}' (its nodes: {known})")
+    base: dict[str, Any] = {"name": old.name, "priority": old.priority, "labels": old.labels or {}}
+    if not bundle.nodes:  # it never got a plan: plan its request again
+        new = TaskCreate(request=old.request or "", replan=old.replan, **base)
+        new_id, created = await create_task(
+            comp.store, comp.cluster, comp.settings, new, None, rerun=Rerun(old.id, old.request)
+        )
+    else:
+        specs = [NodeSpec.model_validate(n.spec) for n in bundle.nodes]
+        edges = [EdgeSpec.model_validate({"from": e.source, "to": e.target, "on": e.on}) for e in bundle.edges]
+        states = {n.id: NodeState(n.state) for n in bundle.nodes}
+        keep = kept_nodes(Graph.build([n.id for n in specs], edges), states, from_node)
+        kept = {
+            n.id: {
+                "state": n.state,
+                "output": n.output,
+                "results": n.results,
+                "error": n.error,
+                "started_at": n.started_at,
+                "finished_at": n.finished_at,
+            }
+            for n in bundle.nodes
+            if n.id in keep
+        }
+        new = TaskCreate(dag=DagSpec(nodes=specs, edges=edges), replan=old.replan, **base)
+        new_id, created = await create_task(
+            comp.store, comp.cluster, comp.settings, new, None, rerun=Rerun(old.id, old.request, kept)
+        )
+    if created is None:
+        return await _detail(comp, new_id)
+    return task_detail(created)
 
 
 @router.get(
@@ -138,9 +187,7 @@ async def events(
     after: Annotated[int | None, Query(ge=0)] = None,
     last_event_id: Annotated[str | None, Header(max_length=40)] = None,
 ) -> StreamingResponse:
-    bundle = await comp.store.get_task(task_id)
-    if bundle is None:
-        raise ApiError(404, "not_found", f"no task '{task_id}'")
+    task_id = (await find_task(comp.store, task_id)).id
     start = after if after is not None else _int(last_event_id)
     return StreamingResponse(
         _stream(comp, task_id, start),
@@ -191,7 +238,7 @@ def _int(value: str | None) -> int:
 
 
 async def _detail(comp: Any, task_id: str) -> TaskOut:
-    bundle = await comp.store.get_task(task_id)
+    bundle = await comp.store.get_task((await find_task(comp.store, task_id)).id)
     if bundle is None:
         raise ApiError(404, "not_found", f"no task '{task_id}'")
     return task_detail(bundle)

@@ -42,8 +42,9 @@ def task_outcome(graph: Graph, states: Mapping[str, NodeState], cancel_requested
     return TaskState.SUCCEEDED
 
 
-def device_state(admin: AdminState, liveness: Liveness, busy: bool) -> DeviceState:
-    """The single state shown for a device, from what operators asked and what liveness says."""
+def device_state(admin: AdminState, liveness: Liveness, busy: bool, queued: int = 0) -> DeviceState:
+    """The single state shown for a device, from what operators asked and what liveness says.
+    A draining device with nothing running or queued is `drained`: safe to take down."""
     if admin is AdminState.REVOKED:
         return DeviceState.REVOKED
     if liveness is Liveness.ENROLLED:
@@ -53,7 +54,14 @@ def device_state(admin: AdminState, liveness: Liveness, busy: bool) -> DeviceSta
     if liveness is Liveness.SUSPECT:
         return DeviceState.SUSPECT
     if admin is AdminState.DRAINING:
-        return DeviceState.DRAINING
+        return DeviceState.DRAINING if busy or queued else DeviceState.DRAINED
     if admin is AdminState.CORDONED:
         return DeviceState.CORDONED
     return DeviceState.BUSY if busy else DeviceState.IDLE
+
+
+def history_state(admin: AdminState, liveness: Liveness, busy: bool, queued: int = 0) -> DeviceState:
+    """The state a device's history records: its shown state, except that running a batch or not
+    (busy, idle) is not a change of state there (the device's attempts tell that)."""
+    state = device_state(admin, liveness, busy, queued)
+    return DeviceState.IDLE if state is DeviceState.BUSY else state

@@ -55,6 +55,7 @@ class DeviceState(StrEnum):
     SUSPECT = "suspect"
     OFFLINE = "offline"
     DRAINING = "draining"
+    DRAINED = "drained"  # draining, and nothing running or queued: safe to take down
     CORDONED = "cordoned"
     REVOKED = "revoked"
 

@@ -97,4 +97,4 @@ def no_capable_device(node: NodeSpec, devices: Iterable[DeviceView]) -> Problem:
 def state_of(device: DeviceView) -> DeviceState:
     from orchestrator.domain.lifecycle import device_state
 
-    return device_state(device.admin, device.liveness, device.busy)
+    return device_state(device.admin, device.liveness, device.busy, device.queue_length)

@@ -138,6 +138,7 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         self.recovered_at: float | None = None
         self._next_reconcile: float | None = None
         self._reconciles = 0
+        self.history_written: set[str] = set()  # devices whose history grew since it was last pruned
 
     # ================================================================ lifecycle
 
@@ -514,6 +515,8 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         if dev.current_batch != batch_id:
             dev.current_batch = batch_id
             self._changes.update(Device, (dev.id,), current_batch_id=batch_id)
+            if batch_id is None and dev.admin is AdminState.DRAINING:
+                self._record_state(dev, "its last batch ended", self.clock())
 
     # ================================================================ timers
 
@@ -606,11 +609,21 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
                 await self._on_task_created(task_id, None, now)
 
     async def _adopt_device_changes(self, now: float) -> None:
-        for device_id, name, admin, labels in await self.store.device_admin():
+        for device_id, name, admin, labels, token_hash in await self.store.device_admin():
             dev = self.devices.get(device_id)
-            if dev is None or dev.admin.value != admin or dev.name != name or dev.labels != labels:
+            if (
+                dev is None
+                or dev.admin.value != admin
+                or dev.name != name
+                or dev.labels != labels
+                or dev.token_hash != token_hash
+            ):
                 log.info("adopting a change of device %s found in the store", device_id)
                 await self._on_device_changed(device_id, now)
+        written, self.history_written = self.history_written, set()
+        removed = await self.store.prune_device_history(sorted(written), self.settings.device_history_kept)
+        if removed:
+            log.info("pruned %d old device history entries", removed)
 
     # ================================================================ recovery
 

@@ -8,13 +8,14 @@ import logging
 from typing import TYPE_CHECKING, Any, cast
 
 from orchestrator.config import Settings
-from orchestrator.domain.model import AdminState, Liveness
+from orchestrator.domain.lifecycle import history_state
+from orchestrator.domain.model import AdminState, DeviceState, Liveness
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
 from orchestrator.engine import llm_work
 from orchestrator.engine.records import AttemptRun, DeviceHello, DeviceRun, LinkReport, NodeKey
 from orchestrator.engine.restore import device_from_row
 from orchestrator.engine.times import utc
-from orchestrator.store.models import Attempt, Device
+from orchestrator.store.models import Attempt, Device, DeviceHistory
 from orchestrator.store.repo import ChangeSet, Store
 from protocol.errors import CloseCode, ErrorCode
 from protocol.messages import BatchAccepted, Hello, Message, ResultBatch, ToolsChanged
@@ -26,6 +27,14 @@ log = logging.getLogger("orrery.engine")
 
 SOFT_FLUSH_S = 1.0  # informational updates wait at most this long for a commit to ride along
 RESEND_AFTER_S = 3.0  # an unaccepted batch its idle, heartbeating device does not have goes again
+
+
+_LIVENESS_REASONS = {
+    Liveness.ENROLLED: "enrolled",
+    Liveness.ONLINE: "connected",
+    Liveness.SUSPECT: "heartbeats are late",
+    Liveness.OFFLINE: "connection lost",
+}
 
 
 def _steps_first(att: AttemptRun) -> int:
@@ -46,6 +55,7 @@ class DeviceInputs:
     _soft_since: float | None
     _effects: list[Any]
     _capable_cache: dict[tuple[Any, ...], list[str]]
+    history_written: set[str]
 
     if TYPE_CHECKING:  # provided by Engine and its other mixins (no runtime stubs: they would shadow them)
 
@@ -208,9 +218,9 @@ class DeviceInputs:
             if now - dev.heard_at > timeout:
                 log.warning("device %s not reported for %.0fs: offline", dev.id, now - dev.heard_at)
                 dev.recovering = False
-                self._set_liveness(dev, Liveness.OFFLINE, now)
+                self._set_liveness(dev, Liveness.OFFLINE, now, f"not heard from for {now - dev.heard_at:.0f}s")
 
-    def _set_liveness(self, dev: DeviceRun, liveness: Liveness, now: float) -> None:
+    def _set_liveness(self, dev: DeviceRun, liveness: Liveness, now: float, reason: str = "") -> None:
         if dev.liveness is liveness:
             return
         dev.liveness = liveness
@@ -219,6 +229,20 @@ class DeviceInputs:
             self._unqueue_all(dev, now)
         if liveness is Liveness.OFFLINE:
             self._lose(dev, now)
+        if dev.admin is not AdminState.REVOKED:  # revoking is recorded where the operator did it
+            self._record_state(dev, reason or _LIVENESS_REASONS[liveness], now)
+
+    def _record_state(self, dev: DeviceRun, reason: str, now: float) -> None:
+        """Add the device's state to its history, in the commit of the change that made it
+        (liveness and admin changes; running a batch or not is no change of state there)."""
+        state = history_state(dev.admin, dev.liveness, dev.current_batch is not None, len(dev.queue))
+        if state.value == dev.recorded:
+            return
+        dev.recorded = state.value
+        self.history_written.add(dev.id)
+        self._changes.insert(
+            DeviceHistory, {"device_id": dev.id, "state": state.value, "reason": reason[:300], "at": utc(now)}
+        )
 
     def _lose(self, dev: DeviceRun, now: float) -> None:
         """A new fencing epoch: anything the lost session still says carries an older fence and
@@ -244,12 +268,32 @@ class DeviceInputs:
         if dev is None:
             self.devices[device_id] = device_from_row(row)
             return
-        old_admin = dev.admin
+        old_admin, old_token = dev.admin, dev.token_hash
         dev.admin = AdminState(row.admin_state)
         dev.labels = dict(row.labels or {})
         dev.name = row.name
+        dev.token_hash = row.token_hash
         if dev.admin is not AdminState.ACTIVE and old_admin is AdminState.ACTIVE:
             self._unqueue_all(dev, now)
+        # The operator's change is in the history already (written with it); this engine now
+        # knows it too, and a drain that found nothing running is already drained.
+        dev.recorded = history_state(dev.admin, dev.liveness, dev.current_batch is not None, len(dev.queue)).value
+        if (
+            dev.admin is AdminState.DRAINING
+            and old_admin is not AdminState.DRAINING
+            and dev.recorded == DeviceState.DRAINED
+            and await self.store.last_device_state(dev.id) == DeviceState.DRAINING
+        ):
+            # Its last batch ended between the operator's request and now.
+            dev.recorded = None
+            self._record_state(dev, "its last batch ended", now)
+        if old_token and dev.token_hash != old_token and dev.admin is not AdminState.REVOKED:
+            links = self.links
+            if links is not None:
+                route = dev.route
+                self._effects.append(
+                    lambda: links.close(device_id, CloseCode.UNAUTHORIZED, "device token rotated", route)
+                )
         if dev.admin is AdminState.REVOKED:
             links = self.links
             if links is not None:

@@ -43,6 +43,8 @@ class DeviceRun:
     epoch: int = 0
     replica: str | None = None
     heard_at: float | None = None  # engine clock: the last sign of life any replica reported
+    token_hash: str = ""  # of its current token: a rotation closes connections made with the old one
+    recorded: str | None = None  # the state this engine last wrote to the device's history
 
     def merged_labels(self) -> dict[str, str]:
         """SPEC section 2: enrollment labels win over what the agent reports."""

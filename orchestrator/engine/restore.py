@@ -30,6 +30,7 @@ def device_from_row(row: Device) -> DeviceRun:
         fence=row.fence,
         current_batch=row.current_batch_id,
         epoch=row.session_epoch,
+        token_hash=row.token_hash,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -47,11 +47,20 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None]
 
 
+# A device name belongs to at most one device that is not revoked: a revoked device keeps its
+# name in the records, and the name may be enrolled again (a partial unique index, so the
+# database itself refuses two concurrent enrollments of one name).
+NOT_REVOKED = text("admin_state != 'revoked'")
+
+
 class Device(Base):
     __tablename__ = "devices"
+    __table_args__ = (
+        Index("uq_devices_active_name", "name", unique=True, sqlite_where=NOT_REVOKED, postgresql_where=NOT_REVOKED),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
     token_hash: Mapped[str] = mapped_column(String(128), unique=True)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # set at enrollment
     reported_labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # from hello
@@ -72,6 +81,7 @@ class Device(Base):
 
 class Task(Base):
     __tablename__ = "tasks"
+    __table_args__ = (Index("ix_tasks_name", "name", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), default="")
@@ -90,6 +100,7 @@ class Task(Base):
     created_at: Mapped[datetime] = mapped_column(index=True)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    rerun_of: Mapped[str | None] = mapped_column(String(40))  # the task this one runs again
 
 
 class Node(Base):
@@ -126,6 +137,7 @@ class Attempt(Base):
     __table_args__ = (
         Index("ix_attempts_node", "task_id", "node_id"),
         Index("ix_attempts_open", "device_id", "ended_at"),
+        Index("ix_attempts_device", "device_id", "started_at"),
     )
 
     batch_id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -156,6 +168,19 @@ class Event(Base):
     type: Mapped[str] = mapped_column(String(40))
     node_id: Mapped[str | None] = mapped_column(String(64))
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    at: Mapped[datetime]
+
+
+class DeviceHistory(Base):
+    """Every change of a device's visible state (liveness and admin), newest kept per device."""
+
+    __tablename__ = "device_history"
+    __table_args__ = (Index("ix_device_history_device", "device_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    device_id: Mapped[str] = mapped_column(String(40))
+    state: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str] = mapped_column(String(300), default="")
     at: Mapped[datetime]
 
 
@@ -218,6 +243,7 @@ __all__ = [
     "Base",
     "DagEdit",
     "Device",
+    "DeviceHistory",
     "Edge",
     "Event",
     "Lease",

@@ -23,6 +23,7 @@ from orchestrator.store.models import (
     Base,
     DagEdit,
     Device,
+    DeviceHistory,
     Edge,
     Event,
     Lease,
@@ -34,6 +35,8 @@ from orchestrator.store.models import (
 from orchestrator.store.sqlite_writer import SqliteWriter
 
 ACTIVE_TASK_STATES = ("planning", "running")
+MIN_PREFIX = 4  # an id prefix shorter than this is not looked up (too many matches to be useful)
+MAX_CANDIDATES = 10  # an ambiguous prefix names at most this many of its matches
 
 
 class WriteConflict(Exception):
@@ -88,7 +91,7 @@ class ChangeSet:
         return bool(self.inserts or self.updates or self.events or self.deletes)
 
 
-_INSERT_ORDER: tuple[type[Base], ...] = (ApiKey, Device, Task, Node, Edge, Attempt, DagEdit, LlmCall)
+_INSERT_ORDER: tuple[type[Base], ...] = (ApiKey, Device, Task, Node, Edge, Attempt, DagEdit, LlmCall, DeviceHistory)
 
 
 @dataclass
@@ -157,11 +160,11 @@ class Store:
         async with self.sessions() as s:
             return [(str(i), str(st)) for i, st in (await s.execute(q)).all()]
 
-    async def device_admin(self) -> list[tuple[str, str, str, dict[str, Any]]]:
-        """(id, name, admin state, enrollment labels) of every device: what operators change."""
-        q = select(Device.id, Device.name, Device.admin_state, Device.labels)
+    async def device_admin(self) -> list[tuple[str, str, str, dict[str, Any], str]]:
+        """(id, name, admin state, enrollment labels, token hash) of every device: what operators change."""
+        q = select(Device.id, Device.name, Device.admin_state, Device.labels, Device.token_hash)
         async with self.sessions() as s:
-            return [(str(i), str(n), str(a), dict(lb or {})) for i, n, a, lb in (await s.execute(q)).all()]
+            return [(str(i), str(n), str(a), dict(lb or {}), str(t)) for i, n, a, lb, t in (await s.execute(q)).all()]
 
     async def ping(self) -> None:
         async with self.engine.connect() as conn:
@@ -232,8 +235,120 @@ class Store:
             return await s.get(Device, device_id)
 
     async def find_device_by_name(self, name: str) -> Device | None:
+        """The device that holds `name`: the one not revoked (revoked ones free their name)."""
         async with self.sessions() as s:
-            return await s.scalar(select(Device).where(Device.name == name))
+            return await s.scalar(select(Device).where(Device.name == name, Device.admin_state != "revoked"))
+
+    async def resolve_device(self, ref: str) -> tuple[Device | None, list[Device]]:
+        """The device `ref` names: its id, its name (the device not revoked) or a unique id prefix
+        of at least `MIN_PREFIX` characters. (device, []) when found; (None, candidates) when
+        the prefix is ambiguous; (None, []) when nothing matches."""
+        row = await self.get_device(ref)
+        if row is None:
+            row = await self.find_device_by_name(ref)
+        if row is not None:
+            return row, []
+        if len(ref) < MIN_PREFIX:
+            return None, []
+        q = select(Device).where(_id_prefix(Device.id, ref, "dev")).order_by(Device.id).limit(MAX_CANDIDATES)
+        async with self.sessions() as s:
+            rows = list((await s.execute(q)).scalars().all())
+        return (rows[0], []) if len(rows) == 1 else (None, rows)
+
+    async def device_history(
+        self, device_id: str, limit: int, cursor: str | None
+    ) -> tuple[list[DeviceHistory], str | None]:
+        """Newest first, keyset-paginated on the row id."""
+        q = (
+            select(DeviceHistory)
+            .where(DeviceHistory.device_id == device_id)
+            .order_by(DeviceHistory.id.desc())
+            .limit(limit + 1)
+        )
+        if cursor:
+            _, last = decode_cursor(cursor)
+            if not last.isdigit():
+                raise BadCursor("the cursor is not one this server issued; start again without it")
+            q = q.where(DeviceHistory.id < int(last))
+        async with self.sessions() as s:
+            rows = list((await s.execute(q)).scalars().all())
+        nxt = encode_cursor(rows[limit - 1].at, str(rows[limit - 1].id)) if len(rows) > limit else None
+        return rows[:limit], nxt
+
+    async def last_device_state(self, device_id: str) -> str | None:
+        """The newest state recorded in the device's history."""
+        q = (
+            select(DeviceHistory.state)
+            .where(DeviceHistory.device_id == device_id)
+            .order_by(DeviceHistory.id.desc())
+            .limit(1)
+        )
+        async with self.sessions() as s:
+            value = await s.scalar(q)
+        return str(value) if value is not None else None
+
+    async def prune_device_history(self, device_ids: Sequence[str], keep: int) -> int:
+        """Delete all but the newest `keep` history rows of each device; how many went."""
+        history = _table(DeviceHistory)
+        cut: list[tuple[str, int]] = []
+        async with self.sessions() as s:
+            for device_id in device_ids:
+                oldest_kept = await s.scalar(
+                    select(history.c.id)
+                    .where(history.c.device_id == device_id)
+                    .order_by(history.c.id.desc())
+                    .offset(keep - 1)
+                    .limit(1)
+                )
+                if oldest_kept is not None:
+                    cut.append((device_id, int(oldest_kept)))
+        removed = 0
+        for device_id, oldest_kept in cut:
+            if self._sqlite is not None:
+                removed += len(
+                    self._sqlite.execute(
+                        "DELETE FROM device_history WHERE device_id = ? AND id < ? RETURNING id",
+                        (device_id, oldest_kept),
+                    )
+                )
+                continue
+            async with self.engine.begin() as conn:
+                result = await conn.execute(
+                    history.delete().where(history.c.device_id == device_id, history.c.id < oldest_kept)
+                )
+                removed += int(result.rowcount or 0)
+        return removed
+
+    async def device_attempts(
+        self, device_id: str, limit: int, cursor: str | None
+    ) -> tuple[list[tuple[Attempt, str]], str | None]:
+        """(attempt, task name) of the batches sent to a device, newest first, keyset-paginated
+        on (started_at, batch_id)."""
+        q = (
+            select(Attempt, Task.name)
+            .join(Task, Task.id == Attempt.task_id)
+            .where(Attempt.device_id == device_id)
+            .order_by(Attempt.started_at.desc(), Attempt.batch_id.desc())
+            .limit(limit + 1)
+        )
+        if cursor:
+            at, bid = decode_cursor(cursor)
+            q = q.where((Attempt.started_at < at) | ((Attempt.started_at == at) & (Attempt.batch_id < bid)))
+        async with self.sessions() as s:
+            rows = [(a, str(name)) for a, name in (await s.execute(q)).all()]
+        nxt = None
+        if len(rows) > limit:
+            last = rows[limit - 1][0]
+            nxt = encode_cursor(last.started_at, last.batch_id)
+        return rows[:limit], nxt
+
+    async def current_work(self, batch_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """batch id -> (task id, node id) of the batches devices are running now."""
+        if not batch_ids:
+            return {}
+        q = select(Attempt.batch_id, Attempt.task_id, Attempt.node_id).where(Attempt.batch_id.in_(batch_ids))
+        async with self.sessions() as s:
+            return {str(b): (str(t), str(n)) for b, t, n in (await s.execute(q)).all()}
 
     async def list_devices(self) -> list[Device]:
         async with self.sessions() as s:
@@ -261,6 +376,22 @@ class Store:
                 await s.execute(select(Attempt).where(Attempt.task_id == task_id).order_by(Attempt.n))
             ).scalars()
             return TaskBundle(task, list(nodes), list(edges), list(attempts))
+
+    async def resolve_task(self, ref: str) -> tuple[Task | None, list[Task]]:
+        """The task `ref` names: its id, its name (the newest task of that name) or a unique id
+        prefix of at least `MIN_PREFIX` characters; see `resolve_device`."""
+        async with self.sessions() as s:
+            row = await s.get(Task, ref)
+            if row is None:
+                q = select(Task).where(Task.name == ref).order_by(Task.created_at.desc(), Task.id.desc()).limit(1)
+                row = await s.scalar(q)
+            if row is not None:
+                return row, []
+            if len(ref) < MIN_PREFIX:
+                return None, []
+            q = select(Task).where(_id_prefix(Task.id, ref, "task")).order_by(Task.id).limit(MAX_CANDIDATES)
+            rows = list((await s.execute(q)).scalars().all())
+        return (rows[0], []) if len(rows) == 1 else (None, rows)
 
     async def find_task_by_idempotency_key(self, key: str) -> Task | None:
         async with self.sessions() as s:
@@ -426,6 +557,15 @@ def _write(conn: Connection, changes: ChangeSet) -> list[int]:
     events = _table(Event)
     result = conn.execute(events.insert().returning(events.c.id, sort_by_parameter_order=True), changes.events)
     return [int(r[0]) for r in result]
+
+
+def _id_prefix(column: Any, ref: str, kind: str) -> Any:
+    """Ids starting with `ref`, or with `ref` after the kind prefix (`task_`, `dev_`), which
+    users tend to leave out. LIKE wildcards in `ref` are taken literally."""
+    own = f"{kind}_"
+    if ref.startswith(own):
+        return column.startswith(ref, autoescape=True)
+    return or_(column.startswith(ref, autoescape=True), column.startswith(own + ref, autoescape=True))
 
 
 def _table(model: type[Base]) -> Table:

@@ -214,7 +214,7 @@ def test_drain_finishes_current_work_takes_none_and_shows_draining(lab: Lab) -> 
     assert lab.fleet.wait_task(running["id"])["state"] == "succeeded"
     assert lab.fleet.task(later["id"])["nodes"][0]["state"] == "ready"
     assert "later" not in lab.ran()
-    assert lab.fleet.device(a.device_id)["state"] == "draining"
+    assert lab.fleet.wait_device(a.device_id, "drained")["current_batch"] is None  # its last batch ended
     assert _action(lab.fleet, a.device_id, "uncordon")["state"] in ("idle", "busy")
     assert lab.fleet.wait_task(later["id"])["state"] == "succeeded"
 

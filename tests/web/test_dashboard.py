@@ -406,14 +406,14 @@ def test_the_devices_page_colours_each_state_and_shows_the_batch(web_fleet: Flee
         busy = page.wait_for_selector(device_row("beta", "busy"))
         batch = web_fleet.device(beta.device_id)["current_batch"]
         assert batch and busy.query_selector(f"[title='{batch}']") is not None
-        for name, state in (("alpha", "draining"), ("parked", "cordoned"), ("lab-phone", "enrolled")):
+        for name, state in (("alpha", "drained"), ("parked", "cordoned"), ("lab-phone", "enrolled")):
             page.wait_for_selector(device_row(name, state))
         assert page.inner_text(device_row("lab-phone", "enrolled") + " td:nth-child(7)") == "never"
         colours = page.eval_on_selector_all(
             "#devices-table tbody tr .pill", "ps => ps.map(p => [p.dataset.state, getComputedStyle(p).color])"
         )
         by_state = dict(colours)
-        assert {"busy", "draining", "cordoned", "enrolled"} <= set(by_state)
+        assert {"busy", "drained", "cordoned", "enrolled"} <= set(by_state)
         assert len(set(by_state.values())) == len(by_state)  # each state has its own colour
         page.wait_for_selector(".summary .chip.st-busy")
         shot(page, "devices-states", "dashboard-devices.png")

@@ -1,0 +1,96 @@
+"""The store: device names are unique among devices not revoked (the database enforces it),
+ids resolve by prefix and name, and device history stays bounded. Both backends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from orchestrator.store.migrate import upgrade
+from orchestrator.store.models import Device, DeviceHistory, Task
+from orchestrator.store.repo import ChangeSet, Store, WriteConflict
+
+AT = datetime(2026, 12, 15, 9, 0, tzinfo=UTC)
+
+
+def device(device_id: str, name: str, admin: str = "active") -> dict[str, object]:
+    return {"id": device_id, "name": name, "token_hash": f"h-{device_id}", "admin_state": admin, "created_at": AT}
+
+
+async def names_are_unique_among_devices_not_revoked(store: Store) -> None:
+    await store.add(Device, device("dev_aaaa1111", "cam"))
+    with pytest.raises(WriteConflict):
+        await store.add(Device, device("dev_aaaa2222", "cam"))
+    await store.update(Device, ("dev_aaaa1111",), admin_state="revoked")
+    await store.add(Device, device("dev_aaaa2222", "cam"))  # the name is free again
+    with pytest.raises(WriteConflict):
+        await store.add(Device, device("dev_bbbb3333", "cam"))
+    await store.update(Device, ("dev_aaaa2222",), admin_state="revoked")
+    await store.add(Device, device("dev_bbbb3333", "cam"))  # two revoked devices share the name
+    held = await store.find_device_by_name("cam")
+    assert held is not None and held.id == "dev_bbbb3333"
+
+
+async def ids_resolve_by_id_name_and_prefix(store: Store) -> None:
+    for n, i in enumerate(("dev_cafe0001", "dev_cafe0002", "dev_d00d0003")):
+        await store.add(Device, device(i, f"box{n}"))
+    assert (await store.resolve_device("box1"))[0].id == "dev_cafe0002"  # type: ignore[union-attr]
+    assert (await store.resolve_device("dev_d00d"))[0].id == "dev_d00d0003"  # type: ignore[union-attr]
+    assert (await store.resolve_device("d00d"))[0].id == "dev_d00d0003"  # type: ignore[union-attr]
+    row, candidates = await store.resolve_device("cafe")
+    assert row is None and sorted(c.id for c in candidates) == ["dev_cafe0001", "dev_cafe0002"]
+    assert await store.resolve_device("dev") == (None, [])  # too short to be a prefix
+    assert await store.resolve_device("c%fe") == (None, [])  # LIKE wildcards are literal
+    assert await store.resolve_device("dev_cafe_") == (None, [])
+    changes = ChangeSet()
+    for n, i in enumerate(("task_beef01", "task_beef02")):
+        changes.insert(Task, {"id": i, "name": "nightly", "state": "succeeded", "created_at": AT + timedelta(n)})
+    await store.write(changes)
+    assert (await store.resolve_task("nightly"))[0].id == "task_beef02"  # type: ignore[union-attr]
+    assert [t.id for t in (await store.resolve_task("beef"))[1]] == ["task_beef01", "task_beef02"]
+    assert (await store.resolve_task("task_beef01"))[0].id == "task_beef01"  # type: ignore[union-attr]
+
+
+async def history_is_pruned_to_the_newest(store: Store) -> None:
+    changes = ChangeSet()
+    for n in range(30):
+        for dev in ("dev_p1", "dev_p2"):
+            changes.insert(DeviceHistory, {"device_id": dev, "state": f"s{n}", "reason": "", "at": AT})
+    await store.write(changes)
+    assert await store.prune_device_history(["dev_p1"], 10) == 20
+    rows, nxt = await store.device_history("dev_p1", 100, None)
+    assert [r.state for r in rows] == [f"s{n}" for n in range(29, 19, -1)] and nxt is None
+    first, cursor = await store.device_history("dev_p2", 20, None)  # untouched; pages by cursor
+    assert cursor is not None
+    rest, end = await store.device_history("dev_p2", 20, cursor)
+    assert [r.state for r in first + rest] == [f"s{n}" for n in range(29, -1, -1)] and end is None
+
+
+CHECKS = [
+    names_are_unique_among_devices_not_revoked,
+    ids_resolve_by_id_name_and_prefix,
+    history_is_pruned_to_the_newest,
+]
+
+
+async def _run(url: str, check: Callable[[Store], Awaitable[None]]) -> None:
+    await asyncio.to_thread(upgrade, url)
+    store = Store(url)
+    try:
+        await check(store)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+async def test_on_sqlite(tmp_path: Path, check: Callable[[Store], Awaitable[None]]) -> None:
+    await _run(f"sqlite+aiosqlite:///{tmp_path / 'o.db'}", check)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+async def test_on_postgres(postgres_db: str, check: Callable[[Store], Awaitable[None]]) -> None:
+    await _run(postgres_db, check)
