@@ -179,6 +179,7 @@ class Case:
         logs are."""
         task = self.wait_ended(timeout)
         self.settle()
+        self.lost_devices |= self.declared_offline()
         verdict = judge(
             task,
             self.executions(),
@@ -191,6 +192,20 @@ class Case:
             raise AssertionError(f"{InvariantViolation(verdict)}{notes}{self.logs()}")
         print(f"verdict: {verdict.summary()}")  # shown with pytest -rP
         return verdict
+
+    def declared_offline(self) -> set[str]:
+        """The case's devices the server's durable device history shows going `offline` (e.g. an
+        agent on a loaded machine that took longer than the heartbeat timeout to come back): for
+        those, `device_lost` is the honest failure code."""
+        found = set()
+        with self.fleet.server.client() as c:
+            for agent in self.agents:
+                r = c.get(f"/v1/devices/{agent.device_id}/history", params={"limit": 500})
+                if r.status_code == 200 and any(h["state"] == "offline" for h in r.json()["items"]):
+                    found.add(agent.device_id)
+        for device_id in sorted(found - self.lost_devices):
+            self.notes.append(f"the server declared {device_id} offline during the case")
+        return found
 
     def logs(self) -> str:
         servers = getattr(self.fleet, "replicas", [self.fleet.server])
