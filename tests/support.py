@@ -46,6 +46,22 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_cli(
+    fleet: Fleet | None, *args: str, timeout: float = 60, cwd: Path = ROOT, columns: int = 160, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`orrery ARGS` as a user runs it, against `fleet`'s server with its admin key (if given)."""
+    base = {"ORRERY_URL": fleet.server.url, "ORRERY_API_KEY": fleet.server.api_key} if fleet else {}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        capture_output=True,
+        text=True,
+        env=child_env(**{"COLUMNS": str(columns), **base, **env}),
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+
+
 @dataclass
 class Server:
     data_dir: Path

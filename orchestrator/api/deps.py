@@ -58,20 +58,22 @@ def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
 
     async def _check(request: Request) -> Principal:
         comp = components(request)
-        client = request.client.host if request.client else "?"
-        if comp.auth_failures.exceeded(client):
-            raise ApiError(429, "rate_limited", "too many failed authentications from this address; wait a minute")
         token = bearer(request.headers.get("authorization"))
+        key = None
         if token is None:
-            comp.auth_failures.allow(client)
-            raise ApiError(401, "unauthorized", "send an API key as 'Authorization: Bearer <key>'")
-        if token.startswith(DEVICE_TOKEN_PREFIX + "_"):
-            comp.auth_failures.allow(client)
-            raise ApiError(401, "unauthorized", "a device token is not an API key; it only opens /v1/agent")
-        key = await comp.store.find_api_key(comp.hasher.digest(token))
+            refusal = "send an API key as 'Authorization: Bearer <key>'"
+        elif token.startswith(DEVICE_TOKEN_PREFIX + "_"):
+            refusal = "a device token is not an API key; it only opens /v1/agent"
+        else:
+            key = await comp.store.find_api_key(comp.hasher.digest(token))
+            refusal = "the API key is unknown or revoked"
         if key is None:
-            comp.auth_failures.allow(client)
-            raise ApiError(401, "unauthorized", "the API key is unknown or revoked")
+            # Only failures are throttled, per address: a valid key (unguessable) always gets in,
+            # so a client with a revoked key cannot lock out everyone behind the same address.
+            client = request.client.host if request.client else "?"
+            if not comp.auth_failures.allow(client):
+                raise ApiError(429, "rate_limited", "too many failed authentications from this address; wait a minute")
+            raise ApiError(401, "unauthorized", refusal)
         principal = Principal(key.id, Role(key.role))
         if not principal.role.allows(role):
             raise ApiError(403, "forbidden", f"this route needs the '{role.value}' role; the key has '{key.role}'")

@@ -7,20 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import ROOT, Fleet, child_env
+from tests.support import ROOT, Fleet, child_env, run_cli
 
 
 def orrery(fleet: Fleet, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = child_env(ORRERY_URL=fleet.server.url, ORRERY_API_KEY=fleet.server.api_key, COLUMNS="160")
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=timeout,
-        check=False,
-    )
+    return run_cli(fleet, *args, timeout=timeout)
 
 
 def test_enroll_list_submit_yaml_watch_and_show(shared_fleet: Fleet, tmp_path: Path) -> None:

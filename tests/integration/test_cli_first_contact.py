@@ -13,22 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Fleet, child_env, free_port
+from tests.support import ROOT, Fleet, child_env, free_port, run_cli
 
 
 def orrery(
     fleet: Fleet | None, *args: str, timeout: float = 60, cwd: Path = ROOT, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    base = {"ORRERY_URL": fleet.server.url, "ORRERY_API_KEY": fleet.server.api_key} if fleet else {}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        capture_output=True,
-        text=True,
-        env=child_env(**{"COLUMNS": "80", **base, **env}),
-        cwd=cwd,
-        timeout=timeout,
-        check=False,
-    )
+    return run_cli(fleet, *args, timeout=timeout, cwd=cwd, columns=80, **env)
 
 
 def assert_short_error(result: subprocess.CompletedProcess[str], *needles: str, code: int | None = None) -> None:
