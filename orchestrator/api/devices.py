@@ -30,7 +30,7 @@ from orchestrator.engine.times import utc
 from orchestrator.ids import new_id
 from orchestrator.security import device_token
 from orchestrator.store.models import Device, DeviceHistory
-from orchestrator.store.repo import BadCursor, ChangeSet, WriteConflict
+from orchestrator.store.repo import ChangeSet, WriteConflict
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"], responses={**COMMON, **problems(404, 409)})
 
@@ -131,10 +131,7 @@ async def history(
 ) -> Page:
     """Every change of the device's state (liveness and admin), newest first."""
     row = await find_device(comp.store, device_id)
-    try:
-        rows, nxt = await comp.store.device_history(row.id, limit, cursor)
-    except BadCursor as exc:
-        raise ApiError(400, "bad_request", str(exc)) from None
+    rows, nxt = await comp.store.device_history(row.id, limit, cursor)
     items = [DeviceHistoryItem(state=h.state, reason=h.reason, at=h.at) for h in rows]
     return Page(items=items, next_cursor=nxt)
 
@@ -149,10 +146,7 @@ async def attempts(
 ) -> Page:
     """The batches sent to the device, newest first."""
     row = await find_device(comp.store, device_id)
-    try:
-        rows, nxt = await comp.store.device_attempts(row.id, limit, cursor)
-    except BadCursor as exc:
-        raise ApiError(400, "bad_request", str(exc)) from None
+    rows, nxt = await comp.store.device_attempts(row.id, limit, cursor)
     items = [
         DeviceAttemptItem(
             task_id=a.task_id,

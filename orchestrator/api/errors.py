@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.cluster import ClusterUnavailable
 from orchestrator.domain.problems import DomainError
+from orchestrator.store.repo import BadCursor
 
 log = logging.getLogger("orrery.api")
 
@@ -113,6 +114,11 @@ def install(app: FastAPI) -> None:
         return problem_response(
             exc.status, exc.code, exc.problems[0].message, problems=[p.as_dict() for p in exc.problems]
         )
+
+    @app.exception_handler(BadCursor)
+    async def _bad_cursor(req: Request, exc: BadCursor) -> JSONResponse:
+        _count(req, "bad_request")  # every listing's `?cursor=` that the store cannot read
+        return problem_response(400, "bad_request", str(exc))
 
     @app.exception_handler(ClusterUnavailable)
     async def _cluster(req: Request, exc: ClusterUnavailable) -> JSONResponse:

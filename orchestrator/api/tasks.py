@@ -21,7 +21,6 @@ from orchestrator.domain.dag import Graph
 from orchestrator.domain.model import DagSpec, EdgeSpec, NodeSpec, NodeState, TaskState
 from orchestrator.domain.rerun import kept_nodes
 from orchestrator.engine.records import CancelTask
-from orchestrator.store.repo import BadCursor
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **problems(404, 409)})
 
@@ -73,10 +72,7 @@ async def list_tasks(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> Page:
-    try:
-        rows, nxt = await comp.store.list_tasks(state.value if state else None, limit, cursor)
-    except BadCursor as exc:
-        raise ApiError(400, "bad_request", str(exc)) from None
+    rows, nxt = await comp.store.list_tasks(state.value if state else None, limit, cursor)
     counts = await comp.store.task_node_counts([t.id for t in rows])
     return Page(items=[task_out(t, counts.get(t.id)) for t in rows], next_cursor=nxt)
 
