@@ -6,14 +6,12 @@ import contextlib
 import inspect
 import json
 import logging
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
@@ -23,6 +21,7 @@ from device_agent.cli import parse_labels
 from device_agent.logs import setup_logging
 from orchestrator.client import Client, ClientError
 from orchestrator.config import Settings
+from orchestrator.dagfile import DagFileError, load_dag_file
 
 app = typer.Typer(
     add_completion=False,
@@ -321,60 +320,6 @@ def devices_history(
 # ---------------------------------------------------------------- tasks
 
 
-class DagFileError(Exception):
-    """A DAG file that cannot be read or parsed; the message is one line, with file:line:column."""
-
-
-class DagLoader(yaml.SafeLoader):
-    """A safe loader where only `true`/`false` are booleans (as in YAML 1.2), so the edge key `on:`
-    and values such as `yes`, `no`, `on`, `off` stay strings."""
-
-
-DagLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-DagLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-
-def parse_dag_text(text: str, source: str, as_json: bool = False) -> Any:
-    """Parse JSON or YAML text; a syntax error becomes a DagFileError naming source:line:column."""
-    if as_json:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DagFileError(f"{source}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    try:
-        return yaml.load(text, Loader=DagLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = exc.problem or "not valid YAML"
-        context = f" ({exc.context})" if exc.context else ""
-        raise DagFileError(f"{where}: invalid YAML: {problem}{context}") from None
-    except yaml.YAMLError as exc:
-        raise DagFileError(f"{source}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-
-
-def load_dag_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DagFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DagFileError(f"{path}: is a directory, not a DAG file") from None
-    except UnicodeDecodeError:
-        raise DagFileError(f"{path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise DagFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    data = parse_dag_text(text, str(path), as_json=path.suffix.lower() == ".json")
-    if not isinstance(data, dict) or "nodes" not in data:
-        raise DagFileError(f"{path}: must hold an object with 'nodes' (and optionally 'edges', 'name')")
-    return data
-
-
 def _dag_body(file: Path, name: str | None) -> dict[str, Any]:
     try:
         data = load_dag_file(file)
@@ -604,10 +549,8 @@ def tools(
     Without DEVICE: every tool of the fleet and which devices have it."""
     from orchestrator.console import tool_rows, tools_view
 
-    with _api(server, api_key) as c:
-        devices = c.devices()
-        if device is not None:
-            devices = _pick_device(c, devices, device)
+    with _api(server, api_key) as c:  # the server resolves an id, a unique id prefix or a name
+        devices = c.devices() if device is None else [c.device(device)]
     rows = tool_rows(devices)
     if json_out:
         _print_json(
@@ -621,21 +564,6 @@ def tools(
         console.print("no tools: " + ("this device has not reported any" if device else "no device has reported any"))
     else:
         console.print(tools_view(rows, per_device=device is not None))
-
-
-def _pick_device(c: Client, devices: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
-    """The one device `ref` names: exact id or name, else a unique id prefix, else the server's answer."""
-    exact = [d for d in devices if ref in (d["id"], d["name"]) and d["state"] != "revoked"]
-    exact = exact or [d for d in devices if d["id"] == ref]
-    if exact:
-        return exact[:1]
-    prefixed = [d for d in devices if d["id"].startswith(ref)]
-    if len(prefixed) == 1:
-        return prefixed
-    if len(prefixed) > 1:
-        listing = ", ".join(f"{d['id']} ({d['name']})" for d in prefixed)
-        _fail(f"ambiguous_id: {ref!r} matches several devices: {listing}")
-    return [c.device(ref)]
 
 
 # ---------------------------------------------------------------- api keys

@@ -179,7 +179,7 @@ def test_a_dag_example_is_accepted_and_runs_to_success(block: Block, docs_fleet:
 
 def test_the_readme_dag_reads_on_as_an_edge_condition(tmp_path: Path) -> None:
     """The YAML reading the CLI must do: `on:` unquoted is the key "on", not the boolean True."""
-    from orchestrator.cli import load_dag_file
+    from orchestrator.dagfile import load_dag_file
 
     (block,) = [b for b in dag_examples() if b.file_name == "dag.yaml"]
     path = tmp_path / "dag.yaml"

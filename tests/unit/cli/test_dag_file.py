@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.api.schemas import TaskCreate
-from orchestrator.cli import DagFileError, load_dag_file, parse_dag_text
+from orchestrator.dagfile import DagFileError, load_dag_file, parse_dag_text
 from tests.support import ROOT
 
 # The README's example DAG (README.md, "A task"), verbatim as it stood when issue 13 was filed.
