@@ -9,6 +9,23 @@ export const TASK_STATES = ["planning", "running", "succeeded", "failed", "cance
 export const TERMINAL_TASK = new Set(["succeeded", "failed", "cancelled"]);
 export const TERMINAL_NODE = new Set(["succeeded", "failed", "skipped", "cancelled"]);
 
+// What an operator can ask of a device (devices list and device page).
+export const DEVICE_ACTIONS = [
+  { verb: "drain", label: "Drain", hint: "Finish the current batch, then take no new work" },
+  { verb: "cordon", label: "Cordon", hint: "Take no new work" },
+  { verb: "uncordon", label: "Uncordon", hint: "Back to service" },
+];
+
+// True when asking `verb` of a device in `state` would change nothing (its button is disabled).
+export function actionIsMoot(state, verb) {
+  return (
+    state === "revoked" ||
+    (verb === "drain" && (state === "draining" || state === "drained")) ||
+    (verb === "cordon" && state === "cordoned") ||
+    (verb === "uncordon" && (state === "idle" || state === "busy"))
+  );
+}
+
 /** <time> that keeps saying "3 s ago" (updated by the ticker). */
 export function timeAgo(value) {
   if (!value) return h("span", { class: "muted" }, "never");

@@ -7,15 +7,10 @@
 import { api } from "../api.js";
 import { h, icon, pill, replace } from "../dom.js";
 import { duration, labelList, pretty, shortId, span } from "../format.js";
-import { emptyState, flash, loading, timeAgo, timeAt, timeRange } from "../ui.js";
+import { DEVICE_ACTIONS as ACTIONS, actionIsMoot, emptyState, flash, loading, timeAgo, timeAt, timeRange } from "../ui.js";
 
 const POLL_MS = 3000;
 const LIST_LIMIT = 25;
-const ACTIONS = [
-  { verb: "drain", label: "Drain", hint: "Finish the current batch, then take no new work" },
-  { verb: "cordon", label: "Cordon", hint: "Take no new work" },
-  { verb: "uncordon", label: "Uncordon", hint: "Back to service" },
-];
 
 export function mountDevice(root, deviceId) {
   const base = `/v1/devices/${encodeURIComponent(deviceId)}`;
@@ -128,10 +123,7 @@ export function mountDevice(root, deviceId) {
     const state = d.state;
     const disabled =
       acting ||
-      state === "revoked" ||
-      (action.verb === "drain" && (state === "draining" || state === "drained")) ||
-      (action.verb === "cordon" && state === "cordoned") ||
-      (action.verb === "uncordon" && (state === "idle" || state === "busy"));
+      actionIsMoot(state, action.verb);
     return h(
       "button",
       { class: "button small", type: "button", title: action.hint, disabled, dataset: { action: action.verb }, onclick: () => act(action) },

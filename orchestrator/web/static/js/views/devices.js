@@ -6,16 +6,11 @@
 import { api } from "../api.js";
 import { h, pill, replace } from "../dom.js";
 import { labelList, serverNow } from "../format.js";
-import { emptyState, flash, loading, timeAgo } from "../ui.js";
+import { DEVICE_ACTIONS as ACTIONS, actionIsMoot, emptyState, flash, loading, timeAgo } from "../ui.js";
 import { currentBatch } from "./device.js";
 
 const POLL_MS = 2000;
 const STATES = ["idle", "busy", "suspect", "offline", "draining", "drained", "cordoned", "enrolled", "revoked"];
-const ACTIONS = [
-  { verb: "drain", label: "Drain", hint: "Finish the current batch, then take no new work" },
-  { verb: "cordon", label: "Cordon", hint: "Take no new work" },
-  { verb: "uncordon", label: "Uncordon", hint: "Back to service" },
-];
 
 export function mountDevices(root) {
   const summary = h("div", { class: "summary chips" });
@@ -171,10 +166,7 @@ export function mountDevices(root) {
     // The API shows one combined state: we only know the admin state for active devices.
     const disabled =
       busy.has(d.id) ||
-      state === "revoked" ||
-      (action.verb === "drain" && (state === "draining" || state === "drained")) ||
-      (action.verb === "cordon" && state === "cordoned") ||
-      (action.verb === "uncordon" && (state === "idle" || state === "busy"));
+      actionIsMoot(state, action.verb);
     return h(
       "button",
       {
