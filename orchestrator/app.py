@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -74,7 +75,7 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
         comp: Components = ws.app.state.components
         await comp.gateway.serve(ws)
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestId)
     return app
 
@@ -224,40 +225,78 @@ class RequestId:
 
 
 class BodyLimit:
-    """Refuse request bodies over `max_bytes` with 413, whether or not Content-Length is sent."""
+    """Read each request body before the app sees it, counting as it comes: over `max_bytes` is
+    413 `payload_too_large` (a Content-Length over the limit before any of it is read, a chunked
+    body as soon as it passes the limit), and a body not all there within `timeout_s` is 408
+    `request_timeout`. Both answers close the connection, so the rest of the body is never read.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    Counting inside the app instead (wrapping `receive`) is not enough: FastAPI turns any error
+    raised while it reads a body into 400 "error parsing the body"."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is None and b"transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body
             return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
-
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send, 413)
+            return
         try:
-            await self.app(scope, limited, send)
+            async with asyncio.timeout(self.timeout_s):
+                body = await self._read(receive)
         except _TooLarge:
-            await self._refuse(scope, receive, send)
+            await self._refuse(scope, receive, send, 413)
+            return
+        except TimeoutError:
+            await self._refuse(scope, receive, send, 408)
+            return
+        if body is None:
+            return  # the client went away; there is no one to answer
+        replayed = False
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = problem_response(
-            413, "payload_too_large", f"the request body is over the limit of {self.max_bytes} bytes"
-        )
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # http.disconnect, when it comes
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        parts: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            part = message.get("body", b"")
+            seen += len(part)
+            if seen > self.max_bytes:
+                raise _TooLarge
+            parts.append(part)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int) -> None:
+        if status == 413:
+            response = problem_response(
+                413, "payload_too_large", f"the request body is over the limit of {self.max_bytes} bytes"
+            )
+        else:
+            response = problem_response(
+                408, "request_timeout", f"the request body did not arrive within {self.timeout_s:g} s"
+            )
+        response.headers["connection"] = "close"
         await response(scope, receive, send)
 
 

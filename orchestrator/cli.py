@@ -145,6 +145,7 @@ def serve(**options: Any) -> None:
     import uvicorn
 
     from orchestrator.app import create_app
+    from orchestrator.server import server_options
 
     no_migrate = bool(options.pop("no_migrate", False))
     try:
@@ -169,6 +170,7 @@ def serve(**options: Any) -> None:
         ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
         ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
         timeout_graceful_shutdown=5,
+        **server_options(settings),
     )
 
 

@@ -36,6 +36,23 @@ class Settings(BaseSettings):
     max_argument_bytes: int = Field(default=64 * 1024, ge=64)
     handshakes_per_minute: int = Field(default=120, ge=1)
     auth_failures_per_minute: int = Field(default=30, ge=1)
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="a request head must arrive within this (else 408 and the connection closes)"
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="a request body must arrive within this (else 408 request_timeout)"
+    )
+    keepalive_timeout_s: float = Field(
+        default=5.0, gt=0, description="an idle kept-alive connection is closed after this"
+    )
+    max_connections: int = Field(
+        default=20_000,
+        ge=1,
+        description="open connections and requests (device sockets too) before new requests get 503",
+    )
+    max_header_bytes: int = Field(
+        default=16 * 1024, ge=1024, description="largest request head (request line and headers; else 400)"
+    )
 
     llm_base_url: str | None = None
     llm_api_key: str | None = None
