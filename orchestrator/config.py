@@ -51,7 +51,7 @@ class Settings(BaseSettings):
         description="open connections and requests (device sockets too) before new requests get 503",
     )
     max_header_bytes: int = Field(
-        default=16 * 1024, ge=1024, description="largest request head (request line and headers; else 400)"
+        default=16 * 1024, ge=1024, description="largest request head (request line and headers; else 431)"
     )
 
     llm_base_url: str | None = None
