@@ -31,6 +31,7 @@ _TITLES = {
     415: "Unsupported media type",
     422: "Unprocessable request",
     429: "Too many requests",
+    431: "Request header fields too large",
     500: "Internal error",
     503: "Service unavailable",
 }

@@ -284,7 +284,9 @@ def test_a_head_over_the_size_limit_is_refused_even_in_one_piece(raw: Any) -> No
     head sent in one write was accepted."""
     conn = raw()
     conn.send(conn.head("GET", "/healthz", "X-Big: " + "b" * MAX_HEAD))
-    assert problem(*conn.response()) == (431, "headers_too_large")
+    status, headers, body = conn.response()
+    assert problem(status, headers, body) == (431, "headers_too_large")
+    assert json.loads(body)["title"] == "Request header fields too large"
     assert conn.closed_within(SLACK)
     dribbled = raw()
     dribbled.send(dribbled.head("GET", "/healthz", "X-Big: " + "b" * MAX_HEAD)[: MAX_HEAD + 100])
