@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.cluster import ClusterUnavailable
@@ -47,6 +48,9 @@ _HTTP_CODES = {
     429: "rate_limited",
     503: "unavailable",
 }
+
+
+_UNSTORABLE_TEXT = {"22021", "22P05"}  # Postgres SQLSTATEs for text it cannot store
 
 
 class ApiError(Exception):
@@ -141,6 +145,21 @@ def install(app: FastAPI) -> None:
         ]
         detail = str(problems[0]["message"]) if problems else "the request is not valid"
         return problem_response(422, "validation_error", detail, problems=problems)
+
+    @app.exception_handler(DBAPIError)
+    async def _unstorable(req: Request, exc: DBAPIError) -> JSONResponse:
+        # The last resort behind the edge checks (schemas.NO_NUL, lookup.check_ref): Postgres
+        # refusing a character it cannot store (22021 character_not_in_repertoire, 22P05
+        # untranslatable_character: a NUL) is the client's text, so 422 and no stack trace.
+        if getattr(exc.orig, "sqlstate", None) not in _UNSTORABLE_TEXT:
+            raise exc  # any other database failure stays a logged 500 (the handler below)
+        _count(req, "validation_error")
+        log.warning(
+            "refused %s %s: the database cannot store a character of it (%s)", req.method, req.url.path, exc.orig
+        )
+        return problem_response(
+            422, "validation_error", "the request holds a character that cannot be stored (a NUL, U+0000); remove it"
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
