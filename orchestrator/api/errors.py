@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from orchestrator.cluster import ClusterUnavailable
 from orchestrator.domain.problems import DomainError
@@ -86,13 +87,35 @@ class Problem(BaseModel):
     problems: list[dict[str, Any]] | None = None
 
 
-def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` entries for the problem+json errors a route may answer with."""
+def problems(*statuses: int, **described: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the problem+json errors a route may answer with; a
+    `described` entry (`s422="..."`) says what that status means on this route."""
     schema = Problem.model_json_schema()
-    return {s: {"description": _TITLES.get(s, "Error"), "content": {PROBLEM: {"schema": schema}}} for s in statuses}
+    wanted = {*statuses, *(int(k.removeprefix("s")) for k in described)}
+    return {
+        s: {
+            "description": described.get(f"s{s}", _DESCRIPTIONS.get(s, _TITLES.get(s, "Error"))),
+            "content": {PROBLEM: {"schema": schema}},
+        }
+        for s in sorted(wanted)
+    }
 
+
+# What each status means on every route (a route's own `responses=` may say more).
+_DESCRIPTIONS = {
+    400: "`bad_request`: a malformed request (e.g. a list `cursor` this server did not issue)",
+    401: "`unauthorized`: no API key, or an unknown or revoked one (`WWW-Authenticate: Bearer`)",
+    403: "`forbidden`: the key's role may not do this",
+    404: "`not_found`: nothing with that id, id prefix or name",
+    409: "`conflict` (the resource's state does not allow it) or `ambiguous_id` (with `candidates`)",
+    413: "`payload_too_large`: the request body is over the server's limit",
+    422: "`validation_error`: the body, a parameter or a header is not valid (`problems` lists each, with `loc`)",
+    429: "`rate_limited`: too many failed authentications from this address; wait a minute",
+    503: "`cluster_unavailable` (with `Retry-After`): no engine answered within the deadline",
+}
 
 COMMON = problems(400, 401, 403, 413, 422, 429, 503)
+LISTING = problems(s400="`bad_request`: the `cursor` is not one this server issued; start again without it")
 
 
 def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
@@ -166,7 +189,9 @@ def install(app: FastAPI) -> None:
         code = _HTTP_CODES.get(exc.status_code, "error")
         _count(req, code)
         response = problem_response(exc.status_code, code, str(exc.detail))
-        response.headers.update(exc.headers or {})  # e.g. Allow on a 405 (RFC 9110)
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405 and (allowed := _allowed_methods(req)):
+            response.headers["Allow"] = ", ".join(sorted(allowed))  # RFC 9110: every method of the path
         return response
 
     @app.exception_handler(Exception)
@@ -174,3 +199,18 @@ def install(app: FastAPI) -> None:
         _count(req, "internal_error")
         log.exception("unhandled error on %s %s", req.method, req.url.path)
         return problem_response(500, "internal_error", "the server failed to handle this request; see its log")
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(req: Request) -> set[str]:
+    """The methods some route of the app takes at this request's path (Starlette's own 405 names
+    only the first route that matches the path, e.g. `GET` for `/v1/devices/{id}` without `PATCH`
+    and `DELETE`). Asks each route whose path matches (`BaseRoute.matches`, nested routers too)."""
+    allowed: set[str] = set()
+    for route in req.app.router.routes:
+        if route.matches(req.scope)[0] is not Match.PARTIAL:
+            continue  # another path, or a mount that answers every method itself
+        allowed |= {m for m in _METHODS if route.matches({**req.scope, "method": m})[0] is Match.FULL}
+    return allowed

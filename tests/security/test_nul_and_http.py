@@ -167,3 +167,66 @@ def test_postgres_refusing_a_character_is_a_422_problem_not_a_500(postgres_db: s
         await engine.dispose()
 
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------- 405 and the OpenAPI document
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with Fleet(tmp_path_factory.mktemp("http")) as f:
+        yield f
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/v1/tasks", "GET, POST"),
+        ("DELETE", "/v1/tasks", "GET, POST"),
+        ("PUT", "/v1/devices/some-device", "DELETE, GET, PATCH"),
+        ("POST", "/v1/devices/some-device", "DELETE, GET, PATCH"),
+        ("GET", "/v1/devices/some-device/drain", "POST"),
+        ("PATCH", "/v1/api-keys/me", "DELETE, GET"),
+        ("POST", "/healthz", "GET"),
+        ("DELETE", "/v1/tasks/some-task/events", "GET"),
+    ],
+)
+def test_a_405_names_every_method_the_path_takes(plain: Fleet, method: str, path: str, allow: str) -> None:
+    with plain.server.client() as c:
+        r = c.request(method, path)
+        _problem(r, 405, "method_not_allowed")
+        assert r.headers["allow"] == allow
+
+
+def test_the_openapi_document_describes_the_event_stream_and_the_documented_problems(plain: Fleet) -> None:
+    with plain.server.client() as c:
+        doc = c.get("/openapi.json").json()
+    paths = doc["paths"]
+    stream = paths["/v1/tasks/{task_id}/events"]["get"]["responses"]
+    assert list(stream["200"]["content"]) == ["text/event-stream"]
+    for word in ("id:", "event:", "data:", "task.state", "node.state", "node.attempt", "dag.edited", "Last-Event-ID"):
+        assert word in stream["200"]["description"], word
+    assert stream["200"]["content"]["text/event-stream"]["example"].startswith("id: ")
+
+    def problem(path: str, method: str, status: str) -> str:
+        answer = paths[path][method]["responses"][status]
+        assert list(answer["content"]) == ["application/problem+json"], (path, method, status)
+        assert set(answer["content"]["application/problem+json"]["schema"]["required"]) >= {"code", "status", "detail"}
+        description: str = answer["description"]
+        return description
+
+    for path in ("/v1/tasks", "/v1/devices/{device_id}/history", "/v1/devices/{device_id}/attempts"):
+        assert "cursor" in problem(path, "get", "400")
+    assert "Last-Event-ID" in problem("/v1/tasks/{task_id}/events", "get", "400")
+    submit = problem("/v1/tasks", "post", "422")
+    for code in ("planner_unavailable", "invalid_arguments", "validation_error", "no_capable_device"):
+        assert code in submit
+    assert "Idempotency-Key" in problem("/v1/tasks", "post", "409")
+    for path, ops in paths.items():
+        for method in ops:
+            if path.startswith("/v1/"):
+                for status in ("401", "403", "413", "429"):
+                    assert problem(path, method, status).startswith("`"), (path, method, status)
+    # A NUL is refused, and the schema says so (schemathesis sends it as a negative case).
+    submit_body = doc["components"]["schemas"]["TaskCreate"]["properties"]
+    assert submit_body["request"]["pattern"] == "^[^\\u0000]*$"
