@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from orchestrator.api.deps import Admin, Comp, Operator, Viewer
-from orchestrator.api.errors import COMMON, ApiError, problems
+from orchestrator.api.errors import COMMON, LISTING, ApiError, problems
 from orchestrator.api.lookup import find_device
 from orchestrator.api.render import device_out
 from orchestrator.api.schemas import (
@@ -42,7 +42,12 @@ _ADMIN_REASONS = {
 }
 
 
-@router.post("", status_code=201, response_model=DeviceEnrolled)
+@router.post(
+    "",
+    status_code=201,
+    response_model=DeviceEnrolled,
+    responses=problems(s409="`conflict`: a device of that name is enrolled (revoke it first to reuse the name)"),
+)
 async def enroll(body: DeviceEnroll, comp: Comp, _p: Admin) -> DeviceEnrolled:
     taken = f"a device named '{body.name}' is already enrolled (revoke it first to reuse the name)"
     if await comp.store.find_device_by_name(body.name) is not None:
@@ -121,7 +126,7 @@ async def rotate_token(device_id: str, comp: Comp, _p: Admin) -> DeviceEnrolled:
     return DeviceEnrolled(id=row.id, name=row.name, token=token)
 
 
-@router.get("/{device_id}/history", response_model=Page)
+@router.get("/{device_id}/history", response_model=Page, responses=LISTING)
 async def history(
     device_id: str,
     comp: Comp,
@@ -136,7 +141,7 @@ async def history(
     return Page(items=items, next_cursor=nxt)
 
 
-@router.get("/{device_id}/attempts", response_model=Page)
+@router.get("/{device_id}/attempts", response_model=Page, responses=LISTING)
 async def attempts(
     device_id: str,
     comp: Comp,

@@ -9,7 +9,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from orchestrator.cluster import ClusterUnavailable
 from orchestrator.domain.problems import DomainError
@@ -51,6 +53,9 @@ _HTTP_CODES = {
 }
 
 
+_UNSTORABLE_TEXT = {"22021", "22P05"}  # Postgres SQLSTATEs for text it cannot store
+
+
 class ApiError(Exception):
     """An error with a stable `code`, raised anywhere in the API layer."""
 
@@ -84,13 +89,35 @@ class Problem(BaseModel):
     problems: list[dict[str, Any]] | None = None
 
 
-def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` entries for the problem+json errors a route may answer with."""
+def problems(*statuses: int, **described: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the problem+json errors a route may answer with; a
+    `described` entry (`s422="..."`) says what that status means on this route."""
     schema = Problem.model_json_schema()
-    return {s: {"description": _TITLES.get(s, "Error"), "content": {PROBLEM: {"schema": schema}}} for s in statuses}
+    wanted = {*statuses, *(int(k.removeprefix("s")) for k in described)}
+    return {
+        s: {
+            "description": described.get(f"s{s}", _DESCRIPTIONS.get(s, _TITLES.get(s, "Error"))),
+            "content": {PROBLEM: {"schema": schema}},
+        }
+        for s in sorted(wanted)
+    }
 
+
+# What each status means on every route (a route's own `responses=` may say more).
+_DESCRIPTIONS = {
+    400: "`bad_request`: a malformed request (e.g. a list `cursor` this server did not issue)",
+    401: "`unauthorized`: no API key, or an unknown or revoked one (`WWW-Authenticate: Bearer`)",
+    403: "`forbidden`: the key's role may not do this",
+    404: "`not_found`: nothing with that id, id prefix or name",
+    409: "`conflict` (the resource's state does not allow it) or `ambiguous_id` (with `candidates`)",
+    413: "`payload_too_large`: the request body is over the server's limit",
+    422: "`validation_error`: the body, a parameter or a header is not valid (`problems` lists each, with `loc`)",
+    429: "`rate_limited`: too many failed authentications from this address; wait a minute",
+    503: "`cluster_unavailable` (with `Retry-After`): no engine answered within the deadline",
+}
 
 COMMON = problems(400, 401, 403, 413, 422, 429, 503)
+LISTING = problems(s400="`bad_request`: the `cursor` is not one this server issued; start again without it")
 
 
 def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
@@ -144,12 +171,29 @@ def install(app: FastAPI) -> None:
         detail = str(problems[0]["message"]) if problems else "the request is not valid"
         return problem_response(422, "validation_error", detail, problems=problems)
 
+    @app.exception_handler(DBAPIError)
+    async def _unstorable(req: Request, exc: DBAPIError) -> JSONResponse:
+        # The last resort behind the edge checks (schemas.NO_NUL, lookup.check_ref): Postgres
+        # refusing a character it cannot store (22021 character_not_in_repertoire, 22P05
+        # untranslatable_character: a NUL) is the client's text, so 422 and no stack trace.
+        if getattr(exc.orig, "sqlstate", None) not in _UNSTORABLE_TEXT:
+            raise exc  # any other database failure stays a logged 500 (the handler below)
+        _count(req, "validation_error")
+        log.warning(
+            "refused %s %s: the database cannot store a character of it (%s)", req.method, req.url.path, exc.orig
+        )
+        return problem_response(
+            422, "validation_error", "the request holds a character that cannot be stored (a NUL, U+0000); remove it"
+        )
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
         _count(req, code)
         response = problem_response(exc.status_code, code, str(exc.detail))
-        response.headers.update(exc.headers or {})  # e.g. Allow on a 405 (RFC 9110)
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405 and (allowed := _allowed_methods(req)):
+            response.headers["Allow"] = ", ".join(sorted(allowed))  # RFC 9110: every method of the path
         return response
 
     @app.exception_handler(Exception)
@@ -157,3 +201,18 @@ def install(app: FastAPI) -> None:
         _count(req, "internal_error")
         log.exception("unhandled error on %s %s", req.method, req.url.path)
         return problem_response(500, "internal_error", "the server failed to handle this request; see its log")
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(req: Request) -> set[str]:
+    """The methods some route of the app takes at this request's path (Starlette's own 405 names
+    only the first route that matches the path, e.g. `GET` for `/v1/devices/{id}` without `PATCH`
+    and `DELETE`). Asks each route whose path matches (`BaseRoute.matches`, nested routers too)."""
+    allowed: set[str] = set()
+    for route in req.app.router.routes:
+        if route.matches(req.scope)[0] is not Match.PARTIAL:
+            continue  # another path, or a mount that answers every method itself
+        allowed |= {m for m in _METHODS if route.matches({**req.scope, "method": m})[0] is Match.FULL}
+    return allowed

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 
 from orchestrator.api.deps import Admin, Comp, Viewer
 from orchestrator.api.errors import COMMON, ApiError, problems
+from orchestrator.api.lookup import check_ref
 from orchestrator.api.schemas import ApiKeyCreate, ApiKeyCreated
 from orchestrator.engine.times import utc
 from orchestrator.ids import new_id, new_secret
@@ -46,6 +47,7 @@ async def whoami(principal: Viewer) -> dict[str, Any]:
 async def revoke(key_id: str, comp: Comp, principal: Admin) -> dict[str, Any]:
     if key_id == principal.key_id:
         raise ApiError(409, "conflict", "an admin key cannot revoke itself; use another admin key")
+    check_ref("API key", key_id)
     if not await comp.store.revoke_api_key(key_id, utc(time.time())):
         raise ApiError(404, "not_found", f"no active API key '{key_id}'")
     return {"id": key_id, "revoked": True}

@@ -12,6 +12,7 @@ from orchestrator.store.repo import MIN_PREFIX, Store
 async def find_task(store: Store, ref: str) -> Task:
     """The task `ref` names: its id, a unique id prefix (at least 4 characters) or its name
     (the newest task of that name). 409 `ambiguous_id` names the candidates; 404 `not_found`."""
+    check_ref("task", ref)
     row, candidates = await store.resolve_task(ref)
     if row is not None:
         return row
@@ -22,11 +23,20 @@ async def find_task(store: Store, ref: str) -> Task:
 async def find_device(store: Store, ref: str) -> Device:
     """The device `ref` names: its id, a unique id prefix (at least 4 characters) or its name
     (the device of that name that is not revoked); errors as `find_task`."""
+    check_ref("device", ref)
     row, candidates = await store.resolve_device(ref)
     if row is not None:
         return row
     _refuse("device", ref, [{"id": d.id, "name": d.name} for d in candidates])
     raise AssertionError  # unreachable
+
+
+def check_ref(kind: str, ref: str) -> None:
+    """404 for a reference no id or name can be: one with a NUL (a path's "%00"). It never
+    reaches the store (Postgres cannot even compare such a string; SQLite answers the same)."""
+    if "\x00" in ref:
+        shown = ref.replace("\x00", "\\u0000")
+        raise ApiError(404, "not_found", f"no {kind} '{shown}' (no id or name contains a NUL character)")
 
 
 def _refuse(kind: str, ref: str, candidates: list[dict[str, Any]]) -> None:

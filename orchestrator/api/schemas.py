@@ -5,9 +5,52 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 from orchestrator.domain.model import DagSpec, Role
+
+# No text the API accepts contains U+0000: Postgres cannot store it in a text column (the driver
+# fails, the request would end in a 500) and the device refuses it in arguments. Refused at the
+# edge with the field named, the same on SQLite and Postgres; the schema says so too.
+NO_NUL_PATTERN = "^[^\\u0000]*$"  # JSON Schema (ECMA-262) spelling: no U+0000 anywhere
+NUL_MESSAGE = "must not contain a NUL character (U+0000)"
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError(NUL_MESSAGE)
+    return value
+
+
+class _NoNul:
+    """`Annotated[str, Field(<limits>), NO_NUL]`: refuses U+0000 (after the limits, so their
+    messages stay) and adds `pattern: NO_NUL_PATTERN` to the JSON schema."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(_no_nul, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        out = handler(schema)
+        out.setdefault("pattern", NO_NUL_PATTERN)
+        return out
+
+
+NO_NUL = _NoNul()
+Text = Annotated[str, NO_NUL]  # a string without NUL, no other limit
+TextKey = Annotated[str, AfterValidator(_no_nul)]  # the same for a dict's keys (schema: any key)
 
 
 class _In(BaseModel):
@@ -21,13 +64,14 @@ class TaskCreate(_In):
         json_schema_extra={"oneOf": [{"required": ["request"]}, {"required": ["dag"]}]},
     )
 
-    name: str | None = Field(default=None, max_length=200)
-    request: Annotated[str | None, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 20_000})] = Field(
-        default=None, min_length=1, max_length=20_000
-    )
+    name: Annotated[str, Field(max_length=200), NO_NUL] | None = None
+    request: Annotated[
+        Annotated[str, Field(min_length=1, max_length=20_000), NO_NUL] | None,
+        WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 20_000, "pattern": NO_NUL_PATTERN}),
+    ] = None
     dag: DagSpec | None = None
     priority: int = Field(default=0, ge=-1000, le=1000)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[TextKey, Text] = Field(default_factory=dict)
     replan: bool = False
 
     @model_validator(mode="after")
@@ -39,7 +83,7 @@ class TaskCreate(_In):
 
 # Device labels (enrollment and PATCH): keys a placement can name, values of bounded size.
 LabelKey = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]*$")]
-LabelValue = Annotated[str, Field(max_length=200)]
+LabelValue = Annotated[str, Field(max_length=200), NO_NUL]
 MAX_LABELS = 64
 
 
@@ -55,10 +99,8 @@ class DevicePatch(_In):
 
 
 class TaskRerun(_In):
-    from_node: str | None = Field(
+    from_node: Annotated[str, Field(min_length=1, max_length=64), NO_NUL] | None = Field(
         default=None,
-        min_length=1,
-        max_length=64,
         description="run this node and everything downstream of it again; the other nodes keep their outcome",
     )
 
@@ -71,7 +113,7 @@ class DeviceEnrolled(BaseModel):
 
 class ApiKeyCreate(_In):
     role: Role
-    name: str = Field(default="", max_length=200)
+    name: Annotated[str, Field(max_length=200), NO_NUL] = ""
 
 
 class ApiKeyCreated(BaseModel):

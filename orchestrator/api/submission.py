@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,7 @@ from orchestrator.api.schemas import TaskCreate
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec, NodeKind, NodeState, TaskState
-from orchestrator.domain.problems import DomainError
+from orchestrator.domain.problems import DomainError, Problem
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine import validation
 from orchestrator.engine.records import TaskCreated
@@ -60,6 +61,8 @@ async def create_task(
     Returns its id and, when it was created now, the stored rows (so the caller can answer from
     them without reading the task back). A `warnings` list given is filled with what the answer
     should warn about (also for the task an earlier request with the same key created)."""
+    if body.dag is not None and (refused := nul_problems(body.dag)):
+        raise DomainError(refused)  # before anything is looked up or stored
     digest = body_hash(body)
     if idempotency_key:
         existing = await store.find_task_by_idempotency_key(idempotency_key)
@@ -138,6 +141,8 @@ async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: Task
     if spec is None:
         problems = [] if llm else [_no_llm("this server has no LLM configured; submit an explicit 'dag'")]
         return {"valid": not problems, "problems": problems, "warnings": [], "nodes": []}
+    if refused := nul_problems(spec):
+        return {"valid": False, "problems": [p.as_dict() for p in refused], "warnings": [], "nodes": []}
     devices = await cluster.devices()
     policies = {row.id: (row.info or {}).get("policy") for row in await store.list_devices()}
     answer = validation.dry_run(spec, devices, settings.dag_limits, policies)
@@ -145,6 +150,55 @@ async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: Task
         answer["problems"].insert(0, _no_llm("agent nodes need an LLM and this server has none configured"))
         answer["valid"] = False
     return answer
+
+
+MAX_NUL_PROBLEMS = 20
+
+
+def nul_problems(spec: DagSpec) -> list[Problem]:
+    """Every string of the DAG (keys too) with a NUL character: in a command's arguments it is
+    `invalid_arguments` with the argument's `field` (the device refuses NUL in arguments too),
+    anywhere else `validation_error` with the field's path. Postgres cannot store such text."""
+    problems: list[Problem] = []
+    data = spec.model_dump(mode="json", by_alias=True)
+    for path in _nul_paths(data, []):
+        if len(problems) >= MAX_NUL_PROBLEMS:
+            break
+        if len(path) > 5 and path[0] == "nodes" and path[2] == "commands" and path[4] == "arguments":
+            node = data["nodes"][int(path[1])]
+            index, tool, where = int(path[3]), node["commands"][int(path[3])]["tool"], _dotted(path[5:])
+            problems.append(
+                Problem(
+                    "invalid_arguments",
+                    f"node '{node['id']}' command {index} ({tool}): argument '{where}' contains a NUL character "
+                    "(U+0000), which no tool accepts",
+                    {"node": node["id"], "node_id": node["id"], "command": index, "tool": tool, "field": where},
+                )
+            )
+        else:
+            where = _dotted(["dag", *path])
+            extra: dict[str, Any] = {"field": where}
+            if path[0] == "nodes" and len(path) > 1:
+                extra["node_id"] = data["nodes"][int(path[1])]["id"]
+            problems.append(Problem("validation_error", f"'{where}' contains a NUL character (U+0000)", extra))
+    return problems
+
+
+def _nul_paths(value: Any, path: list[str]) -> Iterator[list[str]]:
+    if isinstance(value, str):
+        if "\x00" in value:
+            yield path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _nul_paths(key, [*path, str(key)])
+            yield from _nul_paths(item, [*path, str(key)])
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            yield from _nul_paths(item, [*path, str(n)])
+
+
+def _dotted(path: list[str]) -> str:
+    return ".".join(path).replace("\x00", "\\u0000")
 
 
 def _no_llm(message: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from orchestrator.api.deps import Comp, Operator, Viewer
-from orchestrator.api.errors import COMMON, ApiError, problems
+from orchestrator.api.errors import COMMON, LISTING, ApiError, problems
 from orchestrator.api.lookup import find_task
 from orchestrator.api.render import task_detail, task_out
 from orchestrator.api.schemas import DryRunOut, Page, TaskCreate, TaskOut, TaskRerun, WarningOut
@@ -27,6 +27,25 @@ router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **pr
 SSE_KEEPALIVE_S = 15.0
 SSE_POLL_S = 2.0  # a reader with no wake-up looks at the store this often
 
+_SUBMIT_422 = (
+    "`validation_error` (the body; `problems` names each field), `invalid_arguments` (a command's "
+    "arguments fit its tool on no candidate device, or hold a NUL; with `node_id`, `command`, `field`), "
+    "`planner_unavailable` (a `request` or an agent node and no LLM configured), or another DAG problem "
+    "(`unknown_tool`, `no_capable_device`, `cycle`, `unknown_node`, ...); `problems` lists every one"
+)
+_EVENT_FORMAT = (
+    "Server-Sent Events, in id order: the task's stored events after `after` (or `Last-Event-ID`), then "
+    "new ones as they are committed. Each event is `id: <event id>`, `event: <type>`, `data: <one JSON "
+    "object>` and a blank line; the types are `task.state` (data: task_id, state, at), `node.state` "
+    "(task_id, node_id, state, ...), `node.attempt` (an attempt's start, acceptance and end) and "
+    "`dag.edited` (a re-plan changed the DAG). A line starting with `:` is a keep-alive comment, sent "
+    "when nothing happened for a while. The stream ends after the `task.state` event of a finished "
+    "task (succeeded, failed, cancelled). To resume, send the last id received as `Last-Event-ID` or `?after=`."
+)
+_EVENT_EXAMPLE = (
+    'id: 1\nevent: task.state\ndata: {"task_id":"task_0a1b2c","state":"running","at":"2026-01-01T00:00:00Z"}\n\n'
+)
+
 
 @router.post(
     "",
@@ -37,7 +56,11 @@ SSE_POLL_S = 2.0  # a reader with no wake-up looks at the store this often
             "model": TaskOut | DryRunOut,
             "description": "with dry_run=true: what the submission would do (no task is created); otherwise "
             "the task an earlier request with the same Idempotency-Key and body created",
-        }
+        },
+        **problems(
+            s409="`conflict`: this Idempotency-Key was used before with a different body",
+            s422=_SUBMIT_422,
+        ),
     },
 )
 async def submit(
@@ -64,7 +87,7 @@ async def submit(
     return out
 
 
-@router.get("", response_model=Page)
+@router.get("", response_model=Page, responses=LISTING)
 async def list_tasks(
     comp: Comp,
     _p: Viewer,
@@ -120,7 +143,15 @@ async def cancel(task_id: str, comp: Comp, _p: Operator) -> dict[str, Any]:
     return {"task_id": task.id, "state": "cancelling"}
 
 
-@router.post("/{task_id}/rerun", status_code=201, response_model=TaskOut, responses=problems(422))
+@router.post(
+    "/{task_id}/rerun",
+    status_code=201,
+    response_model=TaskOut,
+    responses=problems(
+        s409="`conflict`: the task has not ended yet",
+        s422="`unknown_node` (`from_node` is not a node of the task) or one of the submission's problems",
+    ),
+)
 async def rerun(task_id: str, comp: Comp, _p: Operator, body: TaskRerun | None = None) -> TaskOut:
     """Run a finished task again as a new task (`rerun_of` links them): its whole DAG as it is
     now, or with `from_node` only that node and everything downstream of it; the other nodes
@@ -172,7 +203,16 @@ async def rerun(task_id: str, comp: Comp, _p: Operator, body: TaskRerun | None =
     "/{task_id}/events",
     response_class=StreamingResponse,
     responses={
-        200: {"description": "server-sent events", "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+        200: {
+            "description": _EVENT_FORMAT,
+            "content": {
+                "text/event-stream": {
+                    "schema": {"type": "string", "description": "a stream of Server-Sent Events (see above)"},
+                    "example": _EVENT_EXAMPLE,
+                }
+            },
+        },
+        **problems(s400="`bad_request`: `after` or `Last-Event-ID` is not an event id this server can use"),
     },
 )
 async def events(

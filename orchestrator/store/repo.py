@@ -596,6 +596,8 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         at, tid = json.loads(raw)
+        if "\x00" in str(tid):  # Postgres cannot compare it; no id contains one
+            raise ValueError("NUL in a cursor")
         return datetime.fromisoformat(at), str(tid)
     except (ValueError, TypeError) as exc:
         raise BadCursor("the cursor is not one this server issued; start again without it") from exc
