@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from orchestrator.api.deps import Comp, Operator, Viewer
@@ -26,6 +27,8 @@ router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **pr
 
 SSE_KEEPALIVE_S = 15.0
 SSE_POLL_S = 2.0  # a reader with no wake-up looks at the store this often
+KEY_CHECK_S = 2.0  # an open stream looks up its API key this often (a revoked key closes it)
+MAX_EVENT_ID = 2**63 - 1  # event ids are signed 64-bit integers in every store
 
 _SUBMIT_422 = (
     "`validation_error` (the body; `problems` names each field), `invalid_arguments` (a command's "
@@ -40,7 +43,9 @@ _EVENT_FORMAT = (
     "(task_id, node_id, state, ...), `node.attempt` (an attempt's start, acceptance and end) and "
     "`dag.edited` (a re-plan changed the DAG). A line starting with `:` is a keep-alive comment, sent "
     "when nothing happened for a while. The stream ends after the `task.state` event of a finished "
-    "task (succeeded, failed, cancelled). To resume, send the last id received as `Last-Event-ID` or `?after=`."
+    "task (succeeded, failed, cancelled); if the task has ended and no event follows the cursor the answer is "
+    "204. A stream whose API key is revoked ends with an `error` event (data: task_id, `code: key_revoked`, "
+    "detail; no id). To resume, send the last id received as `Last-Event-ID` or `?after=`."
 )
 _EVENT_EXAMPLE = (
     'id: 1\nevent: task.state\ndata: {"task_id":"task_0a1b2c","state":"running","at":"2026-01-01T00:00:00Z"}\n\n'
@@ -212,36 +217,61 @@ async def rerun(task_id: str, comp: Comp, _p: Operator, body: TaskRerun | None =
                 }
             },
         },
+        204: {"description": "the task has ended and no event follows the cursor: nothing more will come"},
         **problems(s400="`bad_request`: `after` or `Last-Event-ID` is not an event id this server can use"),
     },
 )
 async def events(
     task_id: str,
-    request: Request,
     comp: Comp,
-    _p: Viewer,
-    after: Annotated[int | None, Query(ge=0)] = None,
-    last_event_id: Annotated[str | None, Header(max_length=40)] = None,
-) -> StreamingResponse:
-    task_id = (await find_task(comp.store, task_id)).id
-    start = after if after is not None else _int(last_event_id)
+    principal: Viewer,
+    after: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            description="send the events after this id (at most 2^63-1; a larger one is 400 bad_request)",
+            json_schema_extra={"maximum": MAX_EVENT_ID},
+        ),
+    ] = None,
+    last_event_id: Annotated[
+        str | None, Header(description="as `after` (used when `after` is absent): an event id, digits only")
+    ] = None,
+) -> Response:
+    resume = _cursor("Last-Event-ID", last_event_id)
+    start = _cursor("after", str(after)) if after is not None else resume
+    task = await find_task(comp.store, task_id)
+    if TaskState(task.state).terminal and not await comp.store.events_after(task.id, start, 1):
+        # Nothing can follow: 204 (rather than a stream of keep-alives for ever); an SSE client
+        # stops reconnecting on a 204 (HTML Living Standard, server-sent events).
+        return Response(status_code=204, headers={"Cache-Control": "no-cache"})
     return StreamingResponse(
-        _stream(comp, task_id, start),
+        _stream(comp, task.id, start, principal.key_id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-async def _stream(comp: Any, task_id: str, after: int) -> AsyncIterator[str]:
+async def _stream(comp: Any, task_id: str, after: int, key_id: str | None = None) -> AsyncIterator[str]:
     """Stored events after `after`, then new ones as they are committed. The store is the only
     source: a wake-up from the bus (or a poll every `SSE_POLL_S` without one) makes the reader
     look for events after the last id it sent, so a lost wake-up delays an event and never
     skips it. We subscribe before the first read, so nothing committed meanwhile is missed.
-    Events go out in id order, in chunks; Starlette ends the generator when the client leaves."""
+    Events go out in id order, in chunks; Starlette ends the generator when the client leaves.
+
+    The stream ends after the task's final `task.state`, or once the task has ended and nothing
+    follows the reader's cursor (a cursor past the end). Every `KEY_CHECK_S` the reader's API
+    key (`key_id`) is looked up in the store, so a key revoked on any replica closes its streams
+    within seconds: a last `error` event (no `id`) with `code: key_revoked`, then the end."""
     last = after
     quiet = 0.0
+    key_checked = time.monotonic()
     async with comp.bus.subscribe(task_id) as waker:
         while True:
+            if key_id is not None and time.monotonic() - key_checked >= KEY_CHECK_S:
+                if not await comp.store.api_key_active(key_id):
+                    yield _closing(task_id, "key_revoked", "the API key of this stream was revoked; the stream ends")
+                    return
+                key_checked = time.monotonic()
             batch = await comp.store.events_after(task_id, last)
             if batch:
                 quiet = 0.0
@@ -251,6 +281,12 @@ async def _stream(comp: Any, task_id: str, after: int) -> AsyncIterator[str]:
                     return
                 if len(batch) >= 1000:
                     continue  # more are waiting
+            elif _over(await comp.store.task_state(task_id)):
+                # A task's final state and its event are committed together, so a read after
+                # seeing the state finds every event there will be; none after the cursor: done.
+                if not await comp.store.events_after(task_id, last, 1):
+                    return
+                continue
             if not await waker.wait(SSE_POLL_S):
                 quiet += SSE_POLL_S
                 if quiet >= SSE_KEEPALIVE_S:
@@ -266,11 +302,26 @@ def _ends(type_: str, data: dict[str, Any]) -> bool:
     return type_ == "task.state" and data.get("state") in ("succeeded", "failed", "cancelled")
 
 
-def _int(value: str | None) -> int:
-    try:
-        return max(0, int(value)) if value else 0
-    except ValueError:
+def _closing(task_id: str, code: str, detail: str) -> str:
+    """The last frame of a stream the server ends early: `event: error`, no `id` (a client's
+    resume point stays the last real event)."""
+    return f"event: error\ndata: {orjson.dumps({'task_id': task_id, 'code': code, 'detail': detail}).decode()}\n\n"
+
+
+def _over(state: str | None) -> bool:
+    return state is None or TaskState(state).terminal
+
+
+def _cursor(name: str, value: str | None) -> int:
+    """An event id a reader resumes after: digits only, at most `MAX_EVENT_ID` (the stores keep
+    ids in a signed 64-bit integer, so a larger one could never match and breaks the query)."""
+    if not value:
         return 0
+    if not value.isascii() or not value.isdigit():
+        raise ApiError(400, "bad_request", f"{name} must be an event id (digits only), not {value[:40]!r}")
+    if len(value) > len(str(MAX_EVENT_ID)) or int(value) > MAX_EVENT_ID:
+        raise ApiError(400, "bad_request", f"{name} is past the largest event id ({MAX_EVENT_ID})")
+    return int(value)
 
 
 async def _detail(comp: Any, task_id: str) -> TaskOut:

@@ -201,6 +201,12 @@ class Store:
         async with self.sessions() as s:
             return await s.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)))
 
+    async def api_key_active(self, key_id: str) -> bool:
+        """Whether key `key_id` exists and is not revoked (long-lived streams re-check their key)."""
+        async with self.sessions() as s:
+            q = select(ApiKey.id).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+            return (await s.scalar(q)) is not None
+
     async def count_api_keys(self) -> int:
         async with self.sessions() as s:
             return int((await s.execute(select(func.count()).select_from(ApiKey))).scalar_one())
@@ -423,6 +429,11 @@ class Store:
             for tid, st, n in rows.all():
                 out[str(tid)][str(st)] = int(n)
             return out
+
+    async def task_state(self, task_id: str) -> str | None:
+        """The task's state alone (an event reader asks whether more can come)."""
+        async with self.sessions() as s:
+            return await s.scalar(select(Task.state).where(Task.id == task_id))
 
     async def events_after(self, task_id: str, after: int, limit: int = 1000) -> list[Event]:
         async with self.sessions() as s:

@@ -6,9 +6,13 @@ import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+from orchestrator.api import tasks
 from orchestrator.api.tasks import SSE_POLL_S, _stream
 from orchestrator.bus.local import LocalBus
 from orchestrator.engine.times import utc
+from orchestrator.store.models import ApiKey, Task
 from orchestrator.store.repo import ChangeSet, Store
 from tests.unit.engine.harness import Harness, one_node
 
@@ -49,5 +53,44 @@ async def test_a_wake_up_makes_the_reader_look_at_once(tmp_path: Path) -> None:
         bus.publish([{"task_id": task}])
         async with asyncio.timeout(SSE_POLL_S / 2):  # well before a poll would find it
             assert '"state":"succeeded"' in await anext(stream)
+    finally:
+        await h.close()
+
+
+async def test_a_reader_past_the_end_of_a_task_stops_once_the_task_has_ended(tmp_path: Path) -> None:
+    """Issue 14: a cursor past the last event waited for ever, even when nothing more could come."""
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open()
+    try:
+        task = await h.submit(one_node(), notify=False)
+        stream = _stream(SimpleNamespace(store=h.store, bus=LocalBus()), task, 10**12)
+        pending = asyncio.ensure_future(anext(stream))
+        done, _ = await asyncio.wait({pending}, timeout=SSE_POLL_S * 1.5)
+        assert not done  # the task is still going: waiting is right
+        await h.store.update(Task, (task,), state="succeeded")
+        async with asyncio.timeout(SSE_POLL_S * 3):
+            with pytest.raises(StopAsyncIteration):
+                await pending
+    finally:
+        await h.close()
+
+
+async def test_a_reader_whose_key_is_revoked_gets_an_error_event_and_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tasks, "KEY_CHECK_S", 0.0)
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open()
+    try:
+        task = await h.submit(one_node(), notify=False)
+        row = {"id": "key_x", "name": "", "role": "viewer", "key_hash": "h", "created_at": utc(0), "revoked_at": None}
+        await h.store.add(ApiKey, row)
+        stream = _stream(SimpleNamespace(store=h.store, bus=LocalBus()), task, 0, "key_x")
+        await _event(h.store, task, "running", h.clock.now)
+        async with asyncio.timeout(SSE_POLL_S * 3):
+            assert '"state":"running"' in await anext(stream)  # the key is good: events flow
+            assert await h.store.revoke_api_key("key_x", utc(1))
+            last = await anext(stream)
+            assert last.startswith("event: error\n") and '"code":"key_revoked"' in last and "id:" not in last
+            with pytest.raises(StopAsyncIteration):
+                await anext(stream)
     finally:
         await h.close()
