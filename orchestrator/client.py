@@ -180,6 +180,11 @@ class Client:
                         event_type = line[6:].strip()
                     elif line.startswith("data:"):
                         data += line[5:].strip()
+                    elif line == "" and event_type == "error":  # the server ends the stream and says why
+                        body = json.loads(data or "{}")
+                        raise ClientError(
+                            401, str(body.get("code", "stream_closed")), str(body.get("detail", "")), body
+                        )
                     elif line == "" and event_type:
                         yield event_id, event_type, json.loads(data or "{}")
                         event_type, data = "", ""

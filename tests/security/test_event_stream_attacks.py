@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ import pytest
 
 from orchestrator.api.tasks import KEY_CHECK_S, SSE_POLL_S
 from tests.cluster.replicaset import ReplicaSet
-from tests.support import Fleet, Server, shell, wait_until
+from tests.support import ROOT, Fleet, Server, child_env, shell, wait_until
 
 # A revoked key's stream must be gone within this long of the revocation (one key check
 # interval, one poll, and slack for a loaded 2-core machine).
@@ -255,3 +257,33 @@ def test_a_key_revoked_on_one_replica_loses_its_streams_on_another(
         finally:
             with a.client() as c:
                 c.post(f"/v1/tasks/{task['id']}/cancel")
+
+
+def test_orrery_tasks_watch_with_a_key_revoked_mid_stream_stops_and_says_why(fleet: Fleet) -> None:
+    """The CLI does not reconnect with a dead key nor print a traceback: it names the reason."""
+    key_id, key = new_key(fleet.server)
+    task = fleet.submit(chain(60, 0.3))
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "tasks", "watch", task["id"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(ORRERY_URL=fleet.server.url, ORRERY_API_KEY=key),
+        cwd=ROOT,
+    )
+    try:
+        assert watcher.stdout is not None
+        first = watcher.stdout.readline()  # `task <id> <name>: running`: the watch is following
+        assert task["id"] in first, first
+        with fleet.server.client() as c:
+            assert c.delete(f"/v1/api-keys/{key_id}").status_code == 200
+        _out, err = watcher.communicate(timeout=CLOSE_WITHIN_S + 20)
+        assert watcher.returncode not in (0, None)
+        assert "revoked" in err and "Traceback" not in err, err  # key_revoked, or 401 on its next call
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.communicate()
+        with fleet.server.client() as c:
+            c.post(f"/v1/tasks/{task['id']}/cancel")
+        fleet.wait_task(task["id"])

@@ -377,6 +377,57 @@ def test_the_event_stream_parser_handles_any_chunking(web_fleet: Fleet, watched:
     assert runs == [expected] * 5
 
 
+def test_the_event_feed_stops_at_a_finished_end_and_on_a_revoked_key(web_fleet: Fleet, watched: Watched) -> None:
+    """A 204 (finished task, nothing after the cursor) ends the feed without reconnecting; a stream
+    closed with `error: key_revoked` stops with the server's reason instead of retrying."""
+    made = api_key(web_fleet, "viewer")
+    page = sign_in(watched, web_fleet, key=made["key"])
+    done = web_fleet.submit({"nodes": [{"id": "a", "commands": [shell(["true"])]}]}, name="feed-done")
+    web_fleet.wait_task(done["id"])
+    with web_fleet.server.client() as c:
+        last = max(
+            int(line[3:])
+            for line in c.get(f"/v1/tasks/{done['id']}/events").text.splitlines()
+            if line.startswith("id:")
+        )
+    statuses = page.evaluate(
+        """async ([url, after]) => {
+          const { EventFeed } = await import('/ui/js/sse.js');
+          const seen = [];
+          await new Promise((resolve) => {
+            const onStatus = (s) => { seen.push(s); if (s !== 'live') resolve(); };
+            new EventFeed(url, { after, onEvent: () => {}, onStatus }).start();
+            setTimeout(resolve, 20000);
+          });
+          return seen;
+        }""",
+        [f"/v1/tasks/{done['id']}/events", last],
+    )
+    assert statuses == ["ended"]
+    nodes = [{"id": f"n{i}", "commands": [shell(["sleep", "0.3"])]} for i in range(60)]
+    edges = [{"from": f"n{i}", "to": f"n{i + 1}"} for i in range(59)]
+    running = web_fleet.submit({"nodes": nodes, "edges": edges}, name="feed-revoked")
+    try:
+        page.evaluate(
+            """async (url) => {
+              const { EventFeed } = await import('/ui/js/sse.js');
+              window.__feed = [];
+              new EventFeed(url, { onEvent: () => {}, onStatus: (s, d) => window.__feed.push([s, d || '']) }).start();
+            }""",
+            f"/v1/tasks/{running['id']}/events",
+        )
+        wait_until(lambda: ["live", ""] in page.evaluate("window.__feed"), 30, "the feed going live")
+        with web_fleet.server.client() as c:
+            assert c.delete(f"/v1/api-keys/{made['id']}").status_code == 200
+        wait_until(lambda: any(s == "error" for s, _ in page.evaluate("window.__feed")), 30, "the feed stopping")
+        feed = page.evaluate("window.__feed")
+        assert feed[-1][0] == "error" and "revoked" in feed[-1][1], feed
+        assert ["reconnecting", ""] not in feed, feed
+    finally:
+        with web_fleet.server.client() as c:
+            c.post(f"/v1/tasks/{running['id']}/cancel")
+
+
 def agent_named(fleet: Fleet, name: str, labels: dict[str, str]) -> Any:
     found = next((a for a in fleet.agents if a.name == name), None)
     return found or fleet.agent(name, labels)

@@ -60,6 +60,7 @@ export class EventFeed {
     this.lastId = after;
     this.controller = null;
     this.stopped = false;
+    this.ended = false;
   }
 
   start() {
@@ -78,6 +79,10 @@ export class EventFeed {
       try {
         const gotAny = await this.once();
         if (gotAny) delay = 500;
+        if (this.ended) {
+          this.onStatus("ended"); // 204: the task ended and nothing follows the cursor
+          return;
+        }
       } catch (err) {
         if (this.stopped) return;
         if (err.status && err.status < 500 && err.status !== 429) {
@@ -106,10 +111,23 @@ export class EventFeed {
       credentials: "omit",
     });
     if (!resp.ok) throw await failure(resp);
+    if (resp.status === 204) {
+      this.ended = true;
+      return false;
+    }
     this.onStatus("live");
     let gotAny = false;
+    let closing = null; // an `error` event: the server ends the stream and says why (key_revoked)
     const parser = new SseParser((ev) => {
       gotAny = true;
+      if (ev.type === "error") {
+        try {
+          closing = JSON.parse(ev.data);
+        } catch {
+          closing = { detail: ev.data };
+        }
+        return;
+      }
       const n = Number(ev.id);
       if (Number.isFinite(n) && n > this.lastId) this.lastId = n;
       let data = null;
@@ -129,6 +147,11 @@ export class EventFeed {
       }
     } finally {
       reader.releaseLock?.();
+    }
+    if (closing) {
+      const err = new Error(closing.detail || closing.code || "the stream was closed by the server");
+      err.status = 401;
+      throw err;
     }
     return gotAny;
   }
