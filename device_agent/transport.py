@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.frames import CloseCode as WsCloseCode
+from websockets.protocol import State
+
+from protocol.codec import encode
+from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from protocol.messages import Error
 
 PING_INTERVAL_S = 20.0
 
@@ -50,6 +59,25 @@ def ssl_context(url: str, ca_file: Path | None) -> ssl.SSLContext | None:
     return ctx
 
 
+class _FrameLimitedClientProtocol(ClientProtocol):
+    """websockets' client protocol, answering a frame over `max_size` with 4413 (SPEC section 4)
+    instead of the library's 1009, after an `error` frame that says why."""
+
+    def fail(self, code: int, reason: str = "") -> None:
+        if code == WsCloseCode.MESSAGE_TOO_BIG and self.state is State.OPEN:
+            message = reason or f"frame exceeds the limit of {self.max_message_size} bytes"
+            self.send_text(encode(Error(code=ErrorCode.FRAME_TOO_LARGE, message=message)).encode())
+            code, reason = CloseCode.TOO_LARGE, ErrorCode.FRAME_TOO_LARGE.value
+        super().fail(code, reason)
+
+
+class _Connection(ClientConnection):
+    def __init__(self, protocol: ClientProtocol, **kwargs: Any) -> None:
+        # The subclass adds no state, only the close code: re-classing keeps every option.
+        protocol.__class__ = _FrameLimitedClientProtocol
+        super().__init__(protocol, **kwargs)
+
+
 class Transport:
     def __init__(self, url: str, token: str, max_frame_bytes: int, ca_file: Path | None = None) -> None:
         self.url = url
@@ -63,8 +91,9 @@ class Transport:
             self._conn = await connect(
                 self.url,
                 additional_headers={"Authorization": f"Bearer {self.token}"},
-                # The server refuses frames over its limit with 4413; let them reach it to say so.
-                max_size=self.max_frame_bytes * 2,
+                # A server frame over the limit is refused before its payload is read (4413).
+                max_size=self.max_frame_bytes,
+                create_connection=_Connection,
                 open_timeout=10,
                 ping_interval=PING_INTERVAL_S,
                 ping_timeout=PING_INTERVAL_S,
@@ -81,8 +110,16 @@ class Transport:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._conn is not None:
-            await self._conn.close()
+        if self._conn is None:
+            return
+        if isinstance(exc, ProtocolError):
+            # Tell the server what was wrong with its frame, and close with the code SPEC
+            # section 4 gives it (4400, 4413, 4426), as the server does with ours.
+            with contextlib.suppress(ConnectionClosed):
+                await self._conn.send(encode(Error(code=exc.code, message=exc.message)))
+            await self._conn.close(exc.close_code, exc.code.value)
+            return
+        await self._conn.close()
 
     async def send(self, text: str) -> None:
         assert self._conn is not None

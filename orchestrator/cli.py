@@ -145,6 +145,7 @@ def serve(**options: Any) -> None:
     import uvicorn
 
     from orchestrator.app import create_app
+    from orchestrator.gateway.websocket import websocket_options
     from orchestrator.server import server_options
 
     no_migrate = bool(options.pop("no_migrate", False))
@@ -162,9 +163,7 @@ def serve(**options: Any) -> None:
         create_app(settings, migrate=not no_migrate),
         host=settings.host,
         port=settings.port,
-        ws="websockets-sansio",
-        ws_max_size=settings.max_frame_bytes * 2,
-        ws_per_message_deflate=False,
+        **websocket_options(settings),
         log_config=None,
         access_log=False,
         ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,

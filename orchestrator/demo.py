@@ -137,17 +137,20 @@ async def _demo(console: Console, base: Path, temporary: bool, keep: bool = Fals
     url = f"http://127.0.0.1:{port}"
     settings = Settings(data_dir=base / "server", port=port, heartbeat_interval_s=2.0, heartbeat_timeout_s=10.0)
     from orchestrator.app import create_app
+    from orchestrator.gateway.websocket import websocket_options
+    from orchestrator.server import server_options
 
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(settings),
             host="127.0.0.1",
             port=port,
-            ws="websockets-sansio",
             log_level="warning",
             log_config=None,
             access_log=False,
             lifespan="on",
+            **websocket_options(settings),
+            **server_options(settings),
         )
     )
     if keep:

@@ -10,8 +10,8 @@ import json
 
 from pydantic import TypeAdapter, ValidationError
 
-from protocol.errors import FrameTooLarge, MalformedFrame
-from protocol.messages import Message
+from protocol.errors import FrameTooLarge, MalformedFrame, NoCommonVersion
+from protocol.messages import SUPPORTED_VERSIONS, Message
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
 
@@ -19,10 +19,15 @@ _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 
 
 def decode(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message:
-    """Parse one frame. Raises `FrameTooLarge` (4413) or `MalformedFrame` (4400)."""
+    """Parse one frame. Raises `FrameTooLarge` (4413), `MalformedFrame` (4400) or
+    `NoCommonVersion` (4426, a frame written in a protocol version this side does not speak)."""
     size = len(data) if isinstance(data, bytes) else _utf8_len(data)
     if size > max_bytes:
         raise FrameTooLarge(f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
+    if not isinstance(data, str):
+        # SPEC section 4: every frame is one JSON *text* object. A binary frame is refused even
+        # when it holds valid JSON, so no peer comes to depend on a second encoding.
+        raise MalformedFrame("binary frames are refused: send each frame as one JSON text message")
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -31,6 +36,7 @@ def decode(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Messa
         raise MalformedFrame("a frame must be a JSON object")
     if "type" not in raw:
         raise MalformedFrame("frame has no 'type'")
+    _check_version(raw.get("v", SUPPORTED_VERSIONS[0]))
     try:
         return _ADAPTER.validate_python(raw)
     except ValidationError as exc:
@@ -40,6 +46,14 @@ def decode(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Messa
 def encode(message: Message) -> str:
     """Serialise a frame to compact JSON text (nulls kept: the shape is the contract)."""
     return message.model_dump_json()
+
+
+def _check_version(v: object) -> None:
+    """The envelope's `v` names the protocol version the frame is written in (SPEC section 4)."""
+    if type(v) is not int:  # not bool, float or "1": the envelope is exact
+        raise MalformedFrame(f"'v' must be an integer protocol version, got {json.dumps(v)[:40]}")
+    if v not in SUPPORTED_VERSIONS:
+        raise NoCommonVersion(f"frame is written in protocol version {v}; this side speaks {list(SUPPORTED_VERSIONS)}")
 
 
 def _utf8_len(text: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum, StrEnum
 
 
@@ -47,6 +48,33 @@ class ErrorCode(StrEnum):
     TEMPLATE_ERROR = "template_error"
     UNCERTAIN = "uncertain"
     INTERNAL = "internal_error"
+    DEVICE_ERROR = "device_error"  # a device reported a code outside RESULT_ERROR_CODES
+
+
+# Codes a device may put in a result's `error.code`: the ones above plus those the built-in
+# toolsets document (the GUI's observation rules, SPEC section 5). Anything else a device invents
+# is stored and counted as `device_error`, its own code kept only inside the message, so a device
+# cannot grow the orchestrator's metric label sets or its list of node error codes at will.
+TOOLSET_ERROR_CODES = frozenset({"stale_observation", "id_conflict", "busy", "stopped", "action_limit"})
+RESULT_ERROR_CODES = frozenset(c.value for c in ErrorCode) | TOOLSET_ERROR_CODES
+MAX_REPORTED_CODE_CHARS = 64
+MAX_ERROR_MESSAGE_CHARS = 4000
+_UNSAFE_IN_CODE = re.compile(r"[^A-Za-z0-9_.:/-]")
+
+
+def bounded_result_error(code: str, message: str) -> tuple[str, str]:
+    """A device-reported result error as the orchestrator records it: a known code as is, any
+    other as `device_error` with the original (truncated, reduced to safe characters) quoted in
+    the message; the message capped to `MAX_ERROR_MESSAGE_CHARS`."""
+    if code not in RESULT_ERROR_CODES:
+        shown = _UNSAFE_IN_CODE.sub("?", code[:MAX_REPORTED_CODE_CHARS])
+        if len(code) > MAX_REPORTED_CODE_CHARS:
+            shown += "..."
+        message = f"the device reported error code '{shown}', which Orrery does not know: {message}"
+        code = ErrorCode.DEVICE_ERROR.value
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[: MAX_ERROR_MESSAGE_CHARS - 3] + "..."
+    return code, message
 
 
 class ProtocolError(Exception):

@@ -35,16 +35,7 @@ class DeviceView:
 
 def capable(node: NodeSpec, device: DeviceView) -> bool:
     """The device matches the node's placement and offers every tool it uses."""
-    p = node.placement
-    if p.device is not None and p.device not in (device.id, device.name):
-        return False
-    if p.platform is not None and p.platform != device.platform:
-        return False
-    if any(device.labels.get(k) != v for k, v in p.labels.items()):
-        return False
-    if node.kind is NodeKind.AGENT:
-        return bool(device.tools)
-    return all(t in device.tools for t in node.tools())
+    return _matches_placement(node, device) and _has_tools(node, device)
 
 
 def could_ever_run(node: NodeSpec, devices: Iterable[DeviceView]) -> bool:
@@ -74,7 +65,36 @@ def preference(
     return (device_id in avoid, occupied, queue_length, device_id)
 
 
+MAX_REFUSALS_SHOWN = 5
+
+
+def refusals(node: NodeSpec, device: DeviceView) -> list[str]:
+    """Why `device` cannot run `node`, one short phrase per unmet need (empty if it can)."""
+    p = node.placement
+    why = []
+    if p.device is not None and p.device not in (device.id, device.name):
+        why.append(f"not device '{p.device}'")
+    if p.platform is not None and p.platform != device.platform:
+        why.append(f"platform {device.platform}")
+    for k, v in sorted(p.labels.items()):
+        have = device.labels.get(k)
+        if have != v:
+            why.append(f"no label {k}" if have is None else f"{k}={have}, not {v}")
+    if node.kind is NodeKind.AGENT:
+        if not device.tools:
+            why.append("no tools")
+    else:
+        missing = sorted({t for t in node.tools() if t not in device.tools})
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            why.append(f"no tool {shown}")
+    return why
+
+
 def no_capable_device(node: NodeSpec, devices: Iterable[DeviceView]) -> Problem:
+    """The problem for a node no device can run: what it needs, how many devices come close in
+    counts, and at most `MAX_REFUSALS_SHOWN` of the nearest misses by name, never the whole
+    fleet (the message goes into API answers, node errors and LLM prompts)."""
     p = node.placement
     wanted = []
     if p.device:
@@ -85,13 +105,41 @@ def no_capable_device(node: NodeSpec, devices: Iterable[DeviceView]) -> Problem:
         wanted.append("labels " + ", ".join(f"{k}={v}" for k, v in sorted(p.labels.items())))
     if node.tools():
         wanted.append("tools " + ", ".join(sorted(set(node.tools()))))
-    names = ", ".join(sorted(d.name or d.id for d in devices if d.admin is not AdminState.REVOKED))
+    fleet = [d for d in devices if d.admin is not AdminState.REVOKED]
+    head = f"node '{node.id}' needs {'; '.join(wanted) or 'a device'}"
+    if not fleet:
+        return Problem("no_capable_device", f"{head}, and no devices are enrolled", {"node": node.id})
+    with_tools = sum(1 for d in fleet if _has_tools(node, d))
+    placed = sum(1 for d in fleet if _matches_placement(node, d))
+    online = sum(1 for d in fleet if d.liveness is Liveness.ONLINE)
+    misses = sorted(((refusals(node, d), d.name or d.id) for d in fleet), key=lambda m: (len(m[0]), m[1]))
+    shown = [f"{name}: {', '.join(why)}" for why, name in misses[:MAX_REFUSALS_SHOWN]]
+    more = len(misses) - len(shown)
+    counts = {"enrolled": len(fleet), "online": online, "with_tools": with_tools, "matching_placement": placed}
     return Problem(
         "no_capable_device",
-        f"node '{node.id}' needs {'; '.join(wanted) or 'a device'}, and no enrolled device matches"
-        + (f" (enrolled: {names})" if names else " (no devices are enrolled)"),
-        {"node": node.id},
+        f"{head}, and none of the {len(fleet)} enrolled devices ({online} online) matches: "
+        f"{with_tools} have the tools, {placed} match the placement. Nearest: "
+        + "; ".join(shown)
+        + (f"; and {more} more" if more else "")
+        + ". Enroll or label a device that fits, or change the node's placement or tools.",
+        {"node": node.id, "devices": counts},
     )
+
+
+def _matches_placement(node: NodeSpec, device: DeviceView) -> bool:
+    p = node.placement
+    return (
+        (p.device is None or p.device in (device.id, device.name))
+        and (p.platform is None or p.platform == device.platform)
+        and all(device.labels.get(k) == v for k, v in p.labels.items())
+    )
+
+
+def _has_tools(node: NodeSpec, device: DeviceView) -> bool:
+    if node.kind is NodeKind.AGENT:
+        return bool(device.tools)
+    return all(t in device.tools for t in node.tools())
 
 
 def state_of(device: DeviceView) -> DeviceState:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.domain.run import AttemptOutcome
 from orchestrator.engine.records import AttemptRun, DeviceRun
 from orchestrator.store.repo import Store
-from protocol.errors import ErrorCode
-from protocol.messages import Error, Message, Result, ResultBatch
+from protocol.errors import ErrorCode, bounded_result_error
+from protocol.messages import Error, ErrorInfo, Message, Result, ResultBatch
 
 log = logging.getLogger("orrery.engine")
 
@@ -37,7 +37,8 @@ class ResultHandling:
         if att is None or att.device_id != dev.id or att.fence != msg.fence:
             await self._refuse_results(dev, msg)
             return
-        self._end_attempt(att, self._outcome(att, dev, msg.results), now, msg.results)
+        results = [bounded(r) for r in msg.results]
+        self._end_attempt(att, self._outcome(att, dev, results), now, results)
 
     async def _refuse_results(self, dev: DeviceRun, msg: ResultBatch) -> None:
         """Results for a batch that is not open on this device with this fence.
@@ -112,3 +113,15 @@ class ResultHandling:
             commands=indexes,
             cancelled=cancelled,
         )
+
+
+def bounded(result: Result) -> Result:
+    """The result with its error code one the orchestrator knows (else `device_error`, the
+    device's own code quoted in the message): a device's codes become node error codes and
+    metric labels, so they must come from a closed set."""
+    if result.error is None:
+        return result
+    code, message = bounded_result_error(result.error.code, result.error.message)
+    if (code, message) == (result.error.code, result.error.message):
+        return result
+    return result.model_copy(update={"error": ErrorInfo(code=code, message=message)})

@@ -298,7 +298,8 @@ class Gateway:
                 self._heartbeat_reply(link, conn)
                 continue
             if isinstance(msg, Error):
-                log.warning("device %s reported %s: %s", device_id, msg.code, msg.message)
+                # Device-chosen text: quoted and cut, so it cannot forge or flood log lines.
+                log.warning("device %s reported %r: %r", device_id, msg.code[:64], msg.message[:500])
                 continue
             if isinstance(msg, BatchAccepted):
                 # Nothing durable hangs on an acceptance: do not hold the reader for it.

@@ -114,3 +114,22 @@ def test_an_error_message_names_the_bad_field() -> None:
     with pytest.raises(ProtocolError) as info:
         decode('{"type": "heartbeat", "state": "asleep"}')
     assert "state" in info.value.message
+
+
+def test_a_binary_frame_is_refused_with_4400_even_when_it_holds_a_valid_frame() -> None:
+    """SPEC section 4: every frame is one JSON text object."""
+    frame = encode(Heartbeat(state="idle"))
+    assert decode(frame) == Heartbeat(state="idle")
+    assert _code(frame.encode()) == (ErrorCode.MALFORMED_FRAME, CloseCode.MALFORMED)
+
+
+@pytest.mark.parametrize("v", [0, 2, 99, 2**70, -1])
+def test_a_frame_in_a_protocol_version_this_side_does_not_speak_is_refused_with_4426(v: int) -> None:
+    frame = json.dumps({"v": v, "type": "heartbeat", "seq": 0, "ack": 0, "state": "idle"})
+    assert _code(frame) == (ErrorCode.NO_COMMON_VERSION, CloseCode.NO_COMMON_VERSION)
+
+
+@pytest.mark.parametrize("v", ["1", 1.0, True, None, [1]])
+def test_a_version_that_is_not_an_integer_is_refused_with_4400(v: object) -> None:
+    frame = json.dumps({"v": v, "type": "heartbeat", "seq": 0, "ack": 0, "state": "idle"})
+    assert _code(frame) == (ErrorCode.MALFORMED_FRAME, CloseCode.MALFORMED)
