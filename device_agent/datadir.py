@@ -10,11 +10,13 @@ by the agent's child processes (Python opens it non-inheritable), so a tool's le
 cannot keep the data dir locked either.
 
 The data dir is private (issue 14, item 9): the ledger holds every command's full arguments and
-results, the audit log what ran. `make_private` makes the directory 0700 and everything in it 0600
-(directories 0700) whatever the umask, and tightens what an older agent, another tool or a loose
-umask left wider, saying so in the log. The workspace, when it lives in the data dir, is left as
-the tools made it (its files are the work, with the modes the work needs); the data dir's 0700
-already keeps other users out of it.
+results, the audit log what ran. `make_private` makes the directory 0700 and the agent's own files
+in it 0600 (its own directories 0700) whatever the umask, and tightens what an older agent or a
+loose umask left wider, saying so in the log. It touches only what the agent creates (`OWN_FILES`,
+`OWN_DIRS`), never follows a symlink, and leaves anything else alone: a data dir pointed at a
+directory that holds other things (`--data-dir ~`) must not have them changed. The workspace,
+when it lives in the data dir, is the tools' (its files keep the modes the work gives them); the
+data dir's 0700 already keeps other users out of it.
 """
 
 from __future__ import annotations
@@ -23,19 +25,25 @@ import fcntl
 import logging
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger("orrery.agent")
 
 LOCK_NAME = "agent.lock"
+AUDIT_NAME = "audit.jsonl"
+LEDGER_NAME = "ledger.sqlite3"
+# What the agent keeps in its data dir: these, and nothing else, `make_private` tightens.
+OWN_FILES = (LOCK_NAME, AUDIT_NAME, *(LEDGER_NAME + suffix for suffix in ("", "-wal", "-shm", "-journal")))
+SCREENSHOTS_NAME = "screenshots"  # gui.observe's PNG files
+OWN_DIRS = (SCREENSHOTS_NAME,)
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 
 
-def make_private(data_dir: Path, skip: Iterable[Path] = ()) -> None:
-    """Create `data_dir` as 0700, or tighten it to 0700, and every file under it to 0600 (every
-    directory to 0700), except under `skip` (the workspace). Symlinks are never followed."""
+def make_private(data_dir: Path) -> None:
+    """Create `data_dir` as 0700, or tighten it to 0700, and tighten the agent's own files in it to
+    0600 (its own directories, and everything in them, to 0600 files / 0700 dirs)."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
     mode = stat.S_IMODE(data_dir.stat().st_mode)
     if mode != PRIVATE_DIR:
@@ -47,26 +55,32 @@ def make_private(data_dir: Path, skip: Iterable[Path] = ()) -> None:
             mode,
             PRIVATE_DIR,
         )
-    skipped = {os.path.realpath(p) for p in skip}
-    tightened: list[str] = []
-    for root, dirs, files in os.walk(data_dir, followlinks=False):
-        dirs[:] = [d for d in dirs if os.path.realpath(os.path.join(root, d)) not in skipped]
-        for name, wanted in [*((d, PRIVATE_DIR) for d in dirs), *((f, PRIVATE_FILE) for f in files)]:
-            path = os.path.join(root, name)
-            info = os.lstat(path)
-            if stat.S_ISLNK(info.st_mode) or stat.S_IMODE(info.st_mode) == wanted:
-                continue
-            try:
-                os.chmod(path, wanted, follow_symlinks=False)
-            except OSError as exc:
-                log.warning("cannot make %s private (mode %04o): %s", path, stat.S_IMODE(info.st_mode), exc)
-                continue
-            tightened.append(f"{os.path.relpath(path, data_dir)} ({stat.S_IMODE(info.st_mode):04o})")
+    tightened = [t for name in (*OWN_FILES, *OWN_DIRS) for t in _tighten(data_dir, data_dir / name)]
     if tightened:
         shown = ", ".join(tightened[:10]) + (f" and {len(tightened) - 10} more" if len(tightened) > 10 else "")
-        log.warning(
-            "tightened %d paths in the data dir %s to 0600 files / 0700 dirs: %s", len(tightened), data_dir, shown
-        )
+        log.warning("tightened %d of the agent's files in %s to 0600 (dirs 0700): %s", len(tightened), data_dir, shown)
+
+
+def _tighten(data_dir: Path, path: Path) -> Iterator[str]:
+    """Make `path` (and, for a directory, everything in it) private; yield what was changed."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        return  # not followed: what it points at is not the agent's to change
+    directory = stat.S_ISDIR(info.st_mode)
+    wanted = PRIVATE_DIR if directory else PRIVATE_FILE
+    mode = stat.S_IMODE(info.st_mode)
+    if mode != wanted:
+        try:
+            os.chmod(path, wanted, follow_symlinks=False)
+            yield f"{path.relative_to(data_dir)} ({mode:04o})"
+        except OSError as exc:
+            log.warning("cannot make %s private (mode %04o): %s", path, mode, exc)
+    if directory:
+        for child in sorted(path.iterdir()):
+            yield from _tighten(data_dir, child)
 
 
 def private_file(path: Path, flags: int = os.O_RDWR) -> int:

@@ -22,7 +22,8 @@ from tests.support import Fleet, shell, wait_until
 
 
 def modes(data_dir: Path, workspace: Path) -> dict[str, int]:
-    """Every path under `data_dir` with its permission bits, the workspace's contents left out."""
+    """Every path under `data_dir` with its permission bits, the workspace's contents left out, and
+    `agent.log`: the test harness's redirect of the agent's output, which the agent never creates."""
     out = {".": stat.S_IMODE(data_dir.stat().st_mode)}
     for root, dirs, files in os.walk(data_dir):
         if Path(root) == workspace:
@@ -30,7 +31,8 @@ def modes(data_dir: Path, workspace: Path) -> dict[str, int]:
             continue
         for name in [*dirs, *files]:
             path = Path(root, name)
-            out[str(path.relative_to(data_dir))] = stat.S_IMODE(path.lstat().st_mode)
+            if path != data_dir / "agent.log":
+                out[str(path.relative_to(data_dir))] = stat.S_IMODE(path.lstat().st_mode)
     return out
 
 
@@ -87,24 +89,32 @@ def test_the_data_dir_and_everything_the_agent_keeps_in_it_are_private(fleet: Fl
     assert "ledger.sqlite3 (0644)" in agent.log()
 
 
-def test_tightening_never_follows_a_symlink_or_enters_the_workspace(tmp_path: Path) -> None:
+def test_tightening_touches_only_the_agents_own_files_and_never_follows_a_symlink(tmp_path: Path) -> None:
+    """A data dir may be pointed at a directory holding other things (`--data-dir ~`): those keep
+    their modes; so does whatever a symlink at one of the agent's names points at."""
     outside = tmp_path / "outside.txt"
     outside.write_text("not the agent's")
     os.chmod(outside, 0o644)
     data = tmp_path / "data"
-    (data / "workspace" / "bin").mkdir(parents=True)
+    (data / "bin").mkdir(parents=True)
     os.chmod(data, 0o755)
-    (data / "workspace" / "bin" / "tool.sh").write_text("#!/bin/sh\n")
-    os.chmod(data / "workspace" / "bin" / "tool.sh", 0o755)
-    (data / "link").symlink_to(outside)
+    (data / "bin" / "tool.sh").write_text("#!/bin/sh\n")
+    os.chmod(data / "bin" / "tool.sh", 0o755)
+    (data / "notes.txt").write_text("the owner's")
+    os.chmod(data / "notes.txt", 0o644)
+    (data / "audit.jsonl").symlink_to(outside)
+    (data / "ledger.sqlite3").write_bytes(b"")
+    os.chmod(data / "ledger.sqlite3", 0o644)
     (data / "screenshots").mkdir(mode=0o755)
     (data / "screenshots" / "a.png").write_bytes(b"x")
     os.chmod(data / "screenshots" / "a.png", 0o664)
 
-    make_private(data, skip=[data / "workspace"])
+    make_private(data)
 
-    assert stat.S_IMODE(data.stat().st_mode) == 0o700
-    assert stat.S_IMODE((data / "screenshots").stat().st_mode) == 0o700
-    assert stat.S_IMODE((data / "screenshots" / "a.png").stat().st_mode) == 0o600
-    assert stat.S_IMODE(outside.stat().st_mode) == 0o644  # the link's target is not the agent's to change
-    assert stat.S_IMODE((data / "workspace" / "bin" / "tool.sh").stat().st_mode) == 0o755  # the work's own
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(data) == 0o700 and mode(data / "ledger.sqlite3") == 0o600
+    assert mode(data / "screenshots") == 0o700 and mode(data / "screenshots" / "a.png") == 0o600
+    assert mode(outside) == 0o644  # the link's target is not the agent's to change
+    assert mode(data / "notes.txt") == 0o644 and mode(data / "bin" / "tool.sh") == 0o755
