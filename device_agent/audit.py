@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from device_agent.datadir import PRIVATE_DIR, private_file
+
 ALLOWED_FIELDS = frozenset(
     {"batch_id", "call_id", "task_id", "node_id", "tool", "decision", "status", "error_code", "duration_ms", "reason"}
 )
@@ -19,11 +21,11 @@ ALLOWED_FIELDS = frozenset(
 
 class AuditLog:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
         self.path = path
-        # O_APPEND: each line lands at the end even if another process appends too.
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.chmod(path, 0o600)
+        # O_APPEND: each line lands at the end even if another process appends too. 0600 even if
+        # an older agent or a loose umask created it wider.
+        self._fd = private_file(path, os.O_WRONLY | os.O_APPEND)
 
     def record(self, **fields: Any) -> None:
         entry = {"ts": round(time.time(), 3), **{k: v for k, v in fields.items() if k in ALLOWED_FIELDS}}

@@ -21,9 +21,12 @@ write is a short transaction, so the loop is held for well under a millisecond.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from device_agent.datadir import PRIVATE_DIR, PRIVATE_FILE, private_file
 from protocol.errors import ErrorCode
 from protocol.messages import CommandBatch, ErrorInfo, Result
 
@@ -100,6 +104,21 @@ def _durable(method: Callable[Concatenate[Ledger, _P], _T]) -> Callable[Concaten
     return wrapper
 
 
+def _make_private(path: Path) -> None:
+    """Create the ledger file 0600 before SQLite opens it (SQLite would create it 0644 less the
+    umask), and tighten it and its companions if they exist wider. SQLite creates the `-wal`,
+    `-shm` and `-journal` files with the database file's mode, so they are born 0600 too."""
+    try:
+        os.close(private_file(path))
+        for suffix in ("-wal", "-shm", "-journal"):
+            companion = path.with_name(path.name + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_IMODE(companion.lstat().st_mode) != PRIVATE_FILE and not companion.is_symlink():
+                    os.chmod(companion, PRIVATE_FILE)
+    except OSError as exc:
+        raise LedgerError(f"the ledger {path} cannot be made private (0600): {exc}") from exc
+
+
 class Receipt(StrEnum):
     NEW = "new"  # recorded now: run it
     PENDING = "pending"  # recorded earlier, not finished: it is queued or running
@@ -118,9 +137,10 @@ class Ledger:
     """The ledger of one agent, whose device is `device_id` (the token's device)."""
 
     def __init__(self, path: Path, device_id: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
         self.path = path
         self.device_id = device_id
+        _make_private(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a killed process (not a power cut) at a fraction of FULL's cost.

@@ -27,6 +27,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent, Tool, ToolListC
 
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
+from device_agent.toolsets.base import failure, nul_field, nul_message, without_nul
 from protocol.errors import ErrorCode
 from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolSpec
 
@@ -226,6 +227,8 @@ def tool_spec(namespace: str, tool: Tool, force_read_only: bool = False, strict:
     schema = dict(tool.input_schema or {})
     if strict and isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
         schema["additionalProperties"] = False
+    if strict:  # the router refuses NUL bytes in them too (`nul_field`): say so, for submission
+        schema = without_nul(f"{namespace}.{tool.name}", schema)
     read_only = force_read_only or bool(ann and ann.read_only_hint)
     idempotent = bool(ann and ann.idempotent_hint) or read_only
     destructive = (not read_only) and (ann is None or ann.destructive_hint is not False)
@@ -311,6 +314,16 @@ class Router:
                 audit,
                 "denied",
                 _error("unknown_tool", f"this device has no tool '{cmd.tool}'; it has: {known}"),
+            )
+        nul = nul_field(cmd.tool, cmd.arguments) if host.strict_arguments else None
+        if nul is not None:  # checked before anything else looks at the strings (issue 14, item 1)
+            return self._finish(
+                cmd,
+                namespace,
+                started,
+                audit,
+                "denied",
+                failure("invalid_arguments", nul_message(cmd.tool, nul), field=nul),
             )
         unknown = _undeclared(cmd.arguments, spec) if host.strict_arguments else []
         if unknown:

@@ -17,7 +17,7 @@ from mcp import StdioServerParameters
 from device_agent.agent import Agent, AgentFailed, TokenRefused
 from device_agent.audit import AuditLog
 from device_agent.config import AgentConfig
-from device_agent.datadir import DataDirBusy, DataDirLock
+from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLock, make_private
 from device_agent.faults import CrashPoints
 from device_agent.ledger import Ledger, LedgerError, LedgerOwned
 from device_agent.router import HttpTarget, Router, ToolsetHost
@@ -59,7 +59,7 @@ def build(config: AgentConfig) -> Agent:
             )
     ctx = toolset_context(config)
     data_dir = config.resolved_data_dir
-    audit = AuditLog(data_dir / "audit.jsonl")
+    audit = AuditLog(data_dir / AUDIT_NAME)
     router = Router(ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all)
     for name in config.toolsets:
         factory = BUILTIN.get(name)
@@ -91,7 +91,7 @@ def build(config: AgentConfig) -> Agent:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        ledger = Ledger(data_dir / "ledger.sqlite3", config.identity())
+        ledger = Ledger(data_dir / LEDGER_NAME, config.identity())
     except LedgerOwned as exc:
         raise ConfigError(str(exc)) from None
     if ledger.rebound_from:
@@ -113,11 +113,12 @@ def _add(router: Router, host: ToolsetHost) -> None:
 
 
 def toolset_context(config: AgentConfig) -> ToolsetContext:
-    """The context every built-in toolset gets; creates the data dir (0700) and the workspace."""
+    """The context every built-in toolset gets; creates (or tightens) the private data dir and
+    creates the workspace (0700 if it is new: it is the tools' to open up)."""
     data_dir = config.resolved_data_dir
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     workspace = config.resolved_workspace
-    workspace.mkdir(parents=True, exist_ok=True)
+    make_private(data_dir)
+    workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
     return ToolsetContext(workspace=workspace, policy=config.policy(), data_dir=data_dir)
 
 

@@ -16,7 +16,7 @@ import inspect
 import json
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -106,6 +106,102 @@ class ProcessTracker:
                 except (ProcessLookupError, PermissionError):
                     pass
         return n
+
+
+# ---------------------------------------------------------------- NUL bytes
+
+NUL = "\x00"
+# A string without NUL, as a JSON Schema `pattern` (ECMA-262 and Python `re` read it alike).
+NO_NUL_PATTERN = "^[^\\x00]*$"
+# Arguments of built-in tools that are data for the tool (written to a file or a pipe as bytes),
+# never a C string handed to the OS: a NUL in them is content, kept as sent. Every other string
+# of a built-in tool's arguments, and every key, is refused if it holds a NUL (see `nul_field`).
+NUL_IS_DATA: Mapping[str, frozenset[str]] = {
+    "files.write": frozenset({"content"}),
+    "files.append": frozenset({"content"}),
+    "shell.run": frozenset({"stdin"}),
+    "system.echo": frozenset({"text"}),
+}
+
+
+def nul_field(tool: str, arguments: Mapping[str, Any]) -> str | None:
+    """The first argument of `tool` holding a NUL byte, named as a caller writes it (`argv[0]`,
+    `env.PATH`, `path`), or None.
+
+    The OS cuts a string at its first NUL: uvloop's process spawn passes `"rm\0x"` as `rm` (past a
+    deny list that saw `rm\0x`) and `"keep\0DROPPED"` as `keep`. No program argument, path,
+    working directory or environment entry can hold one, so the whole call is refused, before
+    anything runs, whatever the string is used for. Keys are checked too (`env` names)."""
+    data = NUL_IS_DATA.get(tool, frozenset())
+    for key, value in arguments.items():
+        if key in data and NUL not in key:
+            continue
+        found = next(_nul_paths(value, key, str(key)), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _nul_paths(value: Any, key: str, path: str) -> Iterator[str]:
+    if NUL in key:
+        yield f"{_shown(path)} (its name)"
+    elif isinstance(value, str):
+        if NUL in value:
+            yield _shown(path)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _nul_paths(v, str(k), f"{path}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _nul_paths(v, "", f"{path}[{i}]")
+
+
+def _shown(path: str) -> str:
+    return path.replace(NUL, "\\0")
+
+
+def nul_message(tool: str, field: str) -> str:
+    return (
+        f"argument {field} contains a NUL byte (U+0000); {tool} refuses it before anything runs, "
+        "because the OS would cut the value short there (a program name, argument, path or "
+        "environment entry cannot hold one); remove the NUL and send the call again"
+    )
+
+
+def without_nul(tool: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """`schema` (a built-in tool's input schema) with `pattern: NO_NUL_PATTERN` on every string that
+    `nul_field` checks, so the server refuses a NUL at submission (the device still checks)."""
+    data = NUL_IS_DATA.get(tool, frozenset())
+    out = dict(schema)
+    props = schema.get("properties")
+    if isinstance(props, Mapping):
+        out["properties"] = {k: v if k in data else _no_nul(v) for k, v in props.items()}
+    for key in ("$defs", "definitions"):
+        defs = schema.get(key)
+        if isinstance(defs, Mapping):
+            out[key] = {k: _no_nul(v) for k, v in defs.items()}
+    return out
+
+
+def _no_nul(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [_no_nul(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: _no_nul(v) if k in _SUBSCHEMAS else v for k, v in schema.items()}
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        if isinstance(schema.get(key), Mapping):
+            out[key] = {k: _no_nul(v) for k, v in schema[key].items()}
+    kinds = schema.get("type")
+    if (kinds == "string" or (isinstance(kinds, list) and "string" in kinds)) and "pattern" not in schema:
+        out["pattern"] = NO_NUL_PATTERN
+    if (kinds == "object" or "properties" in schema) and "propertyNames" not in schema:
+        out["propertyNames"] = {"pattern": NO_NUL_PATTERN}
+    return out
+
+
+# Where a value's own schema sits (not `not`, `if` or `contains`: a pattern there would not refuse).
+_SUBSCHEMAS = frozenset({"items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "allOf", "then", "else"})
 
 
 @dataclass

@@ -151,8 +151,26 @@ def _describe(tool: str, error: ValidationError, root: Mapping[str, Any]) -> lis
             for k in extra
         ]
     where = _dotted(base)
+    nul = _nul_refusal(error)
+    if nul is not None:  # a device's built-in tools refuse NUL bytes (the OS would cut the string there)
+        where = _dotted([str(p) for p in nul.absolute_path])
+        what = "a key of argument" if "propertyNames" in nul.schema_path else "argument"
+        return [(where, f"{what} '{where}' contains a NUL byte (U+0000), which {tool} refuses; remove it")]
     text = error.message if len(error.message) <= 300 else error.message[:300] + "..."
     return [(where, f"argument '{where}': {text}" if where else text)]
+
+
+def _nul_refusal(error: ValidationError) -> ValidationError | None:
+    """The failed `pattern` behind `error` that a string with a NUL broke: `error` itself, or one in
+    the branches of an `anyOf`/`oneOf` (`cwd: string | null`, `env: object | null`)."""
+    if error.validator == "pattern" and isinstance(error.instance, str) and "\x00" in error.instance:
+        return error
+    if error.validator in ("anyOf", "oneOf"):
+        for branch in error.context or []:
+            found = _nul_refusal(branch)
+            if found is not None:
+                return found
+    return None
 
 
 def _dotted(parts: Sequence[str]) -> str:

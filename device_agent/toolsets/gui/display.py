@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.toolsets.base import ToolsetContext
 from device_agent.toolsets.gui.rules import GuiError
 from device_agent.toolsets.gui.screens import ScreenshotStore, private_dir
@@ -125,7 +126,7 @@ def check(ctx: ToolsetContext, display: str | None = None) -> dict[str, Any]:
     try:
         screen = read_screen(display)
         png, width, height = grab_png(display)
-        store = ScreenshotStore(ctx.data_dir / "screenshots" if ctx.data_dir else None)
+        store = ScreenshotStore(ctx.data_dir / SCREENSHOTS_NAME if ctx.data_dir else None)
         path = store.save(f"check-{secrets.token_hex(8)}.png", png)
         path.unlink()
     except (GuiError, OSError) as exc:

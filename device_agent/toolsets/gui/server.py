@@ -28,6 +28,7 @@ from mcp.types import CallToolResult, ImageContent, ToolAnnotations
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.policy import PolicyDenied, check_action
 from device_agent.toolsets.base import READ_ONLY, ToolsetContext, action, failure, success, tool
 from device_agent.toolsets.gui.control import SETTLE_S, Controller, Observation
@@ -115,7 +116,7 @@ def build(
     """The `gui` MCP server for the X display in $DISPLAY (or `backend`, for tests)."""
     if backend is None:
         backend = X11Backend(os.environ.get("DISPLAY", ""), ctx.processes, lambda: ctx.policy)
-    store = ScreenshotStore(ctx.data_dir / "screenshots" if ctx.data_dir else None)
+    store = ScreenshotStore(ctx.data_dir / SCREENSHOTS_NAME if ctx.data_dir else None)
     controller = Controller(backend, store, DisplayLock(backend.display, lock_dir), clock, settle_s)
 
     @asynccontextmanager

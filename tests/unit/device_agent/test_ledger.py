@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -203,3 +205,18 @@ def test_a_result_batch_too_big_for_a_frame_is_truncated_with_a_marker_not_dropp
     assert fitted[0].result["truncated"] is True and fitted[0].result["original_bytes"] > 50_000
     assert fitted[1] == results[1]
     assert [r.call_id for r in fitted] == ["c1", "c2"]
+
+
+def test_a_new_ledger_and_the_files_sqlite_makes_for_it_are_0600_whatever_the_umask(tmp_path: Path) -> None:
+    """Issue 14 item 9: SQLite creates the database 0644 less the umask, and its -wal and -shm with
+    the database's mode; the ledger is created 0600 first, so all of them are born 0600."""
+    previous = os.umask(0)
+    try:
+        ledger = Ledger(tmp_path / "new" / "ledger.sqlite3", DEVICE)
+        ledger.receive(batch("b1", 1))
+    finally:
+        os.umask(previous)
+    made = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "new").iterdir()}
+    assert made == {"ledger.sqlite3": 0o600, "ledger.sqlite3-wal": 0o600, "ledger.sqlite3-shm": 0o600}
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
+    ledger.close()
