@@ -62,8 +62,6 @@ def build(config: AgentConfig) -> Agent:
         ctx = toolset_context(config)
     except SandboxUnavailable as exc:  # never run unconfined when the owner asked for the sandbox
         raise ConfigError(str(exc)) from None
-    if ctx.sandbox is None and "shell" in config.toolsets:
-        log.info("shell.run is not sandboxed: shell_allow/shell_deny are guardrails only (see sandbox = 'bwrap')")
     data_dir = config.resolved_data_dir
     audit = AuditLog(data_dir / "audit.jsonl")
     router = Router(ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all)
@@ -107,6 +105,8 @@ def build(config: AgentConfig) -> Agent:
             ledger.rebound_from,
             config.identity(),
         )
+    if ctx.sandbox is None and "shell" in config.toolsets:
+        log.info("shell.run is not sandboxed: shell_allow/shell_deny are guardrails only (see sandbox = 'bwrap')")
     info = {**system.device_info(), "policy": config.policy_report()}
     return Agent(config, router, ledger, info, crash)
 
