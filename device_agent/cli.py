@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 from device_agent import config as agent_config
 from device_agent.logs import setup_logging
@@ -54,6 +55,16 @@ def agent(
     toolset: Annotated[list[str] | None, typer.Option(help="built-in toolsets (default system, shell, files)")] = None,
     unattended: Annotated[bool | None, typer.Option("--unattended", help="allow tools that need approval")] = None,
     log_format: Annotated[str | None, typer.Option(help="text or json")] = None,
+    sandbox: Annotated[
+        str | None,
+        typer.Option(
+            help="'bwrap' runs every shell.run in a bubblewrap sandbox (workspace the only writable place, "
+            "no network); 'none' (default) runs programs unconfined"
+        ),
+    ] = None,
+    sandbox_network: Annotated[
+        bool | None, typer.Option("--sandbox-network", help="let sandboxed programs use the network")
+    ] = None,
     check: Annotated[
         bool,
         typer.Option(
@@ -79,8 +90,16 @@ def agent(
         "toolsets": toolset,
         "unattended": unattended,
         "log_format": log_format,
+        "sandbox": sandbox,
+        "sandbox_network": sandbox_network,
     }
-    cfg = agent_config.load(config, overrides)
+    try:
+        cfg = agent_config.load(config, overrides)
+    except ValidationError as exc:  # one line per bad setting, not a traceback
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "settings"
+            typer.echo(f"bad agent setting {where}: {error['msg']} (got {error.get('input')!r})", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
     setup_logging(cfg.log_format)
     if check:
         _check(cfg)
@@ -105,6 +124,9 @@ def _check(cfg: agent_config.AgentConfig) -> None:
 
     report = asyncio.run(check(cfg))
     typer.echo(json.dumps(report, indent=2, default=str))
+    for name, toolset in report["toolsets"].items():
+        if toolset.get("warning"):
+            logging.getLogger("orrery.agent").warning("%s: %s", name, toolset["warning"])
     if not report["ready"]:
         logging.getLogger("orrery.agent").error("not ready: %s", report["reason"])
         raise typer.Exit(1)

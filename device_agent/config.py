@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from device_agent.policy import Policy
+from device_agent.sandbox import Limits
 
 TOKEN_PREFIX = "orrd_"
 # Without --data-dir, each device gets `<this>/<device id>/` under the directory the agent is
@@ -51,6 +52,14 @@ class AgentConfig(BaseSettings):
 
     shell_allow: list[str] | None = None
     shell_deny: list[str] = Field(default_factory=list)
+    # The allow/deny lists are guardrails; "bwrap" confines every shell.run (device_agent/sandbox.py).
+    sandbox: Literal["none", "bwrap"] = "none"
+    sandbox_network: bool = False
+    # Per-command limits inside the sandbox; 0 turns one off.
+    sandbox_memory_mb: int = Field(default=Limits.memory_mb, ge=0)
+    sandbox_cpu_s: int = Field(default=Limits.cpu_s, ge=0)
+    sandbox_max_processes: int = Field(default=Limits.max_processes, ge=0)
+    sandbox_file_size_mb: int = Field(default=Limits.file_size_mb, ge=0)
     # Screen input needs the owner's approval unless the agent runs --unattended (device-safety).
     approval_required: list[str] = Field(
         default_factory=lambda: ["gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"]
@@ -98,7 +107,22 @@ class AgentConfig(BaseSettings):
             "approval_required": list(self.approval_required),
             "unattended": self.unattended,
             "kill_switch": self.kill_switch,
+            "sandbox": self.sandbox_report(),
         }
+
+    def sandbox_limits(self) -> Limits:
+        return Limits(
+            memory_mb=self.sandbox_memory_mb,
+            cpu_s=self.sandbox_cpu_s,
+            max_processes=self.sandbox_max_processes,
+            file_size_mb=self.sandbox_file_size_mb,
+        )
+
+    def sandbox_report(self) -> dict[str, Any]:
+        """How `shell.run` is confined: `{"kind": "none"}`, or bwrap with its network and limits."""
+        if self.sandbox == "none":
+            return {"kind": "none"}
+        return {"kind": self.sandbox, "network": self.sandbox_network, "limits": self.sandbox_limits().report()}
 
     def policy(self) -> Policy:
         return Policy(

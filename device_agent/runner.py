@@ -21,6 +21,7 @@ from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLo
 from device_agent.faults import CrashPoints
 from device_agent.ledger import Ledger, LedgerError, LedgerOwned
 from device_agent.router import HttpTarget, Router, ToolsetHost
+from device_agent.sandbox import Sandbox, SandboxUnavailable
 from device_agent.toolsets import files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
 
@@ -29,7 +30,7 @@ log = logging.getLogger("orrery.agent")
 # "gui" is opt-in (`--toolset gui` or `toolsets` in the config): it is not in the default list.
 BUILTIN = {"system": system.build, "shell": shell.build, "files": files.build, "gui": gui.build}
 # Readiness checks of toolsets that depend on more than Python (`orrery agent --check`).
-CHECKS: dict[str, Callable[[ToolsetContext], dict[str, Any]]] = {"gui": gui.check}
+CHECKS: dict[str, Callable[[ToolsetContext], dict[str, Any]]] = {"gui": gui.check, "shell": shell.check}
 
 
 class ConfigError(ValueError):
@@ -57,7 +58,10 @@ def build(config: AgentConfig) -> Agent:
                 "use https:// (wss) for anything but loopback",
                 url,
             )
-    ctx = toolset_context(config)
+    try:
+        ctx = toolset_context(config)
+    except SandboxUnavailable as exc:  # never run unconfined when the owner asked for the sandbox
+        raise ConfigError(str(exc)) from None
     data_dir = config.resolved_data_dir
     audit = AuditLog(data_dir / AUDIT_NAME)
     router = Router(ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all)
@@ -101,6 +105,8 @@ def build(config: AgentConfig) -> Agent:
             ledger.rebound_from,
             config.identity(),
         )
+    if ctx.sandbox is None and "shell" in config.toolsets:
+        log.info("shell.run is not sandboxed: shell_allow/shell_deny are guardrails only (see sandbox = 'bwrap')")
     info = {**system.device_info(), "policy": config.policy_report()}
     return Agent(config, router, ledger, info, crash)
 
@@ -114,12 +120,20 @@ def _add(router: Router, host: ToolsetHost) -> None:
 
 def toolset_context(config: AgentConfig) -> ToolsetContext:
     """The context every built-in toolset gets; creates (or tightens) the private data dir and
-    creates the workspace (0700 if it is new: it is the tools' to open up)."""
+    creates the workspace (0700 if it is new: it is the tools' to open up).
+
+    With `sandbox = "bwrap"` it also runs a trivial command in the sandbox once, and raises
+    `SandboxUnavailable` (one line: why, and what to do) if that fails.
+    """
     data_dir = config.resolved_data_dir
     workspace = config.resolved_workspace
     make_private(data_dir)
     workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return ToolsetContext(workspace=workspace, policy=config.policy(), data_dir=data_dir)
+    sandbox = None
+    if config.sandbox == "bwrap":
+        sandbox = Sandbox.create(workspace, data_dir, network=config.sandbox_network, limits=config.sandbox_limits())
+        sandbox.probe()
+    return ToolsetContext(workspace=workspace, policy=config.policy(), data_dir=data_dir, sandbox=sandbox)
 
 
 async def check(config: AgentConfig) -> dict[str, Any]:
@@ -139,9 +153,22 @@ async def check(config: AgentConfig) -> dict[str, Any]:
 
 
 async def _check(config: AgentConfig) -> dict[str, Any]:
-    ctx = toolset_context(config)
     reports: dict[str, dict[str, Any]] = {}
+    sandbox_error = None
+    try:
+        ctx = toolset_context(config)
+    except SandboxUnavailable as exc:  # the agent would refuse to start with this very line
+        sandbox_error = str(exc)
+        ctx = toolset_context(config.model_copy(update={"sandbox": "none"}))
+        if "shell" in config.toolsets:
+            reports["shell"] = {
+                "ready": False,
+                "reason": "the sandbox cannot start",
+                "sandbox": config.sandbox_report(),
+            }
     for name in config.toolsets:
+        if name in reports:
+            continue
         factory = BUILTIN.get(name)
         if factory is None:
             reports[name] = {"ready": False, "reason": f"unknown toolset; built-in ones are {sorted(BUILTIN)}"}
@@ -155,7 +182,10 @@ async def _check(config: AgentConfig) -> dict[str, Any]:
         report = await asyncio.to_thread(checker, ctx) if checker else {"ready": True, "reason": None}
         reports[name] = {**report, "tools": tools}
     failing = [f"{name}: {r['reason']}" for name, r in reports.items() if not r["ready"]]
-    return {"ready": not failing, "reason": "; ".join(failing) or None, "toolsets": reports}
+    if sandbox_error is not None:
+        failing.insert(0, f"sandbox: {sandbox_error}")
+    sandbox = {**config.sandbox_report(), "ready": sandbox_error is None, "reason": sandbox_error}
+    return {"ready": not failing, "reason": "; ".join(failing) or None, "sandbox": sandbox, "toolsets": reports}
 
 
 async def serve(config: AgentConfig) -> None:

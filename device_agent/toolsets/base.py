@@ -25,6 +25,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from device_agent.policy import Policy
+from device_agent.sandbox import Sandbox
 
 
 def failure(code: str, message: str, **details: Any) -> CallToolResult:
@@ -210,3 +211,5 @@ class ToolsetContext:
     policy: Policy
     processes: ProcessTracker = field(default_factory=ProcessTracker)
     data_dir: Path | None = None
+    # When set, `shell.run` runs every program inside it (device_agent/sandbox.py).
+    sandbox: Sandbox | None = None

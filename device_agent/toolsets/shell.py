@@ -8,6 +8,10 @@ everything the program started, not only the program. Output is read as it comes
 `Policy.max_output_bytes` per stream; the rest is counted and dropped, so a chatty program cannot
 exhaust the agent's memory, and is still read so the program never blocks on a full pipe.
 
+With `sandbox = "bwrap"` every program runs confined (device_agent/sandbox.py): the workspace is
+the only writable place, the network is off, resource limits apply. The group kill still reaches
+everything: killing bwrap tears down the run's whole pid namespace.
+
 POSIX only: process groups and `os.killpg` have no Windows equivalent here.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -27,9 +32,15 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from device_agent.policy import PolicyDenied, check_action, check_program, child_env, contain
+from device_agent.sandbox import signal_exit
 from device_agent.toolsets.base import ToolsetContext, action, failure, success, tool
 
 _CHUNK = 64 * 1024
+# Signals the kernel sends when a sandbox resource limit (setrlimit) is reached.
+_LIMIT_SIGNALS = {
+    "SIGXFSZ": " (a file reached the sandbox's size limit, sandbox_file_size_mb)",
+    "SIGXCPU": " (the program used up the sandbox's CPU time, sandbox_cpu_s)",
+}
 # After the group is killed, how long to wait for the pipes to close. A process that escaped the
 # group (setsid) may hold them forever; we stop reading rather than hang.
 _REAP_GRACE_S = 2.0
@@ -68,6 +79,32 @@ class _Capture:
         if self.dropped:
             text += f"\n[... truncated {self.dropped} bytes]"
         return text
+
+
+GUARDRAIL = (
+    "shell_allow and shell_deny are a guardrail against mistakes, not a security boundary: an allowed "
+    "shell or interpreter runs anything the agent's user can (sh -c 'rm ...', env rm, find -delete, "
+    "a copied binary all get past shell_deny = ['rm'])"
+)
+
+
+def check(ctx: ToolsetContext) -> dict[str, Any]:
+    """`orrery agent --check` for the shell: how programs are confined (the sandbox was probed already)."""
+    if ctx.sandbox is None:
+        return {
+            "ready": True,
+            "reason": None,
+            "sandbox": {"kind": "none"},
+            "warning": f"{GUARDRAIL}; programs run unconfined, as the agent's user: turn on the sandbox "
+            "(sandbox = 'bwrap', --sandbox bwrap) to make the workspace the only writable place",
+        }
+    return {
+        "ready": True,
+        "reason": None,
+        "sandbox": ctx.sandbox.report(),
+        "note": f"{GUARDRAIL}; the bwrap sandbox is the boundary: the workspace is the only writable place"
+        + ("" if ctx.sandbox.network else ", and there is no network"),
+    }
 
 
 def build(ctx: ToolsetContext) -> MCPServer:
@@ -133,11 +170,18 @@ async def _run(
     ctx: ToolsetContext, argv: list[str], workdir: Path, timeout: float, stdin: str | None
 ) -> CallToolResult:
     started = time.monotonic()
+    env = child_env(ctx.policy, os.environ)
+    command = argv
+    if ctx.sandbox is not None:
+        # bwrap would report a missing program as its own exit status 1; say it the usual way.
+        if not _findable(argv[0], workdir, env):
+            return _not_found(argv[0])
+        command = ctx.sandbox.wrap(argv, workdir)
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *command,
             cwd=workdir,
-            env=child_env(ctx.policy, os.environ),
+            env=env,
             # Without input, the child must not inherit (and block on) the agent's own stdin.
             stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -145,11 +189,7 @@ async def _run(
             start_new_session=True,
         )
     except FileNotFoundError:
-        return failure(
-            "invalid_arguments",
-            f"program {argv[0]!r} was not found on PATH; check the spelling, give its absolute path, "
-            "or check that it is installed on this device (system.info tells the platform)",
-        )
+        return _not_found(argv[0])
     except PermissionError:
         return failure("invalid_arguments", f"program {argv[0]!r} is not executable by the agent's user")
     except (ValueError, OSError) as exc:  # e.g. a NUL byte in an argument
@@ -180,10 +220,26 @@ async def _run(
             killed=ctx.processes.was_killed(proc),
             timed_out=bool(pending),
             timeout=timeout,
+            sandboxed=ctx.sandbox is not None,
         )
     finally:
         await _cleanup(proc, tasks)
         ctx.processes.discard(proc)
+
+
+def _findable(program: str, workdir: Path, env: dict[str, str]) -> bool:
+    """Whether `program` names an executable the way exec looks it up (the sandbox sees the same files)."""
+    if "/" in program:
+        return os.access(workdir / program, os.X_OK)
+    return shutil.which(program, path=env.get("PATH", os.defpath)) is not None
+
+
+def _not_found(program: str) -> CallToolResult:
+    return failure(
+        "invalid_arguments",
+        f"program {program!r} was not found on PATH; check the spelling, give its absolute path, "
+        "or check that it is installed on this device (system.info tells the platform)",
+    )
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
@@ -235,6 +291,7 @@ def _result(
     killed: bool,
     timed_out: bool,
     timeout: float,
+    sandboxed: bool = False,
 ) -> CallToolResult:
     """Map how the run ended to a result (SPEC section 4 codes: tool_error, timeout, cancelled)."""
     out, err = streams
@@ -269,6 +326,12 @@ def _result(
     if code < 0:
         name = _signal_name(-code)
         return failure("tool_error", f"{program} was killed by signal {name}", exit_code=code, signal=name, **outputs)
+    if code != 0 and sandboxed and (number := signal_exit(code)) is not None:
+        # In the sandbox a signal comes back as bwrap's exit status 128 + N, as from a shell.
+        name = _signal_name(number)
+        hint = _LIMIT_SIGNALS.get(name, "")
+        message = f"{program} exited with code {code}, the sandbox's way of saying killed by signal {name}{hint}"
+        return failure("tool_error", message, exit_code=code, signal=name, **outputs)
     if code != 0:
         first = next((line for line in outputs["stderr"].splitlines() if line.strip()), "")
         detail = first[:300] if first else "(nothing on stderr; see stdout)"

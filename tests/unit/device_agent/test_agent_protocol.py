@@ -185,6 +185,7 @@ async def test_hello_reports_the_device_policy_as_the_contract_says(tmp_path: Pa
             "approval_required": ["gui.click"],
             "unattended": False,
             "kill_switch": True,
+            "sandbox": {"kind": "none"},
         }
 
 
