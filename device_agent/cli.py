@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from device_agent import config as agent_config
-from device_agent.logs import setup_logging
+from device_agent.logs import NOISY, setup_logging
 
 app = typer.Typer(add_completion=False)
 
@@ -54,6 +54,7 @@ def agent(
     toolset: Annotated[list[str] | None, typer.Option(help="built-in toolsets (default system, shell, files)")] = None,
     unattended: Annotated[bool | None, typer.Option("--unattended", help="allow tools that need approval")] = None,
     log_format: Annotated[str | None, typer.Option(help="text or json")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
     check: Annotated[
         bool,
         typer.Option(
@@ -79,9 +80,10 @@ def agent(
         "toolsets": toolset,
         "unattended": unattended,
         "log_format": log_format,
+        "log_level": log_level,
     }
     cfg = agent_config.load(config, overrides)
-    setup_logging(cfg.log_format)
+    setup_logging(cfg.log_format, cfg.log_level, quiet=("websockets",) if cfg.log_level == "debug" else NOISY)
     if check:
         _check(cfg)
         return

@@ -61,6 +61,8 @@ class AgentConfig(BaseSettings):
     max_result_bytes: int = Field(default=256 * 1024, ge=1024)
     max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     log_format: Literal["text", "json"] = "text"
+    # debug also shows the MCP SDK's and HTTP client's lines (they include tool arguments)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("token")
     @classmethod
