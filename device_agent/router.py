@@ -25,7 +25,11 @@ from mcp import Client, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
 from mcp.types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
     CallToolResult,
     ElicitRequestParams,
     ElicitResult,
@@ -177,13 +181,18 @@ def describe_failure(exc: BaseException, target: Any, auth: OriginBoundHeaders |
             f"the MCP server at {public_url(target.url)} answered {auth.refused}: "
             "it refused the configured bearer_token/headers (wrong, expired or missing)"
         )
-    text = "; ".join(dict.fromkeys(f"{type(e).__name__}: {e}" if not str(e) else str(e) for e in _leaves(exc)))
+    text = "; ".join(dict.fromkeys(str(e) or type(e).__name__ for e in _leaves(exc)))
     if isinstance(target, HttpTarget):
         text = f"{target.redact(text)} (MCP server at {public_url(target.url)})"
     return text
 
 
 Target = MCPServer | StdioServerParameters | HttpTarget
+
+
+# JSON-RPC error codes the SDK's streamable-HTTP transport uses for a failed exchange ("Server
+# returned an error response", "Session terminated"): the session is gone, not just the call.
+SESSION_ERRORS = frozenset({INTERNAL_ERROR, INVALID_REQUEST})
 
 
 class ToolsetUnavailable(Exception):
@@ -283,10 +292,18 @@ class ToolsetHost:
                 return await client.call_tool(tool, arguments)
         except TimeoutError:
             return _error("timeout", f"{self.namespace}.{tool} did not finish within {timeout_s:g}s")
+        except MCPError as exc:
+            if exc.code not in SESSION_ERRORS:
+                # The server answered this call with an error (bad arguments, a capability the agent
+                # does not declare): the call failed, the session is fine, other calls on it go on.
+                code = "invalid_arguments" if exc.code == INVALID_PARAMS else "tool_error"
+                return _error(code, f"{self.namespace}.{tool}: {describe_failure(exc, self.target, None)}")
+            failure: Exception = exc  # what the SDK's HTTP transport reports for a lost session
         except Exception as exc:
-            self._broken.set()  # the server died or the session broke: start a fresh one
-            reason = describe_failure(exc, self.target, self._auth)
-            raise ToolsetUnavailable(f"toolset '{self.namespace}' failed during the call: {reason}") from exc
+            failure = exc
+        self._broken.set()  # the server died or the session broke: start a fresh one
+        reason = describe_failure(failure, self.target, self._auth)
+        raise ToolsetUnavailable(f"toolset '{self.namespace}' failed during the call: {reason}") from failure
 
     async def _serve(self) -> None:
         backoff = 0.5
