@@ -27,9 +27,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
-    INTERNAL_ERROR,
     INVALID_PARAMS,
-    INVALID_REQUEST,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    URL_ELICITATION_REQUIRED,
     CallToolResult,
     ElicitRequestParams,
     ElicitResult,
@@ -190,9 +190,10 @@ def describe_failure(exc: BaseException, target: Any, auth: OriginBoundHeaders |
 Target = MCPServer | StdioServerParameters | HttpTarget
 
 
-# JSON-RPC error codes the SDK's streamable-HTTP transport uses for a failed exchange ("Server
-# returned an error response", "Session terminated"): the session is gone, not just the call.
-SESSION_ERRORS = frozenset({INTERNAL_ERROR, INVALID_REQUEST})
+# JSON-RPC errors that answer one call and leave the session as it was: the server refused the
+# arguments, or wants a client capability the agent does not declare (sampling; elicitation by
+# URL). Any other error (a closed connection, a lost HTTP session) restarts the server.
+CALL_ERRORS = frozenset({INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY, URL_ELICITATION_REQUIRED})
 
 
 class ToolsetUnavailable(Exception):
@@ -293,12 +294,12 @@ class ToolsetHost:
         except TimeoutError:
             return _error("timeout", f"{self.namespace}.{tool} did not finish within {timeout_s:g}s")
         except MCPError as exc:
-            if exc.code not in SESSION_ERRORS:
+            if exc.code in CALL_ERRORS:
                 # The server answered this call with an error (bad arguments, a capability the agent
                 # does not declare): the call failed, the session is fine, other calls on it go on.
                 code = "invalid_arguments" if exc.code == INVALID_PARAMS else "tool_error"
                 return _error(code, f"{self.namespace}.{tool}: {describe_failure(exc, self.target, None)}")
-            failure: Exception = exc  # what the SDK's HTTP transport reports for a lost session
+            failure: Exception = exc
         except Exception as exc:
             failure = exc
         self._broken.set()  # the server died or the session broke: start a fresh one

@@ -93,8 +93,8 @@ def mcp_host(server: McpServerConfig, workspace: Path, on_change: Callable[[], N
     target: Any
     if server.url:
         secrets = server.http_headers()
-        host = urlsplit(server.url).hostname or ""
-        if secrets and server.url.startswith("http://") and host not in ("127.0.0.1", "localhost", "::1"):
+        parts = urlsplit(server.url)
+        if secrets and parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
             log.warning(
                 "MCP server '%s' is reached over plain http://: its bearer_token/headers travel unencrypted; "
                 "use https:// for anything but loopback",
