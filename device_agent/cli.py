@@ -12,9 +12,21 @@ import typer
 from pydantic import ValidationError
 
 from device_agent import config as agent_config
-from device_agent.logs import setup_logging
+from device_agent.logs import NOISY, setup_logging
 
 app = typer.Typer(add_completion=False)
+
+# A bad value under these is never echoed back: it may be a token, a header or a URL with a password.
+SECRET_PARTS = frozenset({"token", "mcp_servers", "bearer_token", "headers", "url", "env"})
+
+
+def _shown(error: Any) -> str:
+    """` (got VALUE)` for a plain value of a setting that holds no secret, else nothing."""
+    value = error.get("input")
+    if SECRET_PARTS & {str(part) for part in error["loc"]} or not isinstance(value, str | int | float | bool):
+        return ""
+    return f" (got {value!r})"
+
 
 # Exit statuses: 0 stopped by a signal; a supervisor should restart on EXIT_FAILED only.
 EXIT_FAILED = 1  # the ledger or the executor failed; a restart reports the interrupted batch
@@ -65,6 +77,7 @@ def agent(
     sandbox_network: Annotated[
         bool | None, typer.Option("--sandbox-network", help="let sandboxed programs use the network")
     ] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error")] = None,
     check: Annotated[
         bool,
         typer.Option(
@@ -92,15 +105,16 @@ def agent(
         "log_format": log_format,
         "sandbox": sandbox,
         "sandbox_network": sandbox_network,
+        "log_level": log_level,
     }
     try:
         cfg = agent_config.load(config, overrides)
     except ValidationError as exc:  # one line per bad setting, not a traceback
         for error in exc.errors():
             where = ".".join(str(part) for part in error["loc"]) or "settings"
-            typer.echo(f"bad agent setting {where}: {error['msg']} (got {error.get('input')!r})", err=True)
+            typer.echo(f"bad agent setting {where}: {error['msg']}{_shown(error)}", err=True)
         raise typer.Exit(EXIT_CONFIG) from None
-    setup_logging(cfg.log_format)
+    setup_logging(cfg.log_format, cfg.log_level, quiet=("websockets",) if cfg.log_level == "debug" else NOISY)
     if check:
         _check(cfg)
         return

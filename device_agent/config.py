@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from device_agent.policy import Policy
@@ -21,9 +21,15 @@ DATA_ROOT = Path(".orrery-agent")
 
 
 class McpServerConfig(BaseModel):
-    """A third-party MCP server: stdio (`command`, `args`, `env`) or streamable HTTP (`url`)."""
+    """A third-party MCP server: stdio (`command`, `args`, `env`) or streamable HTTP (`url`).
 
-    model_config = ConfigDict(extra="forbid")
+    `bearer_token` and `headers` are secrets: they are sent (as `Authorization: Bearer ...` and
+    as given) only to requests for `url`'s origin, and never logged or reported. `roots` are the
+    directories the server is told it may work in (MCP roots): the agent's workspace unless given;
+    `roots = []` declares no roots capability at all."""
+
+    # A refused setting is not echoed back: it may be a token, or a URL with one in it.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     namespace: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
     command: str | None = None
@@ -31,9 +37,49 @@ class McpServerConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: Path | None = None
     url: str | None = None
-    bearer_token: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    bearer_token: SecretStr | None = None
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
     read_only_tools: list[str] = Field(default_factory=list)
+    roots: list[Path] | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"an MCP server url must be an http(s) URL with a host, got '{_without_secrets(v)}'")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("put an MCP server's credentials in bearer_token or headers, not in its url")
+        return v
+
+    @field_validator("roots")
+    @classmethod
+    def _absolute(cls, v: list[Path] | None) -> list[Path] | None:
+        for root in v or []:
+            if not root.expanduser().is_absolute():
+                raise ValueError(f"MCP roots must be absolute directories, got '{root}'")
+        return v
+
+    def http_headers(self) -> dict[str, str]:
+        """The headers for requests to `url`'s origin: `headers`, then the bearer token."""
+        out = {name: value.get_secret_value() for name, value in self.headers.items()}
+        if self.bearer_token is not None:
+            out["Authorization"] = f"Bearer {self.bearer_token.get_secret_value()}"
+        return out
+
+    def root_dirs(self, workspace: Path) -> tuple[Path, ...]:
+        """The directories offered as MCP roots: `roots` as given, else the workspace."""
+        if self.roots is None:
+            return (workspace.resolve(),)
+        return tuple(r.expanduser().resolve() for r in self.roots)
+
+
+def _without_secrets(url: str) -> str:
+    """`url` for a message: without userinfo, query or fragment (they can carry credentials)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 class AgentConfig(BaseSettings):
@@ -70,6 +116,8 @@ class AgentConfig(BaseSettings):
     max_result_bytes: int = Field(default=256 * 1024, ge=1024)
     max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     log_format: Literal["text", "json"] = "text"
+    # debug also shows the MCP SDK's and HTTP client's lines (they include tool arguments)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("token")
     @classmethod

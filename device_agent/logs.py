@@ -41,7 +41,12 @@ class TextFormatter(logging.Formatter):
         return line + "".join(f" {k}={v}" for k, v in ids.items()) if ids else line
 
 
-def setup_logging(fmt: str = "text", level: str = "info") -> None:
+# Libraries kept at WARNING: chatty at INFO (a line per HTTP request). At DEBUG the agent lets the
+# HTTP and MCP ones through (never websockets: its debug lines carry the handshake's headers).
+NOISY = ("httpx", "httpx2", "httpcore", "httpcore2", "mcp", "websockets")
+
+
+def setup_logging(fmt: str = "text", level: str = "info", quiet: tuple[str, ...] = NOISY) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -50,5 +55,5 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("httpx", "mcp", "websockets"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for noisy in NOISY:
+        logging.getLogger(noisy).setLevel(logging.WARNING if noisy in quiet else logging.NOTSET)

@@ -16,11 +16,11 @@ from mcp import StdioServerParameters
 
 from device_agent.agent import Agent, AgentFailed, TokenRefused
 from device_agent.audit import AuditLog
-from device_agent.config import AgentConfig
+from device_agent.config import AgentConfig, McpServerConfig
 from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLock, make_private
 from device_agent.faults import CrashPoints
 from device_agent.ledger import Ledger, LedgerError, LedgerOwned
-from device_agent.router import HttpTarget, Router, ToolsetHost
+from device_agent.router import ClientFeatures, HttpTarget, Router, ToolsetHost, ToolsetUnavailable, public_url
 from device_agent.sandbox import Sandbox, SandboxUnavailable
 from device_agent.toolsets import files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
@@ -71,25 +71,7 @@ def build(config: AgentConfig) -> Agent:
             raise ConfigError(f"unknown toolset '{name}'; built-in ones are {sorted(BUILTIN)}")
         _add(router, ToolsetHost(name, factory(ctx), on_change=router.tools_changed, strict_arguments=True))
     for server in config.mcp_servers:
-        target: Any
-        if server.url:
-            headers = dict(server.headers)
-            if server.bearer_token:
-                headers["Authorization"] = f"Bearer {server.bearer_token}"
-            target = HttpTarget(server.url, tuple(headers.items()))
-        elif server.command:
-            target = StdioServerParameters(
-                command=server.command,
-                args=server.args,
-                env=server.env or None,
-                cwd=str(server.cwd) if server.cwd else None,
-            )
-        else:
-            raise ConfigError(f"MCP server '{server.namespace}' needs a 'command' (stdio) or a 'url' (HTTP)")
-        _add(
-            router,
-            ToolsetHost(server.namespace, target, frozenset(server.read_only_tools), on_change=router.tools_changed),
-        )
+        _add(router, mcp_host(server, ctx.workspace, router.tools_changed))
     try:
         crash = CrashPoints.from_env()
     except ValueError as exc:
@@ -109,6 +91,51 @@ def build(config: AgentConfig) -> Agent:
         log.info("shell.run is not sandboxed: shell_allow/shell_deny are guardrails only (see sandbox = 'bwrap')")
     info = {**system.device_info(), "policy": config.policy_report()}
     return Agent(config, router, ledger, info, crash)
+
+
+def mcp_host(server: McpServerConfig, workspace: Path, on_change: Callable[[], None] | None = None) -> ToolsetHost:
+    """The host of a third-party MCP server: stdio or streamable HTTP, with the client features
+    the agent declares (roots: the workspace unless configured; elicitation: declined)."""
+    target: Any
+    if server.url:
+        secrets = server.http_headers()
+        parts = urlsplit(server.url)
+        if secrets and parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(
+                "MCP server '%s' is reached over plain http://: its bearer_token/headers travel unencrypted; "
+                "use https:// for anything but loopback",
+                server.namespace,
+            )
+        target = HttpTarget(server.url, tuple(secrets.items()))
+    elif server.command:
+        target = StdioServerParameters(
+            command=server.command,
+            args=server.args,
+            env=server.env or None,
+            cwd=str(server.cwd) if server.cwd else None,
+        )
+    else:
+        raise ConfigError(f"MCP server '{server.namespace}' needs a 'command' (stdio) or a 'url' (HTTP)")
+    features = ClientFeatures(roots=server.root_dirs(workspace))
+    return ToolsetHost(
+        server.namespace, target, frozenset(server.read_only_tools), on_change=on_change, features=features
+    )
+
+
+async def check_mcp_server(server: McpServerConfig, workspace: Path, timeout_s: float = 20.0) -> dict[str, Any]:
+    """`--check` for one third-party MCP server: connect, list its tools, disconnect."""
+    where = {"url": public_url(server.url)} if server.url else {"command": server.command}
+    try:
+        host = mcp_host(server, workspace)
+    except ConfigError as exc:
+        return {"ready": False, "reason": str(exc), **where}
+    try:
+        await host.start(timeout_s)
+    except (ToolsetUnavailable, TimeoutError) as exc:
+        return {"ready": False, "reason": str(exc) or f"no answer within {timeout_s:g}s", **where}
+    finally:
+        await host.stop()
+    return {"ready": True, "reason": None, **where, "tools": [t.name for t in host.tools]}
 
 
 def _add(router: Router, host: ToolsetHost) -> None:
@@ -181,6 +208,8 @@ async def _check(config: AgentConfig) -> dict[str, Any]:
         checker = CHECKS.get(name)
         report = await asyncio.to_thread(checker, ctx) if checker else {"ready": True, "reason": None}
         reports[name] = {**report, "tools": tools}
+    for server in config.mcp_servers:
+        reports[server.namespace] = await check_mcp_server(server, ctx.workspace)
     failing = [f"{name}: {r['reason']}" for name, r in reports.items() if not r["ready"]]
     if sandbox_error is not None:
         failing.insert(0, f"sandbox: {sandbox_error}")

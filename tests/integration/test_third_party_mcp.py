@@ -14,12 +14,13 @@ import pytest
 from tests.support import ROOT, Agent, Fleet, child_env, wait_until
 
 NPM_PACKAGE = "@modelcontextprotocol/server-filesystem@2026.8.31"
+EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything@2026.8.31"
 NPM_PREFIX = Path(os.environ.get("ORRERY_TEST_NPM_PREFIX", ROOT / ".ci" / "npm"))
 
 
-def filesystem_server() -> Path:
-    """The npm filesystem server (installed by .ci/run; installed here if missing)."""
-    binary = NPM_PREFIX / "node_modules" / ".bin" / "mcp-server-filesystem"
+def npm_server(package: str, binary_name: str) -> Path:
+    """An MCP server from npm (installed by .ci/run; installed here if missing)."""
+    binary = NPM_PREFIX / "node_modules" / ".bin" / binary_name
     if not binary.exists():
         npm = shutil.which("npm")
         if npm is None:
@@ -27,12 +28,20 @@ def filesystem_server() -> Path:
                 raise AssertionError("npm is required in CI for the third-party MCP server tests")
             pytest.skip("npm is not installed")
         subprocess.run(
-            [npm, "install", "--silent", "--prefix", str(NPM_PREFIX), NPM_PACKAGE],
+            [npm, "install", "--silent", "--prefix", str(NPM_PREFIX), package],
             check=True,
             timeout=600,
             capture_output=True,
         )
     return binary
+
+
+def filesystem_server() -> Path:
+    return npm_server(NPM_PACKAGE, "mcp-server-filesystem")
+
+
+def everything_server() -> Path:
+    return npm_server(EVERYTHING_PACKAGE, "mcp-server-everything")
 
 
 def venv_tool(name: str) -> str:
@@ -80,6 +89,9 @@ namespace = "fs"
 command = "{filesystem_server()}"
 args = ["{shared}"]
 read_only_tools = ["read_text_file", "list_directory"]
+# The filesystem server works in the client's MCP roots (the agent's workspace by default)
+# instead of the directories on its command line: point it at the shared directory.
+roots = ["{shared}"]
 """
     with Fleet(tmp_path) as f:
         agent = agent_with(f, "third-party", toml)
@@ -191,3 +203,58 @@ command = "{venv_tool("mcp-server-time")}"
     )
     assert result.returncode == 2
     assert "namespace 'time' is configured twice" in result.stderr
+
+
+def test_server_everything_gets_the_workspace_as_its_root_a_declined_elicitation_and_no_sampling(
+    tmp_path: Path,
+) -> None:
+    """The agent's MCP client declares roots (the workspace) and elicitation (always declined),
+    not sampling: the reference server shows exactly the tools those capabilities allow."""
+    toml = f"""
+[agent]
+toolsets = ["system"]
+
+[[agent.mcp_servers]]
+namespace = "everything"
+command = "{everything_server()}"
+args = ["stdio"]
+"""
+    with Fleet(tmp_path) as f:
+        agent = agent_with(f, "everything", toml)
+        f.wait_device(agent.device_id, "idle")
+        # The server registers capability-dependent tools after the handshake and announces them.
+        tools = wait_until(
+            lambda: (
+                (names := {t["name"] for t in f.device(agent.device_id)["tools"]})
+                >= {"everything.get-roots-list", "everything.trigger-elicitation-request"}
+                and names
+            ),
+            30,
+            "the roots and elicitation tools to be announced (tools_changed)",
+        )
+        assert not {t for t in tools if "sampling" in t}, sorted(tools)  # sampling is not declared
+        place = {"labels": {"kind": "everything"}}
+        done = f.wait_task(
+            f.submit(
+                {
+                    "nodes": [
+                        {
+                            "id": "ask",
+                            "placement": place,
+                            "commands": [
+                                {"tool": "everything.get-roots-list", "arguments": {}, "timeout_s": 30},
+                                # The server would wait 10 minutes for a person; the agent declines at once.
+                                {"tool": "everything.trigger-elicitation-request", "arguments": {}, "timeout_s": 30},
+                            ],
+                        }
+                    ]
+                }
+            )["id"],
+            timeout=60,
+        )
+        node = done["nodes"][0]
+        assert done["state"] == "succeeded", node
+        roots, elicited = (str(r["result"]) for r in node["attempts"][0]["results"])
+        assert agent.workspace.resolve().as_uri() in roots, roots
+        assert "1 total" in roots  # the workspace and nothing else
+        assert '"action": "decline"' in elicited, elicited

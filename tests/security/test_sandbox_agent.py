@@ -145,3 +145,20 @@ def test_a_bad_sandbox_setting_is_one_line_and_status_2(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         "bad agent setting sandbox: Input should be 'none' or 'bwrap' (got 'firejail')"
     ]
+
+
+def test_a_bad_setting_next_to_secrets_never_echoes_them(tmp_path: Path) -> None:
+    """A mistake in an MCP server entry or the token is named, but its value (a bearer token, a
+    password in a URL, a header) is not printed."""
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[agent]\ntoken = "orrd_s3cret-token"\n\n[[agent.mcp_servers]]\nnamespace = "tickets"\n'
+        'url = "https://alice:hunter2-pw@mcp.example/tickets"\nbearer_token = "tok-hunter3"\n'
+        'headers = { X-Key = "hdr-hunter4" }\nsurprise = 1\n'
+    )
+    done = run_cli(None, "agent", "--check", "--config", str(config), timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines and all(line.startswith("bad agent setting mcp_servers") for line in lines), lines
+    for secret in ("s3cret", "hunter2", "tok-hunter3", "hdr-hunter4"):
+        assert secret not in done.stderr + done.stdout
