@@ -156,31 +156,22 @@ MAX_NUL_PROBLEMS = 20
 
 
 def nul_problems(spec: DagSpec) -> list[Problem]:
-    """Every string of the DAG (keys too) with a NUL character: in a command's arguments it is
-    `invalid_arguments` with the argument's `field` (the device refuses NUL in arguments too),
-    anywhere else `validation_error` with the field's path. Postgres cannot store such text."""
+    """Every string of the DAG (keys too) with a NUL character, as `validation_error` with the field's
+    path: Postgres cannot store such text. A command's arguments are left to its tool's schema
+    (`domain/checks.py`): built-in tools refuse a NUL where it would reach the OS (argv, paths, cwd,
+    env) with `invalid_arguments`, and take it in data (file content, stdin)."""
     problems: list[Problem] = []
     data = spec.model_dump(mode="json", by_alias=True)
     for path in _nul_paths(data, []):
         if len(problems) >= MAX_NUL_PROBLEMS:
             break
-        if len(path) > 5 and path[0] == "nodes" and path[2] == "commands" and path[4] == "arguments":
-            node = data["nodes"][int(path[1])]
-            index, tool, where = int(path[3]), node["commands"][int(path[3])]["tool"], _dotted(path[5:])
-            problems.append(
-                Problem(
-                    "invalid_arguments",
-                    f"node '{node['id']}' command {index} ({tool}): argument '{where}' contains a NUL character "
-                    "(U+0000), which no tool accepts",
-                    {"node": node["id"], "node_id": node["id"], "command": index, "tool": tool, "field": where},
-                )
-            )
-        else:
-            where = _dotted(["dag", *path])
-            extra: dict[str, Any] = {"field": where}
-            if path[0] == "nodes" and len(path) > 1:
-                extra["node_id"] = data["nodes"][int(path[1])]["id"]
-            problems.append(Problem("validation_error", f"'{where}' contains a NUL character (U+0000)", extra))
+        if len(path) > 4 and path[0] == "nodes" and path[2] == "commands" and path[4] == "arguments":
+            continue  # the tool's schema decides (checks.py): a path or argv may not hold a NUL, file content may
+        where = _dotted(["dag", *path])
+        extra: dict[str, Any] = {"field": where}
+        if path[0] == "nodes" and len(path) > 1:
+            extra["node_id"] = data["nodes"][int(path[1])]["id"]
+        problems.append(Problem("validation_error", f"'{where}' contains a NUL character (U+0000)", extra))
     return problems
 
 
