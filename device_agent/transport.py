@@ -12,11 +12,10 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.frames import CloseCode as WsCloseCode
 from websockets.protocol import State
 
-from protocol.codec import encode
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from protocol.codec import WS_MESSAGE_TOO_BIG, encode, oversize_answer
+from protocol.errors import ProtocolError
 from protocol.messages import Error
 
 PING_INTERVAL_S = 20.0
@@ -64,10 +63,9 @@ class _FrameLimitedClientProtocol(ClientProtocol):
     instead of the library's 1009, after an `error` frame that says why."""
 
     def fail(self, code: int, reason: str = "") -> None:
-        if code == WsCloseCode.MESSAGE_TOO_BIG and self.state is State.OPEN:
-            message = reason or f"frame exceeds the limit of {self.max_message_size} bytes"
-            self.send_text(encode(Error(code=ErrorCode.FRAME_TOO_LARGE, message=message)).encode())
-            code, reason = CloseCode.TOO_LARGE, ErrorCode.FRAME_TOO_LARGE.value
+        if code == WS_MESSAGE_TOO_BIG and self.state is State.OPEN:
+            frame, code, reason = oversize_answer(self.max_message_size or 0, reason)
+            self.send_text(frame.encode())
         super().fail(code, reason)
 
 

@@ -10,8 +10,8 @@ import json
 
 from pydantic import TypeAdapter, ValidationError
 
-from protocol.errors import FrameTooLarge, MalformedFrame, NoCommonVersion
-from protocol.messages import SUPPORTED_VERSIONS, Message
+from protocol.errors import CloseCode, ErrorCode, FrameTooLarge, MalformedFrame, NoCommonVersion
+from protocol.messages import SUPPORTED_VERSIONS, Error, Message
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
 
@@ -46,6 +46,17 @@ def decode(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Messa
 def encode(message: Message) -> str:
     """Serialise a frame to compact JSON text (nulls kept: the shape is the contract)."""
     return message.model_dump_json()
+
+
+# The WebSocket close code a library uses for a message over its size limit (RFC 6455: 1009).
+WS_MESSAGE_TOO_BIG = 1009
+
+
+def oversize_answer(limit: int, reason: str = "") -> tuple[str, int, str]:
+    """What a side says when its WebSocket library refuses a frame over `limit` bytes: the
+    `error` frame to send, and the close code and reason (SPEC section 4: 4413, not 1009)."""
+    frame = encode(Error(code=ErrorCode.FRAME_TOO_LARGE, message=reason or f"frame exceeds the limit of {limit} bytes"))
+    return frame, CloseCode.TOO_LARGE, ErrorCode.FRAME_TOO_LARGE.value
 
 
 def _check_version(v: object) -> None:

@@ -12,24 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.frames import CloseCode as WsCloseCode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from orchestrator.config import Settings
-from protocol.codec import encode
-from protocol.errors import CloseCode, ErrorCode
-from protocol.messages import Error
+from protocol.codec import WS_MESSAGE_TOO_BIG, oversize_answer
 
 
 class FrameLimitedServerProtocol(ServerProtocol):
     """websockets' server protocol, answering a frame over `max_size` as SPEC section 4 says."""
 
     def fail(self, code: int, reason: str = "") -> None:
-        if code == WsCloseCode.MESSAGE_TOO_BIG and self.state is State.OPEN:
-            message = reason or f"frame exceeds the limit of {self.max_message_size} bytes"
-            self.send_text(encode(Error(code=ErrorCode.FRAME_TOO_LARGE, message=message)).encode())
-            code, reason = CloseCode.TOO_LARGE, ErrorCode.FRAME_TOO_LARGE.value
+        if code == WS_MESSAGE_TOO_BIG and self.state is State.OPEN:
+            frame, code, reason = oversize_answer(self.max_message_size or 0, reason)
+            self.send_text(frame.encode())
         super().fail(code, reason)
 
 
