@@ -8,6 +8,7 @@ bite, and a timeout or cancel still kills everything the program started.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -29,6 +30,9 @@ from device_agent.toolsets.shell import build
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 
 ORIGINAL = "keep me\n"
+# The interpreter itself, not a venv's link to it: the sandbox's /tmp is private, so a checkout (and
+# its venv) under the host's /tmp is not there to run (as in a fresh CI clone in /tmp).
+PYTHON = os.path.realpath(sys.executable)
 
 
 def make(tmp: Path, **settings: Any) -> ToolsetContext:
@@ -62,7 +66,7 @@ def attacks(victim: Path) -> dict[str, list[str]]:
         "env rm": ["env", "rm", str(victim)],
         "find -delete": ["find", str(folder), "-name", victim.name, "-delete"],
         "copied rm": ["sh", "-c", f'cp "$(command -v rm)" ./myrm && ./myrm {victim}'],
-        "python unlink": [sys.executable, "-c", f"import os; os.unlink({str(victim)!r})"],
+        "python unlink": [PYTHON, "-c", f"import os; os.unlink({str(victim)!r})"],
         "overwrite": ["sh", "-c", f"echo pwned > {victim}"],
         "write via /tmp/..": ["sh", "-c", f"echo x > /tmp/..{folder}/planted.txt"],
     }
@@ -152,7 +156,7 @@ async def connect_from_the_sandbox(tmp_path: Path, **settings: Any) -> tuple[Cal
     port = server.sockets[0].getsockname()[1]
     code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=10); print('connected')"
     async with server:
-        result = await run(make(tmp_path, sandbox="bwrap", **settings), argv=[sys.executable, "-c", code])
+        result = await run(make(tmp_path, sandbox="bwrap", **settings), argv=[PYTHON, "-c", code])
     return result, accepted
 
 
@@ -181,7 +185,7 @@ async def test_the_file_size_limit_bites(tmp_path: Path) -> None:
 
 
 async def test_the_memory_limit_bites(tmp_path: Path) -> None:
-    grab = [sys.executable, "-c", "x = bytearray(256 * 1024 * 1024); print('allocated')"]
+    grab = [PYTHON, "-c", "x = bytearray(256 * 1024 * 1024); print('allocated')"]
     err = data(await run(make(tmp_path, sandbox="bwrap", sandbox_memory_mb=64), argv=grab))
     assert err["code"] == "tool_error" and "MemoryError" in err["stderr"]
     ok = data(await run(make(tmp_path, sandbox="bwrap"), argv=grab))  # the default limit is 2048 MiB
