@@ -45,18 +45,11 @@ from pydantic import FileUrl
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
 from device_agent.toolsets.base import failure, nul_field, nul_message, without_nul
-from protocol.errors import ErrorCode
+from protocol.errors import MAX_ERROR_MESSAGE_CHARS, RESULT_ERROR_CODES
 from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolSpec
 
 log = logging.getLogger("orrery.agent.router")
 
-KNOWN_CODES = frozenset(c.value for c in ErrorCode) | {
-    "stale_observation",
-    "id_conflict",
-    "busy",
-    "stopped",
-    "action_limit",
-}
 MAX_IMAGE_BYTES = 3 * 1024 * 1024  # base64 screenshots pass the result cap up to this, for vision models
 
 
@@ -546,7 +539,9 @@ class Router:
                 call_id=call_id,
                 status="uncertain" if code == "uncertain" else "failure",
                 result=self._cap(extra) if extra else None,
-                error=ErrorInfo(code=code if code in KNOWN_CODES else "tool_error", message=message[:4000]),
+                error=ErrorInfo(
+                    code=code if code in RESULT_ERROR_CODES else "tool_error", message=message[:MAX_ERROR_MESSAGE_CHARS]
+                ),
                 namespace=namespace,
                 duration_ms=duration_ms,
             )
