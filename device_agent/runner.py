@@ -20,7 +20,8 @@ from device_agent.config import AgentConfig, McpServerConfig
 from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLock, make_private
 from device_agent.faults import CrashPoints
 from device_agent.ledger import Ledger, LedgerError, LedgerOwned
-from device_agent.router import ClientFeatures, HttpTarget, Router, ToolsetHost, ToolsetUnavailable, public_url
+from device_agent.mcp_client import ClientFeatures, HttpTarget, public_url
+from device_agent.router import Router, ToolsetHost, ToolsetUnavailable
 from device_agent.sandbox import Sandbox, SandboxUnavailable
 from device_agent.toolsets import files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext

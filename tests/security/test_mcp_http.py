@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from device_agent.router import HttpTarget
+from device_agent.mcp_client import HttpTarget
 from tests.integration.test_third_party_mcp import agent_with
 from tests.services import run_async
 from tests.support import ROOT, Fleet, child_env, free_port, wait_until

@@ -11,7 +11,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve, Sample
 from pydantic import BaseModel
 
-from device_agent.router import ClientFeatures, ToolsetHost
+from device_agent.mcp_client import ClientFeatures
+from device_agent.router import ToolsetHost
 
 
 class Confirm(BaseModel):
