@@ -1,4 +1,4 @@
-"""Accepting a task: idempotency, validation against the fleet, one durable insert."""
+"""Accepting a task: idempotency, validation against the fleet, then the engine stores it."""
 
 from __future__ import annotations
 
@@ -13,17 +13,15 @@ from orchestrator.api.errors import ApiError
 from orchestrator.api.schemas import TaskCreate
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
-from orchestrator.domain.model import DagSpec, NodeKind, NodeState, TaskState
+from orchestrator.domain.model import DagSpec, NodeKind
 from orchestrator.domain.problems import DomainError, Problem
-from orchestrator.domain.run import TaskRun
 from orchestrator.engine import validation
-from orchestrator.engine.records import TaskCreated
-from orchestrator.engine.times import iso, utc
+from orchestrator.engine.intake import Admission, KeptNode, Submission
+from orchestrator.engine.records import SubmitTask
 from orchestrator.engine.validation import validate_against, warnings_against
 from orchestrator.ids import new_id
 from orchestrator.store.models import Edge, Node, Task
-from orchestrator.store.repo import ChangeSet, Store, TaskBundle, WriteConflict
-from orchestrator.store.rows import node_rows
+from orchestrator.store.repo import Store, TaskBundle
 
 
 @dataclass(frozen=True)
@@ -55,21 +53,21 @@ async def create_task(
     warnings: list[dict[str, str]] | None = None,
     rerun: Rerun | None = None,
 ) -> tuple[str, TaskBundle | None]:
-    """Store a new task and hand it to the engine (an explicit DAG) or the planner (a request).
-    A `rerun` links it to the task it runs again and starts its kept nodes as they ended there.
+    """Check a new task and hand it to the engine, which stores and starts it (the engine is the
+    one writer of tasks; the cluster finds it on whichever replica leads). A `rerun` links it to
+    the task it runs again and starts its kept nodes as they ended there.
 
-    Returns its id and, when it was created now, the stored rows (so the caller can answer from
-    them without reading the task back). A `warnings` list given is filled with what the answer
+    Returns its id and, when it was created now, its rows (so the caller can answer from them
+    without reading the task back). A `warnings` list given is filled with what the answer
     should warn about (also for the task an earlier request with the same key created)."""
     if body.dag is not None and (refused := nul_problems(body.dag)):
-        raise DomainError(refused)  # before anything is looked up or stored
+        raise DomainError(refused)  # before anything is looked up or handed over
     digest = body_hash(body)
-    if idempotency_key:
+    if idempotency_key:  # the common retry is answered here, without the engine
         existing = await store.find_task_by_idempotency_key(idempotency_key)
         if existing is not None:
-            found = _same_or_conflict(existing, digest)
-            if warnings is not None and body.dag is not None:
-                warnings += [w.as_dict() for w in warnings_against(body.dag, await cluster.devices())]
+            found = _same_or_conflict(existing.id, existing.body_hash, digest)
+            await _warn(cluster, body, warnings)
             return found
     llm = settings.llm_configured
     spec = body.dag
@@ -93,44 +91,36 @@ async def create_task(
         if warnings is not None:
             warnings += [w.as_dict() for w in warnings_against(spec, devices)]
     task_id = new_id("task")
-    now = time.time()
-    rows = task_rows(task_id, body, spec, now, idempotency_key, digest)
-    if rerun is not None:
-        _as_rerun(rows, rerun)
-    changes = ChangeSet()
-    changes.insert(Task, rows["task"])
-    for node in rows["nodes"]:
-        changes.insert(Node, node)
-    for edge in rows["edges"]:
-        changes.insert(Edge, edge)
-    changes.event(rows["event"])
-    try:
-        await store.write(changes)
-    except WriteConflict:
-        if idempotency_key:
-            existing = await store.find_task_by_idempotency_key(idempotency_key)
-            if existing is not None:
-                return _same_or_conflict(existing, digest)  # warnings: already filled, same body
-        raise
-    run = None
-    if spec is not None and cluster.is_leader:  # hand the parsed task over; other replicas load it
-        run = TaskRun(task_id, spec.nodes, spec.edges, priority=body.priority)
-        run.replan = body.replan
-        if rerun is not None:
-            run.request = rerun.request
-            for node_id, kept in rerun.kept.items():
-                rec = run.nodes[node_id]
-                rec.state = NodeState(kept["state"])
-                rec.output, rec.results, rec.error = kept["output"], list(kept["results"] or []), kept["error"]
-            run.recount()
-    cluster.notify(TaskCreated(task_id, run))  # a planned task goes to the planner from the engine
+    sub = Submission(
+        task_id=task_id,
+        name=body.name or f"task-{task_id[-6:]}",
+        body_hash=digest,
+        created=time.time(),
+        spec=spec,
+        request=rerun.request if rerun is not None else body.request,
+        priority=body.priority,
+        labels=dict(body.labels),
+        replan=body.replan or body.request is not None,
+        idempotency_key=idempotency_key,
+        rerun_of=rerun.of if rerun is not None else None,
+        kept={node_id: KeptNode(**kept) for node_id, kept in rerun.kept.items()} if rerun is not None else {},
+    )
+    admitted: Admission = await cluster.submit(SubmitTask(sub))
+    if admitted["task_id"] != task_id:  # the key was used meanwhile (a concurrent retry)
+        return _same_or_conflict(admitted["task_id"], admitted["body_hash"], digest)
+    nodes, edges = sub.graph_rows()
     bundle = TaskBundle(
-        Task(**rows["task"]),
-        [Node(**{"output": None, "results": None, "error": None, **n}) for n in rows["nodes"]],
-        [Edge(**e) for e in rows["edges"]],
+        Task(**sub.task_row()),
+        [Node(**{"output": None, "results": None, "error": None, **n}) for n in nodes],
+        [Edge(**e) for e in edges],
         [],
     )
     return task_id, bundle
+
+
+async def _warn(cluster: Cluster, body: TaskCreate, warnings: list[dict[str, str]] | None) -> None:
+    if warnings is not None and body.dag is not None:
+        warnings += [w.as_dict() for w in warnings_against(body.dag, await cluster.devices())]
 
 
 async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: TaskCreate) -> dict[str, Any]:
@@ -196,51 +186,12 @@ def _no_llm(message: str) -> dict[str, Any]:
     return {"code": "planner_unavailable", "message": message}
 
 
-def _as_rerun(rows: dict[str, Any], rerun: Rerun) -> None:
-    rows["task"]["rerun_of"] = rerun.of
-    rows["task"]["request"] = rerun.request
-    fresh = {"output": None, "results": None, "error": None, "started_at": None, "finished_at": None}
-    for node in rows["nodes"]:
-        node.update(rerun.kept.get(node["id"], fresh))  # one shape for all rows (one executemany)
-
-
-def _same_or_conflict(existing: Task, digest: str) -> tuple[str, TaskBundle | None]:
-    if existing.body_hash != digest:
+def _same_or_conflict(task_id: str, earlier_hash: str | None, digest: str) -> tuple[str, TaskBundle | None]:
+    if earlier_hash != digest:
         raise ApiError(
             409,
             "conflict",
-            f"Idempotency-Key was already used for task {existing.id} with a different body",
-            task_id=existing.id,
+            f"Idempotency-Key was already used for task {task_id} with a different body",
+            task_id=task_id,
         )
-    return existing.id, None
-
-
-def task_rows(
-    task_id: str, body: TaskCreate, spec: DagSpec | None, now: float, idem: str | None, digest: str
-) -> dict[str, Any]:
-    state = TaskState.RUNNING if spec is not None else TaskState.PLANNING
-    nodes, edges = node_rows(task_id, spec) if spec is not None else ([], [])
-    return {
-        "task": {
-            "id": task_id,
-            "name": body.name or f"task-{task_id[-6:]}",
-            "state": state.value,
-            "priority": body.priority,
-            "labels": body.labels,
-            "request": body.request,
-            "replan": body.replan or body.request is not None,
-            "idempotency_key": idem,
-            "body_hash": digest,
-            "created_at": utc(now),
-            "started_at": utc(now),
-        },
-        "nodes": nodes,
-        "edges": edges,
-        "event": {
-            "task_id": task_id,
-            "type": "task.state",
-            "node_id": None,
-            "data": {"task_id": task_id, "state": state.value, "at": iso(now)},
-            "at": utc(now),
-        },
-    }
+    return task_id, None

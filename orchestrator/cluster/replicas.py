@@ -269,7 +269,8 @@ class RedisCluster:
             return
         try:
             value = await asyncio.wait_for(self.engine.submit(item), self.settings.cluster_request_timeout_s)
-            answer = {"id": message["id"], "ok": True, "value": value if isinstance(value, bool | int | str) else None}
+            portable = isinstance(value, bool | int | str | dict)  # a dict: an `Admission`
+            answer = {"id": message["id"], "ok": True, "value": value if portable else None}
         except Exception as exc:
             answer = {"id": message["id"], "ok": False, "error": str(exc)[:500]}
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.domain.model import Liveness
+from orchestrator.engine.intake import Submission
 from orchestrator.engine.records import (
     CancelTask,
     DeviceChanged,
@@ -14,6 +15,7 @@ from orchestrator.engine.records import (
     LinkReport,
     LinkState,
     LivenessChanged,
+    SubmitTask,
     TaskCreated,
 )
 from protocol.codec import decode, encode
@@ -24,6 +26,8 @@ class NotPortable(ValueError):
 
 
 def dump(item: Input) -> dict[str, Any]:
+    if isinstance(item, SubmitTask):
+        return {"kind": "submit_task", "submission": item.submission.as_json()}
     if isinstance(item, TaskCreated):
         return {"kind": "task_created", "task_id": item.task_id}
     if isinstance(item, CancelTask):
@@ -57,6 +61,8 @@ def dump(item: Input) -> dict[str, Any]:
 
 def load(data: dict[str, Any]) -> Input:
     kind = data["kind"]
+    if kind == "submit_task":
+        return SubmitTask(Submission.from_json(data["submission"]))
     if kind == "task_created":
         return TaskCreated(data["task_id"])
     if kind == "cancel_task":

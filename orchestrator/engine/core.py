@@ -10,6 +10,7 @@ it, so a restarted orchestrator rebuilds exactly what it promised (DESIGN, data 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -28,6 +29,7 @@ from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
 from orchestrator.engine import llm_work
 from orchestrator.engine.devices import SOFT_FLUSH_S, DeviceInputs
+from orchestrator.engine.intake import Admission, Submission
 from orchestrator.engine.llm_work import PlannerHooks
 from orchestrator.engine.records import (
     AgentDone,
@@ -47,6 +49,7 @@ from orchestrator.engine.records import (
     PlanReady,
     ReplanDone,
     Route,
+    SubmitTask,
     TaskCreated,
     Wake,
 )
@@ -57,7 +60,7 @@ from orchestrator.engine.times import batch_deadline, iso, utc
 from orchestrator.engine.validation import known_tools, validate_against
 from orchestrator.ids import new_id
 from orchestrator.metrics import Metrics
-from orchestrator.store.models import Attempt, Device, Node, Task
+from orchestrator.store.models import Attempt, Device, Edge, Node, Task
 from orchestrator.store.repo import ChangeSet, Store
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -139,6 +142,9 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         self._next_reconcile: float | None = None
         self._reconciles = 0
         self.history_written: set[str] = set()  # devices whose history grew since it was last pruned
+        # Submissions admitted lately, by "id:<task id>" and "key:<Idempotency-Key>": a submission
+        # asked again, or a key reused, in the same step as the first sees it before the store does.
+        self._admitted: OrderedDict[str, Admission] = OrderedDict()
 
     # ================================================================ lifecycle
 
@@ -274,6 +280,8 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
     async def _handle(self, item: Input, now: float) -> Any:
         if isinstance(item, FrameIn):
             return await self._on_frame(item.device_id, item.message, now)
+        if isinstance(item, SubmitTask):
+            return await self._on_submit(item.submission, now)
         if isinstance(item, TaskCreated):
             return await self._on_task_created(item.task_id, item.run, now)
         if isinstance(item, CancelTask):
@@ -303,6 +311,40 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
             self.planning.discard(item.task_id)
             return llm_work.on_plan_failed(self, item, now)
         raise TypeError(f"unknown engine input {item!r}")
+
+    async def _on_submit(self, sub: Submission, now: float) -> Admission:
+        """Insert a new task in this step's commit and start it: the engine is the one writer of
+        tasks. A submission asked again (its answer was lost between replicas) or an
+        Idempotency-Key used before gets the task made then, never a second one."""
+        marks = [f"id:{sub.task_id}"] + ([f"key:{sub.idempotency_key}"] if sub.idempotency_key else [])
+        for mark in marks:
+            if (earlier := self._admitted.get(mark)) is not None:
+                return {**earlier, "created": earlier["task_id"] == sub.task_id}
+        row = await self.store.find_admitted(sub.task_id, sub.idempotency_key)
+        if row is not None:
+            return {"task_id": row.id, "created": row.id == sub.task_id, "body_hash": row.body_hash or ""}
+        admitted: Admission = {"task_id": sub.task_id, "created": True, "body_hash": sub.body_hash}
+        for mark in marks:
+            self._admitted[mark] = admitted
+        while len(self._admitted) > 10_000:
+            self._admitted.popitem(last=False)
+        self._changes.insert(Task, sub.task_row())
+        nodes, edges = sub.graph_rows()
+        for node in nodes:
+            self._changes.insert(Node, node)
+        for edge in edges:
+            self._changes.insert(Edge, edge)
+        self._event("task.state", sub.task_id, None, now, state=sub.state.value)
+        if sub.spec is None:
+            if self.planner is not None:  # the plan is asked for once the task is stored
+                self.planning.add(sub.task_id)
+                self._effects.append(functools.partial(self.planner.start_planning, sub.task_id, sub.request or ""))
+            return admitted
+        run = sub.run()
+        llm_work.adopt(self, run)
+        self.tasks[sub.task_id] = run
+        self._apply(run, run.start(now), now)
+        return admitted
 
     async def _on_task_created(self, task_id: str, run: TaskRun | None, now: float) -> None:
         if task_id in self.tasks:

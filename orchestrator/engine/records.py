@@ -10,6 +10,7 @@ from orchestrator.domain.edits import EditList
 from orchestrator.domain.model import AdminState, DagSpec, Liveness
 from orchestrator.domain.placement import DeviceView
 from orchestrator.domain.run import TaskRun
+from orchestrator.engine.intake import Submission
 from protocol.messages import Message
 
 NodeKey = tuple[str, str]  # (task_id, node_id)
@@ -110,6 +111,14 @@ class Input:
 class TaskCreated(Input):
     task_id: str
     run: TaskRun | None = None  # the submitting replica hands its parsed task over; others load it
+
+
+@dataclass
+class SubmitTask(Input):
+    """A new task from the API (the engine inserts it: it is the one writer of tasks); the reply
+    is an `intake.Admission`."""
+
+    submission: Submission
 
 
 @dataclass

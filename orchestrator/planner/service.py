@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec
@@ -21,7 +21,7 @@ from orchestrator.engine.times import utc
 from orchestrator.planner import agent_loop, planning
 from orchestrator.planner.catalogue import inventory
 from orchestrator.planner.llm import LLM, CallRecord, LlmError
-from orchestrator.store.models import LlmCall, Task
+from orchestrator.store.models import LlmCall
 from orchestrator.store.repo import ChangeSet, Store
 
 log = logging.getLogger("orrery.planner")
@@ -149,8 +149,8 @@ class PlannerService:
 
     async def _budget(self, task_id: str) -> bool:
         if task_id not in self._calls:
-            async with self.store.sessions() as s:
-                used = await s.scalar(select(Task.llm_calls).where(Task.id == task_id))
+            async with self.store.sessions() as s:  # calls before a restart count too
+                used = await s.scalar(select(func.count()).select_from(LlmCall).where(LlmCall.task_id == task_id))
             self._calls[task_id] = int(used or 0)
         return self._calls[task_id] < self.settings.llm_calls_per_task
 
@@ -177,5 +177,4 @@ class PlannerService:
                 "at": utc(time.time()),
             },
         )
-        changes.update(Task, (rec.task_id,), llm_calls=self._calls[rec.task_id])
         await self.store.write(changes)

@@ -399,6 +399,15 @@ class Store:
             rows = list((await s.execute(q)).scalars().all())
         return (rows[0], []) if len(rows) == 1 else (None, rows)
 
+    async def find_admitted(self, task_id: str, key: str | None) -> Task | None:
+        """The task with this id, or else the one made with this Idempotency-Key (the engine's
+        check before it inserts a submission: a re-asked submission must not be made twice)."""
+        async with self.sessions() as s:
+            found = await s.scalar(select(Task).where(Task.id == task_id))
+            if found is None and key:
+                found = await s.scalar(select(Task).where(Task.idempotency_key == key))
+            return found
+
     async def find_task_by_idempotency_key(self, key: str) -> Task | None:
         async with self.sessions() as s:
             return await s.scalar(select(Task).where(Task.idempotency_key == key))
