@@ -42,7 +42,7 @@ from orchestrator.cluster import ClusterUnavailable, wire
 from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec
 from orchestrator.domain.problems import Problem
-from orchestrator.engine.records import DeviceRun, Hearing, Input, LinkReport, Route
+from orchestrator.engine.records import DeviceRun, Hearing, Input, LinkReport, Route, SubmitTask
 from orchestrator.engine.restore import device_from_row
 from orchestrator.engine.validation import validate_against
 from orchestrator.store.repo import Store
@@ -213,7 +213,9 @@ class RedisCluster:
         try:
             body = wire.dump(item)
             while not fut.done() and (left := deadline - time.monotonic()) > 0:
-                if self._leader:  # we became the leader meanwhile
+                if self._leader:  # we became the leader meanwhile (the old one may have taken it)
+                    if isinstance(item, SubmitTask):
+                        item.asked_before = True
                     fut.set_result(await asyncio.wait_for(self.engine.submit(item), left))
                     return
                 answer = await self._ask(body, min(RPC_ATTEMPT_S, left))

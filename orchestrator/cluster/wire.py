@@ -62,7 +62,7 @@ def dump(item: Input) -> dict[str, Any]:
 def load(data: dict[str, Any]) -> Input:
     kind = data["kind"]
     if kind == "submit_task":
-        return SubmitTask(Submission.from_json(data["submission"]))
+        return SubmitTask(Submission.from_json(data["submission"]), asked_before=True)
     if kind == "task_created":
         return TaskCreated(data["task_id"])
     if kind == "cancel_task":

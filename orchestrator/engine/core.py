@@ -281,7 +281,7 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         if isinstance(item, FrameIn):
             return await self._on_frame(item.device_id, item.message, now)
         if isinstance(item, SubmitTask):
-            return await self._on_submit(item.submission, now)
+            return await self._on_submit(item.submission, item.asked_before, now)
         if isinstance(item, TaskCreated):
             return await self._on_task_created(item.task_id, item.run, now)
         if isinstance(item, CancelTask):
@@ -312,7 +312,7 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
             return llm_work.on_plan_failed(self, item, now)
         raise TypeError(f"unknown engine input {item!r}")
 
-    async def _on_submit(self, sub: Submission, now: float) -> Admission:
+    async def _on_submit(self, sub: Submission, asked_before: bool, now: float) -> Admission:
         """Insert a new task in this step's commit and start it: the engine is the one writer of
         tasks. A submission asked again (its answer was lost between replicas) or an
         Idempotency-Key used before gets the task made then, never a second one."""
@@ -320,7 +320,11 @@ class Engine(DeviceInputs, Scheduling, ResultHandling):
         for mark in marks:
             if (earlier := self._admitted.get(mark)) is not None:
                 return {**earlier, "created": earlier["task_id"] == sub.task_id}
-        row = await self.store.find_admitted(sub.task_id, sub.idempotency_key)
+        row = (
+            await self.store.find_admitted(sub.task_id, sub.idempotency_key)
+            if asked_before or sub.idempotency_key
+            else None
+        )
         if row is not None:
             return {"task_id": row.id, "created": row.id == sub.task_id, "body_hash": row.body_hash or ""}
         admitted: Admission = {"task_id": sub.task_id, "created": True, "body_hash": sub.body_hash}

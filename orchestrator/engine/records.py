@@ -119,6 +119,10 @@ class SubmitTask(Input):
     is an `intake.Admission`."""
 
     submission: Submission
+    # It may have been asked before (through another replica, whose answer was lost), so the store
+    # may hold it already. A submission made in this process and asked once never is: it skips
+    # that lookup on the engine's hot path.
+    asked_before: bool = False
 
 
 @dataclass

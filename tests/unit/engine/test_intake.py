@@ -44,10 +44,10 @@ async def test_a_submission_is_stored_by_the_engine_in_the_commit_that_starts_it
 async def test_a_submission_asked_again_after_its_answer_was_lost_makes_one_task(h: Harness) -> None:
     dev = await h.enroll("a")
     await h.connect(dev)
-    first, again = await h.step(SubmitTask(submission("task_x")), SubmitTask(submission("task_x")))
+    first, again = await h.step(SubmitTask(submission("task_x")), SubmitTask(submission("task_x"), asked_before=True))
     assert first == again == {"task_id": "task_x", "created": True, "body_hash": "h1"}
     await h.restart()  # a new leader, which never saw the first answer: the store tells it
-    (late,) = await h.step(SubmitTask(submission("task_x")))
+    (late,) = await h.step(SubmitTask(submission("task_x"), asked_before=True))
     assert late["task_id"] == "task_x" and late["created"] is True
     assert len((await h.task("task_x"))["attempts"]) == 1
     assert [b.task_id for b in h.batches(dev)] == ["task_x"]  # run once, never twice
@@ -92,3 +92,4 @@ def test_a_submission_crosses_replicas_as_json_unchanged() -> None:
     )
     item = wire.load(wire.dump(SubmitTask(sub)))
     assert isinstance(item, SubmitTask) and item.submission == sub
+    assert item.asked_before  # the engine checks the store: the sender may be asking again
