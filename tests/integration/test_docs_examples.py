@@ -56,10 +56,6 @@ NOT_RUN = {
         "quick start: creating a venv and installing needs the network; tests/test_readme.py pins the "
         "line and test_the_demo_* below run `orrery demo` itself"
     ),
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[server]' && orrery demo": (
-        "quick start: creating a venv and installing needs the network; tests/test_readme.py pins the "
-        "line and test_the_demo_* below run `orrery demo` itself"
-    ),
     "python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[test]' && scripts/check": (
         "quick start: this is the whole test suite, this test among it; .ci/run runs it"
     ),
