@@ -12,7 +12,8 @@ import typer
 from pydantic import ValidationError
 
 from device_agent import config as agent_config
-from device_agent.logs import NOISY, setup_logging
+from orrery.logs import NOISY, setup_logging
+from orrery.options import parse_labels
 
 app = typer.Typer(add_completion=False)
 
@@ -32,18 +33,6 @@ def _shown(error: Any) -> str:
 EXIT_FAILED = 1  # the ledger or the executor failed; a restart reports the interrupted batch
 EXIT_CONFIG = 2  # bad settings, the data dir held by another agent or by another device's work
 EXIT_TOKEN_REFUSED = 3  # the orchestrator refused the token (revoked or wrong) 3 times in a row
-
-
-def parse_labels(values: list[str] | None) -> dict[str, str] | None:
-    if not values:
-        return None
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"labels are KEY=VALUE, got '{item}'")
-        out[key] = value
-    return out
 
 
 def agent(

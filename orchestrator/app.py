@@ -22,7 +22,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from device_agent.logs import context as log_context
 from orchestrator import __version__, web
 from orchestrator.api import devices, errors, health, keys, tasks
 from orchestrator.api.deps import Components
@@ -42,6 +41,7 @@ from orchestrator.security import API_KEY_PREFIX, Hasher, load_secret_key, write
 from orchestrator.store.migrate import upgrade_async
 from orchestrator.store.models import ApiKey
 from orchestrator.store.repo import Store, WriteConflict
+from orrery.logs import context as log_context
 
 log = logging.getLogger("orrery")
 

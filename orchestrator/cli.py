@@ -1,4 +1,6 @@
-"""`orrery`: the server, the agent, the demo and the client CLI over the REST API (SPEC section 3)."""
+"""The orchestrator's commands: the server, the demo and the client CLI over the REST API (SPEC section 3).
+
+`orrery` (orrery/cli.py) adds the device agent's `orrery agent`; `python -m orchestrator.cli` runs these alone."""
 
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from device_agent.cli import agent as agent_command
-from device_agent.cli import parse_labels
-from device_agent.logs import setup_logging
 from orchestrator.client import Client, ClientError
 from orchestrator.config import Settings
 from orchestrator.dagfile import DagFileError, load_dag_file
+from orrery.exits import guarded
+from orrery.logs import setup_logging
+from orrery.options import parse_labels
 
 app = typer.Typer(
     add_completion=False,
@@ -35,7 +37,6 @@ keys_app = typer.Typer(no_args_is_help=True, help="Create and revoke API keys.")
 app.add_typer(devices_app, name="devices")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(keys_app, name="api-keys")
-app.command("agent")(agent_command)
 
 console = Console()
 err = Console(stderr=True)
@@ -612,17 +613,8 @@ def demo(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The `orrery` entry point: no Python traceback reaches the user (one line, exit 1)."""
-    try:
-        app(args=argv)
-    except BrokenPipeError:  # `orrery tasks list | head`
-        sys.stderr.close()
-        raise SystemExit(1) from None
-    except Exception as exc:
-        err.print(
-            Text.assemble(("error", "red"), f" internal: {type(exc).__name__}: {exc}".rstrip(": ")), soft_wrap=True
-        )
-        raise SystemExit(1) from None
+    """`python -m orchestrator.cli`: no Python traceback reaches the user (one line, exit 1)."""
+    guarded(lambda: app(args=argv), needs_server=True)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def run_cli(
     """`orrery ARGS` as a user runs it, against `fleet`'s server with its admin key (if given)."""
     base = {"ORRERY_URL": fleet.server.url, "ORRERY_API_KEY": fleet.server.api_key} if fleet else {}
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "orrery", *args],
         capture_output=True,
         text=True,
         env=child_env(**{"COLUMNS": str(columns), **base, **env}),

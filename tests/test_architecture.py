@@ -21,7 +21,7 @@ THIRD_PARTY_IO = {
     "openai",
     "alembic",
 }
-INTERNAL = {"orchestrator", "device_agent", "migrations"}
+INTERNAL = {"orchestrator", "device_agent", "migrations", "orrery"}
 
 
 def imports(package: str) -> dict[str, set[str]]:
@@ -53,6 +53,37 @@ def test_protocol_imports_no_io_and_nothing_internal() -> None:
 
 def test_device_agent_never_imports_the_orchestrator() -> None:
     assert offenders("device_agent", {"orchestrator", "migrations"}) == []
+
+
+def test_the_orchestrator_never_imports_the_device_agent() -> None:
+    assert offenders("orchestrator", {"device_agent"}) == []
+    assert offenders("migrations", {"device_agent"}) == []
+
+
+def test_the_shared_layer_imports_nothing_of_the_project() -> None:
+    """orrery/ is what both sides use (logging, exits, options); only its entry point sits above them."""
+    shared = {path: names for path, names in imports("orrery").items() if path != "orrery/cli.py"}
+    internal = {"protocol", "orchestrator", "device_agent", "migrations"}
+    assert [f"{f}: {n}" for f, names in shared.items() for n in sorted(names) if n.split(".")[0] in internal] == []
+
+
+def test_both_sides_use_only_the_shared_part_of_orrery() -> None:
+    """`orrery.cli` imports the agent and the orchestrator: neither side may import it back."""
+    for package in ("device_agent", "orchestrator", "protocol"):
+        assert offenders(package, {"orrery.cli", "orrery.__main__"}) == []
+
+
+def test_the_entry_point_imports_each_side_only_when_asked() -> None:
+    """`orrery agent` on a device install must not import the orchestrator: orrery/cli.py imports both
+    sides inside functions only, never at module level."""
+    tree = ast.parse((ROOT / "orrery" / "cli.py").read_text())
+    top = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert {str(name).split(".")[0] for name in top} & {"orchestrator", "device_agent"} == set()
 
 
 def test_domain_imports_no_store_bus_api_gateway_engine_or_io() -> None:

@@ -43,11 +43,9 @@ def inline_orrery_commands() -> list[str]:
 def test_every_orrery_command_and_option_the_docs_name_exists() -> None:
     """Inline mentions (`orrery tasks rerun`, `orrery demo --keep`, ...) name real commands and
     options; the fenced sh blocks are run for real by tests/integration/test_docs_examples.py."""
-    import typer
+    from orrery.cli import command
 
-    from orchestrator.cli import app
-
-    root = typer.main.get_command(app)
+    root = command()
     missing = []
     for span in inline_orrery_commands():
         commands: list[Any] = [root]  # typer's own click types

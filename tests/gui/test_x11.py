@@ -265,7 +265,7 @@ def test_check_takes_a_real_screenshot_and_deletes_it(xvfb: str, tmp_path: Path)
 
 
 def test_agent_check_flag(xvfb: str, tmp_path: Path) -> None:
-    base = [sys.executable, "-m", "orchestrator.cli", "agent", "--check", "--data-dir", str(tmp_path / "agent")]
+    base = [sys.executable, "-m", "orrery", "agent", "--check", "--data-dir", str(tmp_path / "agent")]
     toolsets = [arg for name in ("system", "shell", "files", "gui") for arg in ("--toolset", name)]
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     ok = subprocess.run(

@@ -38,7 +38,7 @@ def agent_process(cwd: Path, log: Path, *args: str, **env: str) -> Iterator[subp
     """`orrery agent ARGS` as a user types it in `cwd` (no --data-dir unless given); killed at the end."""
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "agent", *args],
+            [sys.executable, "-m", "orrery", "agent", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=cwd,

@@ -1,4 +1,4 @@
-"""Logging for the agent: text for people, JSON lines for collectors (`--log-format`)."""
+"""Logging for the server and the agent: text for people, JSON lines for collectors (`--log-format`)."""
 
 from __future__ import annotations
 
