@@ -52,7 +52,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # Lines of sh blocks the test does not run, with the reason (exact text, comments removed).
 NOT_RUN = {
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -q -e . && orrery demo": (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[server]' && orrery demo": (
         "quick start: creating a venv and installing needs the network; tests/test_readme.py pins the "
         "line and test_the_demo_* below run `orrery demo` itself"
     ),
