@@ -124,7 +124,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self.ready_event = asyncio.Event()
         self.failed: BaseException | None = None
-        self.metrics.watch(self.gauges)  # replicated: the engine lease every commit re-checks
+        self.metrics.watch(self.gauges)
         self.on_fatal: Callable[[BaseException], None] = _terminate
         self.planning_to_resume: list[tuple[str, str]] = []  # (task id, request) found at start-up
         self.recovered_at: float | None = None
