@@ -4,17 +4,22 @@ bounded (states, outcomes, error codes, purposes), never per task or per device.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from orchestrator.domain import placement
 
-if TYPE_CHECKING:
-    from orchestrator.engine.core import Engine
+@dataclass(frozen=True)
+class EngineGauges:
+    """What the engine holds at scrape time: devices by state, nodes by state, queue depth."""
+
+    devices: Tally[str]
+    nodes: Tally[str]
+    queue_depth: int
+
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -63,11 +68,12 @@ class Metrics:
             ["code"],
             registry=r,
         )
-        self._engine: Engine | None = None
+        self.read_engine: Callable[[], EngineGauges | None] = lambda: None
         r.register(_EngineCollector(self))
 
-    def watch(self, engine: Engine) -> None:
-        self._engine = engine
+    def watch(self, read: Callable[[], EngineGauges | None]) -> None:
+        """Read the engine's gauges with `read` at scrape time (None: not ready, none shown)."""
+        self.read_engine = read
 
 
 class _EngineCollector(Collector):
@@ -77,16 +83,16 @@ class _EngineCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        engine = self.metrics._engine
+        gauges = self.metrics.read_engine()
         devices = GaugeMetricFamily("orrery_devices", "Devices by state", labels=["state"])
         nodes = GaugeMetricFamily("orrery_nodes", "Nodes of unfinished tasks by state", labels=["state"])
         queue = GaugeMetricFamily("orrery_queue_depth", "Nodes waiting for a device (ready or queued)")
-        if engine is not None and engine.ready_event.is_set():
-            for state, n in Tally(placement.state_of(d.view()).value for d in engine.devices.values()).items():
+        if gauges is not None:
+            for state, n in gauges.devices.items():
                 devices.add_metric([state], n)
-            for state, n in Tally(r.state.value for run in engine.tasks.values() for r in run.nodes.values()).items():
+            for state, n in gauges.nodes.items():
                 nodes.add_metric([state], n)
-            queue.add_metric([], len(engine.ready) + len(engine.queued_at))
+            queue.add_metric([], gauges.queue_depth)
         yield devices
         yield nodes
         yield queue

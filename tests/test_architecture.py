@@ -98,3 +98,104 @@ def test_the_engine_does_not_reach_into_the_api_or_gateway() -> None:
 def test_the_checker_sees_imports() -> None:
     """Guard against a checker that passes because it reads nothing."""
     assert "protocol.messages" in imports("device_agent")["device_agent/agent.py"]
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Internal modules `path` imports, as dotted names (relative imports resolved)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return names
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """Strongly connected groups of more than one module among the modules of `package`."""
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted((ROOT / package).rglob("*.py"))
+    }
+    graph = {m: {n for n in _module_imports(p) if n in modules and n != m} for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(m: str) -> None:  # Tarjan
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in graph[m]:
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            group = []
+            while True:
+                n = stack.pop()
+                group.append(n)
+                if n == m:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for m in graph:
+        if m not in index:
+            visit(m)
+    return found
+
+
+ENGINE = sorted((ROOT / "orchestrator" / "engine").glob("*.py"))
+
+
+def test_the_engine_and_metrics_are_in_no_import_cycle() -> None:
+    touching = [c for c in import_cycles("orchestrator") if any(m.startswith("orchestrator.engine") for m in c)]
+    assert touching == [] and all("orchestrator.metrics" not in c for c in import_cycles("orchestrator"))
+    assert not [n for n in _module_imports(ROOT / "orchestrator" / "metrics.py") if n.startswith("orchestrator.engine")]
+
+
+def test_the_cycle_finder_finds_cycles(tmp_path: Path) -> None:
+    """Guard against a checker that passes because it reads nothing."""
+    assert import_cycles("orchestrator/engine") == []
+    assert "orchestrator.engine.records" in _module_imports(ROOT / "orchestrator" / "engine" / "core.py")
+
+
+def test_no_engine_module_reaches_into_another_objects_private_members() -> None:
+    """Collaborators talk through their interfaces: `x._name` is only ever `self._name`."""
+    reaching = [
+        f"{path.name}:{node.lineno}: {ast.unparse(node)}"
+        for path in [*ENGINE, ROOT / "orchestrator" / "metrics.py"]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    ]
+    assert reaching == []
+
+
+def test_the_engine_has_no_mixins_no_typing_only_stubs_and_no_huge_module() -> None:
+    for path in ENGINE:
+        tree = ast.parse(path.read_text())
+        stubs = [
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING"
+        ]
+        assert stubs == [], f"{path.name}: TYPE_CHECKING blocks at lines {stubs}"
+        assert len(path.read_text().splitlines()) <= 600, f"{path.name} is over 600 lines"
+    engine = next(
+        n
+        for n in ast.walk(ast.parse((ROOT / "orchestrator/engine/core.py").read_text()))
+        if isinstance(n, ast.ClassDef) and n.name == "Engine"
+    )
+    assert engine.bases == [], "the Engine is composed of collaborators, not mixins"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from orchestrator.domain.edits import EditList
@@ -11,7 +12,7 @@ from orchestrator.domain.model import AdminState, DagSpec, Liveness
 from orchestrator.domain.placement import DeviceView
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine.intake import Submission
-from protocol.messages import Message
+from protocol.messages import Command, Message
 
 NodeKey = tuple[str, str]  # (task_id, node_id)
 
@@ -73,6 +74,12 @@ class DeviceRun:
         return bool(ann.get("read_only")), bool(ann.get("idempotent"))
 
 
+class AttemptKind(StrEnum):
+    TOOL = "tool"  # one batch of the node's commands
+    AGENT = "agent"  # an LLM step loop holding the device
+    STEP = "step"  # one batch of an agent attempt
+
+
 @dataclass
 class AttemptRun:
     batch_id: str
@@ -81,17 +88,17 @@ class AttemptRun:
     n: int
     device_id: str
     fence: int
-    commands: list[dict[str, Any]]
+    commands: list[Command]  # typed when the attempt opens; stored as their JSON
     deadline: float | None
+    started: float  # engine clock: when it was dispatched (round-trip metrics)
     accepted: bool = False
     sent: bool = False
     cancel_reason: str | None = None
-    kind: str = "tool"  # tool: one batch; agent: an LLM step loop; step: one batch of an agent attempt
+    kind: AttemptKind = AttemptKind.TOOL
     parent: str | None = None  # a step's agent attempt
     waiter: asyncio.Future[list[dict[str, Any]]] | None = None  # a step's results, for its agent loop
     tools_used: list[str] = field(default_factory=list)  # an agent attempt's tools, for retry safety
     step: str | None = None  # an agent attempt's step batch in flight
-    started: float = 0.0  # engine clock: when it was dispatched (round-trip metrics)
     resent_at: float = 0.0  # engine clock: when it was last sent again to a device that lacked it
 
     @property
@@ -212,12 +219,21 @@ class PlanFailed(Input):
     message: str
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """One command an agent loop asks for (the engine adds call ids and tool types)."""
+
+    tool: str
+    arguments: dict[str, Any]
+    timeout_s: float = 60.0
+
+
 @dataclass
 class AgentStep(Input):
     """An agent loop asks for one batch on its device; the reply is a future of the results."""
 
     attempt_id: str
-    commands: list[dict[str, Any]]
+    commands: list[ToolCall]
 
 
 @dataclass

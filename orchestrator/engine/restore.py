@@ -1,19 +1,17 @@
-"""Rebuild engine records from store rows (start-up and recovery)."""
+"""Rebuild engine records from store rows (start-up and recovery). Builds and returns them; what
+they mean for the running engine (timers, queues, agents to stop) is the engine's to settle."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.domain.model import AdminState, EdgeSpec, Liveness, NodeSpec, NodeState, TaskState
 from orchestrator.domain.run import TaskRun
-from orchestrator.engine.records import AttemptRun, DeviceRun
-from orchestrator.engine.times import utc
+from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceRun
 from orchestrator.store.models import Attempt, Device
 from orchestrator.store.repo import RuntimeSnapshot, TaskBundle
-from protocol.errors import ErrorCode
-
-if TYPE_CHECKING:
-    from orchestrator.engine.core import Engine
+from protocol.messages import Command
 
 
 def device_from_row(row: Device) -> DeviceRun:
@@ -72,99 +70,53 @@ def attempt_from_row(a: Attempt) -> AttemptRun:
         n=a.n,
         device_id=a.device_id,
         fence=a.fence,
-        commands=list(a.commands),
+        commands=[Command.model_validate(c) for c in a.commands],
         deadline=a.deadline.timestamp() if a.deadline else None,
-        accepted=a.accepted_at is not None,
-        cancel_reason=a.cancel_reason,
-        kind=a.kind,
-        parent=a.parent_batch_id,
         started=a.started_at.timestamp(),
+        accepted=a.accepted_at is not None,
+        sent=True,  # it may have reached the device before the crash
+        cancel_reason=a.cancel_reason,
+        kind=AttemptKind(a.kind),
+        parent=a.parent_batch_id,
     )
 
 
-def attempt_row(att: AttemptRun, now: float, status: str) -> dict[str, Any]:
-    """The stored row of a new attempt (or an agent attempt's step batch)."""
-    return {
-        "batch_id": att.batch_id,
-        "parent_batch_id": att.parent,
-        "kind": att.kind,
-        "task_id": att.task_id,
-        "node_id": att.node_id,
-        "n": att.n,
-        "device_id": att.device_id,
-        "fence": att.fence,
-        "commands": att.commands,
-        "status": status,
-        "deadline": utc(att.deadline) if att.deadline else None,
-        "started_at": utc(now),
-    }
+@dataclass
+class Recovered:
+    """What the store holds of the runtime: devices, unfinished tasks with their open attempts,
+    and the tasks whose planning was under way."""
+
+    devices: list[DeviceRun] = field(default_factory=list)
+    tasks: list[TaskRun] = field(default_factory=list)
+    attempts: list[AttemptRun] = field(default_factory=list)
+    planning: list[tuple[str, str]] = field(default_factory=list)  # (task id, request)
 
 
-def recover(eng: Engine, snap: RuntimeSnapshot, now: float) -> None:
-    """Load devices, unfinished tasks and open attempts into a fresh engine, then settle what a
-    crash left unsettled: queued nodes whose device is gone, failures still awaiting a re-plan,
-    agent nodes whose conversation died with the process."""
-    from orchestrator.engine import llm_work
-
+def load(snap: RuntimeSnapshot, now: float) -> Recovered:
+    """Records of everything in `snap`. Devices that were connected are `recovering`: nobody is
+    known to be connected yet, so they take no new work until heard from, and get a full
+    heartbeat timeout before being judged lost (peers.md: restart grace)."""
+    out = Recovered()
     for row in snap.devices:
         dev = device_from_row(row)
         if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
-            # Nobody is known to be connected yet: take no new work until the device is heard
-            # from, and give it a full heartbeat timeout before judging it lost (peers.md: restart
-            # grace). The replica holding its socket reports it, or the agent says hello again.
             dev.liveness = Liveness.SUSPECT
             dev.recovering = True
             dev.heard_at = now
-        eng.devices[dev.id] = dev
+        out.devices.append(dev)
     for bundle in snap.tasks:
         if bundle.task.state == TaskState.PLANNING:
-            eng.planning_to_resume.append((bundle.task.id, bundle.task.request or ""))
+            out.planning.append((bundle.task.id, bundle.task.request or ""))
             continue
-        run = task_from_bundle(bundle)
-        llm_work.adopt(eng, run)
-        eng.tasks[run.id] = run
-        for a in bundle.attempts:
-            if a.ended_at is None:
-                eng.attempts[a.batch_id] = attempt_from_row(a)
-        for node_id, rec in run.nodes.items():
-            key = (run.id, node_id)
-            if rec.state is NodeState.READY:
-                eng.ready[key] = None
-            elif rec.state is NodeState.QUEUED:
-                holder = eng.devices.get(rec.queued_on or "")
-                if holder is None:
-                    eng._apply(run, run.unqueue(node_id), now)
-                else:
-                    holder.queue[key] = None
-                    eng.queued_at[key] = holder.id
-            if rec.state in (NodeState.READY, NodeState.QUEUED) and rec.ready_since:
-                limit = rec.spec.queue_timeout_s or eng.settings.queue_timeout_s
-                eng._timer(rec.ready_since + limit, "queue_timeout", (key, rec.ready_since))
-            if rec.not_before:
-                eng._timer(rec.not_before, "wake", None)
-            if rec.state is NodeState.FAILED and run.hold_failures and _has_pending_successor(run, node_id):
-                run.held.add(node_id)  # its re-plan was under way: ask again
-        # Successors of nodes that ended just before the crash may still be pending.
-        eng._apply(run, run.start(now), now)
-    for att in list(eng.attempts.values()):
-        att.sent = True  # it may have reached the device before the crash
-        if att.kind == "step" and att.parent in eng.attempts:
-            eng.attempts[att.parent].step = att.batch_id
-        elif att.deadline:
-            eng._timer(att.deadline, "attempt_deadline", att.batch_id)
-        if att.kind != "agent" and not att.accepted:
-            eng._timer(now + eng.settings.batch_accept_timeout_s, "accept_deadline", att.batch_id)
-    for att in [a for a in eng.attempts.values() if a.kind == "agent"]:
-        llm_work.stop_agent(
-            eng,
-            att,
-            ErrorCode.UNCERTAIN,
-            "the orchestrator restarted while this agent node ran; "
-            "its conversation was lost, and what it did on the device is uncertain",
-            now,
-            "restart",
-        )
+        out.tasks.append(task_from_bundle(bundle))
+        out.attempts += [attempt_from_row(a) for a in bundle.attempts if a.ended_at is None]
+    by_id = {a.batch_id: a for a in out.attempts}
+    for att in out.attempts:
+        parent = by_id.get(att.parent or "")
+        if att.kind is AttemptKind.STEP and parent is not None:
+            parent.step = att.batch_id
+    return out
 
 
-def _has_pending_successor(run: TaskRun, node_id: str) -> bool:
+def has_pending_successor(run: TaskRun, node_id: str) -> bool:
     return any(run.nodes[e.target].state is NodeState.PENDING for e in run.graph.outgoing.get(node_id, []))

@@ -4,7 +4,8 @@ batch deadlines."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+
+from protocol.messages import Command
 
 
 def utc(ts: float) -> datetime:
@@ -18,7 +19,7 @@ def iso(ts: float) -> str:
 BATCH_GRACE_S = 30.0  # added to a batch's command limits when its node sets no timeout_s
 
 
-def batch_deadline(now: float, node_timeout_s: float | None, commands: list[dict[str, Any]]) -> float | None:
+def batch_deadline(now: float, node_timeout_s: float | None, commands: list[Command]) -> float | None:
     """When an attempt must be over: the node's `timeout_s`, else its commands' own limits in a
     row plus a grace for delivery. Every command batch carries one, so a device that heartbeats
     but never answers cannot hold a node forever (agent steps with no commands get none)."""
@@ -26,4 +27,4 @@ def batch_deadline(now: float, node_timeout_s: float | None, commands: list[dict
         return now + node_timeout_s
     if not commands:
         return None
-    return now + sum(float(c.get("timeout_s") or 60.0) for c in commands) + BATCH_GRACE_S
+    return now + sum(c.timeout_s for c in commands) + BATCH_GRACE_S

@@ -16,7 +16,7 @@ from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec
 from orchestrator.domain.problems import Problem
 from orchestrator.engine.core import Engine
-from orchestrator.engine.records import AgentDone, AgentStep, Input, PlanFailed, PlanReady, ReplanDone
+from orchestrator.engine.records import AgentDone, AgentStep, Input, PlanFailed, PlanReady, ReplanDone, ToolCall
 from orchestrator.engine.times import utc
 from orchestrator.planner import agent_loop, planning
 from orchestrator.planner.catalogue import inventory
@@ -97,7 +97,8 @@ class PlannerService:
 
     async def _agent(self, attempt_id: str, node: agent_loop.AgentNode) -> None:
         async def run_batch(commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            waiter: asyncio.Future[list[dict[str, Any]]] = await self.engine.submit(AgentStep(attempt_id, commands))
+            calls = [ToolCall(c["tool"], c["arguments"], float(c.get("timeout_s", 60.0))) for c in commands]
+            waiter: asyncio.Future[list[dict[str, Any]]] = await self.engine.submit(AgentStep(attempt_id, calls))
             return await waiter
 
         try:

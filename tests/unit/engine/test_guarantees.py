@@ -344,7 +344,7 @@ async def test_a_batch_lost_on_its_way_is_sent_again_when_the_idle_device_does_n
 async def test_an_agent_node_ended_with_a_step_still_out_frees_its_device_when_the_step_reports(
     tmp_path: Path,
 ) -> None:
-    from orchestrator.engine.records import AgentDone, AgentStep
+    from orchestrator.engine.records import AgentDone, AgentStep, ToolCall
 
     h = await (await asyncio.to_thread(Harness, tmp_path)).open(planner=True)
     try:
@@ -353,7 +353,7 @@ async def test_an_agent_node_ended_with_a_step_still_out_frees_its_device_when_t
         task = await h.submit({"nodes": [{"id": "g", "kind": "agent", "instruction": "look around"}]})
         assert h.planner is not None
         (attempt,) = h.planner.agents
-        await h.step(AgentStep(attempt, [{"tool": "sim.look", "arguments": {}}]))
+        await h.step(AgentStep(attempt, [ToolCall("sim.look", {})]))
         (step,) = h.batches(dev)
         await h.step(AgentDone(attempt, False, error_code="timeout", error_message="too slow"))
         assert h.engine.devices[dev].current_batch == step.batch_id  # the step may still be running

@@ -1,0 +1,108 @@
+"""What one engine step writes: hard changes, soft changes, events, and the effects that may only
+happen once all of it is committed (DESIGN, data flow: state is stored before it is spoken of)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
+
+from orchestrator.engine.timers import Timers, Wake
+from orchestrator.engine.times import iso, utc
+from orchestrator.store.models import Base
+from orchestrator.store.repo import ChangeSet
+
+log = logging.getLogger("orrery.engine")
+
+SOFT_FLUSH_S = 1.0  # informational updates wait at most this long for a commit to ride along
+
+
+class ChangeStore(Protocol):
+    async def write(self, changes: ChangeSet) -> list[int]: ...
+
+
+class EventSink(Protocol):
+    def publish(self, events: list[dict[str, Any]]) -> None:
+        """Fan committed events out to subscribers; never blocks the engine and never raises
+        (the events are in the store; readers fall back to it)."""
+        ...
+
+
+class StepWriter:
+    """The only holder of a step's ChangeSet. `commit` writes it in one transaction (retried,
+    guarded by the engine lease when replicated), then runs the effects, then publishes."""
+
+    def __init__(self, store: ChangeStore, bus: EventSink, timers: Timers, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.bus = bus
+        self.timers = timers
+        self.clock = clock
+        self.lease_guard: tuple[str, str, int] | None = None
+        self._changes = ChangeSet()
+        self._soft = ChangeSet()  # changes that may wait for the next commit (see SOFT_FLUSH_S)
+        self._soft_since: float | None = None
+        self._effects: list[Callable[[], None]] = []
+        self._events: list[dict[str, Any]] = []
+
+    # ---------------------------------------------------------------- recording
+
+    def insert(self, model: type[Base], row: dict[str, Any]) -> None:
+        self._changes.insert(model, row)
+
+    def update(self, model: type[Base], key: tuple[Any, ...], **values: Any) -> None:
+        self._changes.update(model, key, **values)
+
+    def delete(self, model: type[Base], key: tuple[Any, ...]) -> None:
+        self._changes.delete(model, key)
+
+    def soft_update(self, model: type[Base], key: tuple[Any, ...], now: float, **values: Any) -> None:
+        """An informational update: it rides along with the next commit, or is written on its own
+        SOFT_FLUSH_S after the first one waiting (retry safety never depends on these)."""
+        self._soft.update(model, key, **values)
+        if self._soft_since is None:
+            self._soft_since = now
+            self.timers.add(now + SOFT_FLUSH_S, Wake())
+
+    def event(self, type_: str, task_id: str, node_id: str | None, now: float, **data: Any) -> None:
+        body = {"task_id": task_id, "at": iso(now), **data}
+        if node_id is not None:
+            body["node_id"] = node_id
+        self._events.append({"task_id": task_id, "type": type_, "node_id": node_id, "data": body, "at": utc(now)})
+
+    def effect(self, fn: Callable[[], None]) -> None:
+        """Run `fn` after this step's changes are committed (never if the commit fails)."""
+        self._effects.append(fn)
+
+    # ---------------------------------------------------------------- committing
+
+    async def commit(self) -> None:
+        changes, effects, events = self._changes, self._effects, self._events
+        self._changes, self._effects, self._events = ChangeSet(), [], []
+        soft_due = self._soft_since is not None and self.clock() - self._soft_since >= SOFT_FLUSH_S
+        if self._soft and (changes or events or soft_due):
+            merged, self._soft, self._soft_since = self._soft, ChangeSet(), None
+            merged.absorb(changes)  # the later, hard changes win on the same row
+            changes = merged
+        if changes or events:
+            changes.guard = self.lease_guard
+            for ev in events:
+                changes.event(ev)
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(5), wait=wait_exponential(multiplier=0.1, max=2), reraise=True
+            ):
+                with attempt:
+                    ids = await self.store.write(changes)
+            for ev, event_id in zip(events, ids, strict=True):
+                ev["id"] = event_id
+        for effect in effects:
+            try:
+                effect()
+            except Exception:
+                log.exception("engine effect failed")
+        if events:
+            try:
+                self.bus.publish(events)
+            except Exception:  # fan-out is a hint: the events are stored and readers poll the store
+                log.exception("publishing %d events failed", len(events))

@@ -1,0 +1,67 @@
+"""Placement returns decisions; the queues keep their own books and call nobody back."""
+
+from __future__ import annotations
+
+from orchestrator.domain.model import Liveness
+from orchestrator.domain.run import TaskRun
+from orchestrator.engine.queues import Assign, Enqueue, NeverRunnable, Queues
+from orchestrator.engine.records import DeviceRun
+from tests.unit.engine.parts import device, task
+
+
+def queues(*runs: TaskRun, devices: list[DeviceRun]) -> Queues:
+    q = Queues({r.id: r for r in runs}, {d.id: d for d in devices})
+    for run in runs:
+        for node_id in run.nodes:
+            q.make_ready((run.id, node_id))
+    return q
+
+
+def test_a_free_capable_device_is_assigned_and_a_busy_one_gets_a_queue() -> None:
+    run = task("t", "sim.act", "sim.act")
+    dev = device("d1")
+    q = queues(run, devices=[dev])
+    placements = q.placements(now=1.0)
+    first = next(placements)
+    assert first == Assign(("t", "n1"), dev) and ("t", "n1") not in q.ready
+    dev.current_batch = "b1"  # the engine carries the assignment out before the next decision
+    assert next(placements) == Enqueue(("t", "n2"), dev)
+    assert q.queued_at == {("t", "n2"): "d1"} and list(dev.queue) == [("t", "n2")] and not q.ready
+    assert list(placements) == []
+
+
+def test_a_node_no_device_could_ever_run_is_said_so() -> None:
+    run = task("t", "sim.fly")
+    q = queues(run, devices=[device("d1")])
+    (decision,) = list(q.placements(now=1.0))
+    assert isinstance(decision, NeverRunnable) and decision.key == ("t", "n1")
+    assert "sim.fly" in decision.problem.message
+    assert ("t", "n1") in q.ready  # the engine fails it; the queues decide nothing more
+
+
+def test_capable_devices_out_of_service_mean_wait_not_fail() -> None:
+    run = task("t", "sim.act")
+    q = queues(run, devices=[device("d1", liveness=Liveness.OFFLINE)])
+    assert list(q.placements(now=1.0)) == []
+    assert ("t", "n1") in q.ready
+
+
+def test_a_free_device_takes_its_queue_first_then_steals() -> None:
+    run = task("t", "sim.act", "sim.act")
+    busy, idle = device("d1"), device("d2", liveness=Liveness.OFFLINE)
+    busy.current_batch = "b0"
+    q = queues(run, devices=[busy, idle])
+    assert [type(d) for d in q.placements(now=1.0)] == [Enqueue, Enqueue]
+    idle.liveness = Liveness.ONLINE
+    decisions = list(q.placements(now=2.0))
+    assert decisions == [Assign(("t", "n1"), idle)]  # stolen from d1's queue, oldest first
+    assert q.queued_at == {("t", "n2"): "d1"}
+    assert q.unqueue_all(busy) == [("t", "n2")] and not busy.queue and not q.queued_at
+
+
+def test_backing_off_nodes_wait() -> None:
+    run = task("t", "sim.act")
+    run.nodes["n1"].not_before = 10.0
+    q = queues(run, devices=[device("d1")])
+    assert list(q.placements(now=5.0)) == []
+    assert [type(d) for d in q.placements(now=10.0)] == [Assign]
