@@ -32,9 +32,10 @@ from orchestrator.domain.model import DagSpec, NodeSpec, NodeState, TaskState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine import restore, timers
+from orchestrator.engine.admissions import Admissions
 from orchestrator.engine.attempts import Applied, Attempts, Duplicate
 from orchestrator.engine.fleet import Fleet
-from orchestrator.engine.intake import Admission, Intake
+from orchestrator.engine.intake import Admission
 from orchestrator.engine.llm_work import LlmWork, PlannerHooks
 from orchestrator.engine.outbox import DeviceLinks, Outbox
 from orchestrator.engine.queues import Queues
@@ -123,7 +124,7 @@ class Engine:
             self.metrics,
             rng,
         )
-        self.intake = Intake(store, self.writer)
+        self.admissions = Admissions(store, self.writer)
         self.inbox: asyncio.Queue[Input] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.ready_event = asyncio.Event()
@@ -298,7 +299,7 @@ class Engine:
         """A new task: stored in this step's commit (the engine is the one writer of tasks) and
         started, or the task an earlier submission of it (or of its Idempotency-Key) made."""
         sub = item.submission
-        answer, new = await self.intake.admit(sub, item.asked_before, now)
+        answer, new = await self.admissions.admit(sub, item.asked_before, now)
         if not new:
             return answer
         if sub.spec is None:  # the plan is asked for once the task is stored

@@ -9,19 +9,14 @@ the leader writes task rows. A submission is plain data: it crosses replicas as 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, TypedDict
+from typing import Any, TypedDict
 
 from orchestrator.domain.model import DagSpec, NodeState, TaskState
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine.times import iso, utc
-from orchestrator.engine.writer import StepWriter
-from orchestrator.store.models import Edge, Node, Task
 from orchestrator.store.rows import node_rows
-
-ADMITTED_KEPT = 10_000  # submissions remembered in memory (older ones are found in the store)
 
 
 @dataclass(frozen=True)
@@ -173,49 +168,6 @@ class Admission(TypedDict):
     task_id: str
     created: bool
     body_hash: str
-
-
-class AdmittedLookup(Protocol):
-    async def find_admitted(self, task_id: str, key: str | None) -> Task | None: ...
-
-
-class Intake:
-    """The engine's one door for new tasks: it admits a submission once, however often it is
-    asked, and writes its rows into the step (the engine then starts it)."""
-
-    def __init__(self, store: AdmittedLookup, writer: StepWriter) -> None:
-        self.store = store
-        self.writer = writer
-        # Lately admitted, by "id:<task id>" and "key:<Idempotency-Key>": a submission asked again,
-        # or a key reused, in the same step as the first sees it before the store does.
-        self._admitted: OrderedDict[str, Admission] = OrderedDict()
-
-    async def admit(self, sub: Submission, asked_before: bool, now: float) -> tuple[Admission, bool]:
-        """The answer, and whether the task is new (its rows are now in this step's writes).
-
-        The store is asked only when it may already hold the task: the submission may have been
-        asked before (through another replica), or its Idempotency-Key may have been used."""
-        marks = [f"id:{sub.task_id}"] + ([f"key:{sub.idempotency_key}"] if sub.idempotency_key else [])
-        for mark in marks:
-            if (earlier := self._admitted.get(mark)) is not None:
-                return {**earlier, "created": earlier["task_id"] == sub.task_id}, False
-        if asked_before or sub.idempotency_key:
-            row = await self.store.find_admitted(sub.task_id, sub.idempotency_key)
-            if row is not None:
-                return {"task_id": row.id, "created": row.id == sub.task_id, "body_hash": row.body_hash or ""}, False
-        admitted: Admission = {"task_id": sub.task_id, "created": True, "body_hash": sub.body_hash}
-        for mark in marks:
-            self._admitted[mark] = admitted
-        while len(self._admitted) > ADMITTED_KEPT:
-            self._admitted.popitem(last=False)
-        self.writer.insert(Task, sub.task_row())
-        nodes, edges = sub.graph_rows()
-        for node in nodes:
-            self.writer.insert(Node, node)
-        for edge in edges:
-            self.writer.insert(Edge, edge)
-        self.writer.event("task.state", sub.task_id, None, now, state=sub.state.value)
-        return admitted, True
 
 
 def _when(value: Any) -> datetime | None:
