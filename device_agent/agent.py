@@ -36,7 +36,6 @@ from protocol.messages import (
     Message,
     Result,
     ResultBatch,
-    Resume,
     ToolsChanged,
     Welcome,
 )
@@ -245,9 +244,7 @@ class Agent:
                     await beat
 
     def _hello(self) -> Hello:
-        resume = None
-        if self.session is not None:
-            resume = Resume(session_id=self.session.session_id, last_seq=self.session.confirmed_seq)
+        resume = self.session.resume_point() if self.session is not None else None
         return Hello(
             device_id=self.device_id,
             agent_version=__version__,
@@ -261,7 +258,7 @@ class Agent:
 
     def _open(self, channel: Channel, welcome: Welcome) -> list[str]:
         """Bind the session the server chose; return frames to send right after the welcome."""
-        if welcome.resumed and self.session is not None and self.session.session_id == welcome.session_id:
+        if self.session is not None and self.session.resumed_by(welcome):
             return channel.open_agent(welcome, self.session)
         # A new session: nothing of the old one carries over except what is durable. Every
         # result still in the outbox goes again; the server de-duplicates by batch id.

@@ -132,7 +132,7 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
     bus = RedisBus(redis) if redis is not None else LocalBus()
     engine = Engine(settings, store, bus)
     auth_failures = RateLimiter(settings.auth_failures_per_minute, 60.0)
-    gateway = Gateway(settings, store, engine, hasher, auth_failures)
+    gateway = Gateway(settings, store, hasher, engine.metrics, auth_failures)
     planner = None
     if settings.llm_configured:
         # Imported only when used: the OpenAI client costs ~0.5 s of start-up, and a restarting
@@ -141,12 +141,16 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
 
         planner = PlannerService(settings, store, engine)
     engine.planner = planner
-    cluster: Cluster = LocalCluster(engine, gateway)
+    # The wiring: the cluster sends through the gateway's sockets, the gateway hands frames to the
+    # cluster, the engine reaches devices through the cluster. No one of them builds another.
+    cluster: Cluster
     if redis is not None:
         assert isinstance(bus, RedisBus)
         await bus.start()
         cluster = RedisCluster(settings, store, engine, gateway, redis)
-    gateway.cluster = cluster
+    else:
+        cluster = LocalCluster(engine, gateway)
+    gateway.bind(cluster)
     engine.links = cluster
     await cluster.start()
     await gateway.start()

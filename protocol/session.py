@@ -10,7 +10,12 @@ Two layers, in the style of websockets' `protocol.py`:
 - `Channel` is one connection: frame size, hello-first, frame direction, version negotiation.
   It hands in-order, de-duplicated frames to the application and stamps outgoing ones.
 
-Nothing here reads a clock or touches a socket; deadlines are the caller's.
+The policies both sides must agree on live here too, not in the code that pumps the frames:
+whether a hello resumes a session (`Session.resumes`, and `Session.resumed_by` on the agent's
+side of the welcome), what a resuming hello names (`Session.resume_point`), when a standalone
+ack is owed (`AckPolicy`), and what the server's heartbeat says (`Session.heartbeat_reply`).
+
+Nothing here reads a clock or touches a socket; times are passed in and deadlines are the caller's.
 """
 
 from __future__ import annotations
@@ -23,11 +28,17 @@ from protocol.messages import (
     AGENT_TO_SERVER,
     SERVER_TO_AGENT,
     SUPPORTED_VERSIONS,
+    CommandBatch,
+    Heartbeat,
     Hello,
     Message,
+    ResultBatch,
+    Resume,
     Welcome,
     is_reliable,
 )
+
+ACK_DELAY_S = 0.05  # how long a standalone ack waits for a frame it could ride on
 
 
 class Role(StrEnum):
@@ -52,7 +63,30 @@ class Session:
         self.confirmed_seq = 0  # highest received seq the application has processed; sent as ack
         self.peer_ack = 0  # highest of our seqs the peer acknowledged
         self.ack_sent = 0  # the ack carried by the last frame we stamped
+        # The last command batch this session carried to the peer that no result batch has
+        # answered yet: the server's own account of what its device is busy with.
+        self.open_batch: str | None = None
         self._unacked: dict[int, Message] = {}
+
+    # ------------------------------------------------------------------ resuming
+
+    def resume_point(self) -> Resume:
+        """Agent: what its next hello names to pick this session up again. `last_seq` is what
+        the agent confirmed, so frames it received but never processed are sent again."""
+        return Resume(session_id=self.session_id, last_seq=self.confirmed_seq)
+
+    def resumes(self, hello: Hello) -> bool:
+        """Server: does `hello` pick this session up? Only if it names it and claims no frame
+        this side never sent (else the peer's state is not this session's, and it starts afresh)."""
+        return (
+            hello.resume is not None
+            and hello.resume.session_id == self.session_id
+            and hello.resume.last_seq <= self.sent_seq
+        )
+
+    def resumed_by(self, welcome: Welcome) -> bool:
+        """Agent: did the server's `welcome` resume this session (rather than start a new one)?"""
+        return welcome.resumed and welcome.session_id == self.session_id
 
     # ------------------------------------------------------------------ outgoing
 
@@ -60,6 +94,8 @@ class Session:
         """Give an outgoing frame its `seq` (reliable frames only) and our current `ack`."""
         update: dict[str, int] = {"ack": self.confirmed_seq, "v": self.version}
         self.ack_sent = self.confirmed_seq
+        if isinstance(message, CommandBatch):
+            self.open_batch = message.batch_id
         if is_reliable(message):
             self.sent_seq += 1
             update["seq"] = self.sent_seq
@@ -101,7 +137,22 @@ class Session:
         if message.seq != self.received_seq + 1:
             raise OutOfOrder(f"expected seq {self.received_seq + 1}, got {message.seq}")
         self.received_seq = message.seq
+        if isinstance(message, ResultBatch) and message.batch_id == self.open_batch:
+            self.open_batch = None
         return message
+
+    def heartbeat_reply(self) -> Heartbeat:
+        """Server: the answer to a device's heartbeat (or a standalone ack). Its `ack` is stamped
+        on sending; `state` is the batch this session carried to the device and has no results
+        for, so the answer is the same on any replica, whether or not its engine runs."""
+        if self.open_batch is None:
+            return Heartbeat(state="idle")
+        return Heartbeat(state="busy", batch_id=self.open_batch)
+
+    @property
+    def ack_owed(self) -> bool:
+        """Frames were confirmed since the last ack we sent."""
+        return self.ack_sent < self.confirmed_seq
 
     def confirm(self, seq: int) -> None:
         """The application has durably processed every reliable frame up to `seq`."""
@@ -117,6 +168,47 @@ class Session:
         self.peer_ack = ack
         for seq in [s for s in self._unacked if s <= ack]:
             del self._unacked[seq]
+
+
+class AckPolicy:
+    """When a standalone ack is due, given the time (sans I/O: the caller owns the timers).
+
+    The peer keeps what we have not acknowledged (the agent's outbox holds results until our ack
+    covers them), so a confirmation must be acknowledged soon; usually an outgoing frame carries
+    the ack first and no extra frame is needed. The rule: an ack owed is sent no later than
+    `delay_s` after the confirmation that made it owed, and one ack covers every confirmation
+    made before it. The caller tells the policy of each confirmation (`confirmed`), sets a timer
+    for the time it returns, and sends an ack when the timer fires if `ack_due(now)` says so.
+    """
+
+    def __init__(self, session: Session, delay_s: float = ACK_DELAY_S) -> None:
+        self.session = session
+        self.delay_s = delay_s
+        self._due: float | None = None
+        self._covers = 0  # the confirmed seq the pending deadline is for
+
+    def confirmed(self, now: float) -> float | None:
+        """The application confirmed frames at `now`. Returns when a standalone ack falls due if
+        this starts a new wait (set a timer for then), or None if nothing is owed or a wait
+        already running will cover it."""
+        if not self.session.ack_owed:
+            return None
+        if self.next_ack_at is not None:
+            return None
+        self._due, self._covers = now + self.delay_s, self.session.confirmed_seq
+        return self._due
+
+    @property
+    def next_ack_at(self) -> float | None:
+        """When the standalone ack owed now must go out, or None if none is owed (or an outgoing
+        frame already carried everything the running wait was for)."""
+        if self._due is None or not self.session.ack_owed or self.session.ack_sent >= self._covers:
+            return None
+        return self._due
+
+    def ack_due(self, now: float) -> bool:
+        at = self.next_ack_at
+        return at is not None and now >= at
 
 
 def negotiate_version(offered: list[int]) -> int:

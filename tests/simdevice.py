@@ -28,7 +28,6 @@ from protocol.messages import (
     Hello,
     Result,
     ResultBatch,
-    Resume,
     ToolAnnotations,
     ToolSpec,
     Welcome,
@@ -147,11 +146,7 @@ class SimDevice:
         ) as ws:
             self._ws = ws
             channel = Channel(Role.AGENT)
-            resume = (
-                Resume(session_id=self.session.session_id, last_seq=self.session.confirmed_seq)
-                if self.session
-                else None
-            )
+            resume = self.session.resume_point() if self.session else None
             await ws.send(
                 channel.send(
                     Hello(
@@ -166,7 +161,7 @@ class SimDevice:
             )  # type: ignore[arg-type]
             welcome = channel.receive(await ws.recv())
             assert isinstance(welcome, Welcome), welcome
-            if welcome.resumed and self.session and self.session.session_id == welcome.session_id:
+            if self.session and self.session.resumed_by(welcome):
                 resend = channel.open_agent(welcome, self.session)
             else:
                 # A new session: the server re-sends every open batch, answered from `_seen`.

@@ -1,5 +1,7 @@
 """Where engine inputs and device frames go: one process (`LocalCluster`) or many replicas sharing
-Postgres and Redis (`RedisCluster`). The API, gateway and engine only ever talk to a `Cluster`."""
+Postgres and Redis (`RedisCluster`). The API, gateway and engine only ever talk to a `Cluster`; the
+cluster reaches this replica's device sockets only through `DeviceSockets` (the gateway is one),
+so neither package imports the other."""
 
 from __future__ import annotations
 
@@ -13,11 +15,25 @@ from protocol.messages import Message
 
 if TYPE_CHECKING:
     from orchestrator.engine.core import Engine
-    from orchestrator.gateway.hub import Gateway
 
 
 class ClusterUnavailable(Exception):
     """No engine answered a request within its deadline (the API answers 503 `cluster_unavailable`)."""
+
+
+class DeviceSockets(Protocol):
+    """What a cluster needs of this replica's device connections (the gateway)."""
+
+    def send(self, device_id: str, message: Message, epoch: int = 0) -> bool:
+        """Queue a frame on the device's session here if it belongs to connection `epoch` or a
+        newer one: True if it may reach the device, False if it certainly cannot from here."""
+        ...
+
+    def close(self, device_id: str, code: int, reason: str) -> None: ...
+
+    def link_report(self) -> LinkReport:
+        """Every device link here, as the engine should know it."""
+        ...
 
 
 class Cluster(Protocol):
@@ -66,7 +82,7 @@ class LocalCluster:
 
     replica_id = "local"
 
-    def __init__(self, engine: Engine, gateway: Gateway) -> None:
+    def __init__(self, engine: Engine, gateway: DeviceSockets) -> None:
         self.engine = engine
         self.gateway = gateway
         engine.replica_id = self.replica_id

@@ -38,7 +38,7 @@ import orjson
 from redis.asyncio import Redis
 
 from orchestrator.bus import keys
-from orchestrator.cluster import ClusterUnavailable, wire
+from orchestrator.cluster import ClusterUnavailable, DeviceSockets, wire
 from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec
 from orchestrator.domain.problems import Problem
@@ -51,7 +51,6 @@ from protocol.messages import Message
 
 if TYPE_CHECKING:
     from orchestrator.engine.core import Engine
-    from orchestrator.gateway.hub import Gateway
 
 log = logging.getLogger("orrery.cluster")
 
@@ -72,7 +71,7 @@ _RELEASE_IF_MINE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.c
 
 
 class RedisCluster:
-    def __init__(self, settings: Settings, store: Store, engine: Engine, gateway: Gateway, redis: Redis) -> None:
+    def __init__(self, settings: Settings, store: Store, engine: Engine, gateway: DeviceSockets, redis: Redis) -> None:
         self.settings = settings
         self.store = store
         self.engine = engine

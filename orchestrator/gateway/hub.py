@@ -1,5 +1,12 @@
 """The device gateway: `/v1/agent` WebSocket endpoint, live sessions and liveness (SPEC section 4).
 
+The gateway is a pump: it reads a frame, hands it to the connection's protocol `Channel`, passes
+what comes out to the `Cluster` (which finds the engine, here or on another replica) and confirms
+it to the session once the engine has it durably; it writes what the cluster sends; and it runs
+the timers (liveness, standalone acks, link reports). Every protocol decision (does a hello
+resume, when is an ack owed, what does a heartbeat answer say) is the sans-I/O session's
+(`protocol.session`); nothing here reads the engine.
+
 One `Link` per device outlives its connections: it holds the protocol `Session` (so a
 reconnecting agent can resume) and the time of the last frame, read from a monotonic clock.
 Each connection has a reader (frames in, one at a time, in order) and a writer (a FIFO of
@@ -17,24 +24,22 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from orchestrator.cluster import Cluster, ClusterUnavailable, LocalCluster
+from orchestrator.cluster import Cluster, ClusterUnavailable
 from orchestrator.config import Settings
 from orchestrator.domain.model import AdminState, Liveness
-from orchestrator.engine.core import Engine
 from orchestrator.engine.records import DeviceHello, FrameIn, Input, LinkReport, LinkState, LivenessChanged
 from orchestrator.engine.times import utc
 from orchestrator.gateway.limits import RateLimiter
 from orchestrator.ids import new_id
+from orchestrator.metrics import Metrics
 from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
 from orchestrator.store.repo import Store
 from protocol.codec import encode
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import SUPPORTED_VERSIONS, BatchAccepted, Error, Heartbeat, Hello, Message, Welcome, is_reliable
-from protocol.session import Channel, Role, Session, negotiate_version
+from protocol.session import AckPolicy, Channel, Role, Session, negotiate_version
 
 log = logging.getLogger("orrery.gateway")
-
-ACK_DELAY_S = 0.05  # how long a standalone ack waits for a frame it could ride on
 
 
 @dataclass
@@ -57,27 +62,34 @@ class Connection:
 @dataclass
 class Link:
     device_id: str
-    session: Session | None = None
+    session: Session
     conn: Connection | None = None
     last_frame: float = field(default_factory=time.monotonic)
     liveness: Liveness = Liveness.ONLINE
     waiting: int = 0  # the reader awaits the engine: frames queue up unread, but the device is alive
     epoch: int = 0  # the store's number for the device's latest connection here (SPEC section 7)
     batch_id: str | None = None  # the batch the device last said (heartbeat) it is running
+    acks: AckPolicy = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.acks = AckPolicy(self.session)
 
 
 class Gateway:
+    """Device sockets of this replica. Built before its cluster (which sends through it), then
+    bound to it with `bind`; it sees the engine only through that `Cluster`."""
+
     def __init__(
         self,
         settings: Settings,
         store: Store,
-        engine: Engine,
         hasher: Hasher,
+        metrics: Metrics,
         auth_failures: RateLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
-        self.engine = engine
+        self.metrics = metrics
         self.hasher = hasher
         self.links: dict[str, Link] = {}
         # Per device, not per address: a fleet behind one NAT (or one proxy) reconnecting after a
@@ -89,7 +101,17 @@ class Gateway:
         self._monitor: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
         self.server_id = ""  # the store's identity, told to agents (they bind their fences to it)
-        self.cluster: Cluster = LocalCluster(engine, self)  # replaced by a RedisCluster on replicas
+        self._cluster: Cluster | None = None
+
+    def bind(self, cluster: Cluster) -> None:
+        """Where this gateway's frames go: the app's wiring calls it once, before `start`."""
+        self._cluster = cluster
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            raise RuntimeError("the gateway is not bound to a cluster yet (Gateway.bind)")
+        return self._cluster
 
     # ================================================================ lifecycle
 
@@ -116,7 +138,7 @@ class Gateway:
         so one sent while the socket is down goes out when the device resumes: True means the
         frame may reach the device, False that it certainly cannot (no such session here)."""
         link = self.links.get(device_id)
-        if link is None or link.session is None or link.epoch < epoch:
+        if link is None or link.epoch < epoch:
             return False
         stamped = link.session.stamp(message)
         if link.conn is not None and not link.conn.closed:
@@ -142,7 +164,6 @@ class Gateway:
                     link.batch_id,
                 )
                 for link in self.links.values()
-                if link.session is not None
             ],
         )
 
@@ -180,7 +201,7 @@ class Gateway:
             await _deny(ws, 429, "rate_limited", "this device reconnects too often; retry in a minute")
             return
         await ws.accept()
-        metrics = self.engine.metrics
+        metrics = self.metrics
         metrics.websocket_opens.inc()
         metrics.websockets.inc()
         channel = Channel(Role.SERVER, self.settings.max_frame_bytes)
@@ -240,18 +261,13 @@ class Gateway:
         link = self.links.get(device_id)
         if link is not None and link.conn is not None and link.conn is not conn:
             link.conn.close(CloseCode.SUPERSEDED, "superseded by a newer connection")
-        resumed = (
-            link is not None
-            and link.session is not None
-            and hello.resume is not None
-            and hello.resume.session_id == link.session.session_id
-            and hello.resume.last_seq <= link.session.sent_seq
-        )
-        if not resumed or link is None or link.session is None:
+        if link is None or not link.session.resumes(hello):
             link = Link(device_id, Session(new_id("s"), version))
             self.links[device_id] = link
+            resumed = False
+        else:
+            resumed = True
         session = link.session
-        assert session is not None
         link.conn = conn
         link.epoch = epoch
         self._touch(link)
@@ -294,8 +310,8 @@ class Gateway:
                 continue
             if isinstance(msg, Heartbeat):
                 link.batch_id = msg.batch_id
-                self.engine.metrics.heartbeat_lag.observe(max(0.0, silence - self.settings.heartbeat_interval_s))
-                self._heartbeat_reply(link, conn)
+                self.metrics.heartbeat_lag.observe(max(0.0, silence - self.settings.heartbeat_interval_s))
+                self._heartbeat_reply(conn)
                 continue
             if isinstance(msg, Error):
                 # Device-chosen text: quoted and cut, so it cannot forge or flood log lines.
@@ -304,15 +320,15 @@ class Gateway:
             if isinstance(msg, BatchAccepted):
                 # Nothing durable hangs on an acceptance: do not hold the reader for it.
                 self.cluster.notify(FrameIn(device_id, msg))
-                assert link.session is not None
                 link.session.confirm(msg.seq)
             elif is_reliable(msg):
                 await self._engine(link, FrameIn(device_id, msg))
-                assert link.session is not None
                 link.session.confirm(msg.seq)
-                # Acknowledge soon, so the agent's outbox can let go of what is now durable here;
-                # usually the next command batch carries the ack first and no extra frame is sent.
-                asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack_if_needed, link, conn)
+                # Acknowledge soon, so the agent's outbox can let go of what is now durable here
+                # (the session's ack policy says when; usually a command batch carries it first).
+                due = link.acks.confirmed(time.monotonic())
+                if due is not None:
+                    self._ack_at(due, link, conn)
 
     async def _engine(self, link: Link, item: Input) -> Any:
         """Hand an input to the engine and wait for it to be durable; its answer. Meanwhile
@@ -325,15 +341,23 @@ class Gateway:
             link.waiting -= 1
             self._touch(link)
 
-    def _ack_if_needed(self, link: Link, conn: Connection) -> None:
-        if link.conn is conn and link.session is not None and link.session.ack_sent < link.session.confirmed_seq:
-            self._heartbeat_reply(link, conn)
+    def _ack_at(self, due: float, link: Link, conn: Connection) -> None:
+        delay = max(0.0, due - time.monotonic())
+        asyncio.get_running_loop().call_later(delay, self._ack_if_due, link, conn)
 
-    def _heartbeat_reply(self, link: Link, conn: Connection) -> None:
-        dev = self.engine.devices.get(link.device_id)
-        busy = dev is not None and dev.current_batch is not None
-        batch = dev.current_batch if dev else None
-        conn.push(conn.channel.send(Heartbeat(state="busy" if busy else "idle", batch_id=batch)))
+    def _ack_if_due(self, link: Link, conn: Connection) -> None:
+        if link.conn is not conn:
+            return
+        now = time.monotonic()
+        if link.acks.ack_due(now):
+            self._heartbeat_reply(conn)
+        elif (due := link.acks.next_ack_at) is not None:
+            self._ack_at(due, link, conn)  # the loop's timer fired a hair early
+
+    def _heartbeat_reply(self, conn: Connection) -> None:
+        session = conn.channel.session
+        if session is not None:
+            conn.push(conn.channel.send(session.heartbeat_reply()))
 
     async def _write(self, conn: Connection) -> None:
         try:

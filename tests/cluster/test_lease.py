@@ -31,9 +31,9 @@ async def test_a_replica_that_lost_the_lease_never_leads_again_even_when_it_is_f
     stopped = asyncio.Event()
     fatal: list[BaseException] = []
     engine.on_fatal = lambda exc: (fatal.append(exc), stopped.set())
-    gateway = Gateway(settings, store, engine, Hasher(b"k" * 32))
+    gateway = Gateway(settings, store, Hasher(b"k" * 32), engine.metrics)
     cluster = RedisCluster(settings, store, engine, gateway, redis)
-    gateway.cluster = cluster
+    gateway.bind(cluster)
     engine.links = cluster
     await gateway.start()
     await cluster.start()

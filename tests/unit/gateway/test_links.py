@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cluster import LocalCluster
 from orchestrator.domain.model import Liveness
 from orchestrator.gateway.hub import Gateway, Link
 from orchestrator.security import Hasher
@@ -20,7 +21,9 @@ from tests.unit.engine.harness import Harness
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     h = await (await asyncio.to_thread(Harness, tmp_path)).open()
     try:
-        yield Gateway(h.settings, h.store, h.engine, Hasher(b"k" * 32))
+        gateway = Gateway(h.settings, h.store, Hasher(b"k" * 32), h.engine.metrics)
+        gateway.bind(LocalCluster(h.engine, gateway))
+        yield gateway
     finally:
         await h.close()
 
