@@ -142,7 +142,7 @@ def recover(eng: Engine, snap: RuntimeSnapshot, now: float) -> None:
                 eng._timer(rec.ready_since + limit, "queue_timeout", (key, rec.ready_since))
             if rec.not_before:
                 eng._timer(rec.not_before, "wake", None)
-            if rec.state is NodeState.FAILED and run.hold_failures and _has_pending_successor(run, node_id):
+            if rec.state is NodeState.FAILED and run.hold_failures and _held_when_stored(run, node_id):
                 run.held.add(node_id)  # its re-plan was under way: ask again
         # Successors of nodes that ended just before the crash may still be pending.
         eng._apply(run, run.start(now), now)
@@ -166,5 +166,12 @@ def recover(eng: Engine, snap: RuntimeSnapshot, now: float) -> None:
         )
 
 
-def _has_pending_successor(run: TaskRun, node_id: str) -> bool:
-    return any(run.nodes[e.target].state is NodeState.PENDING for e in run.graph.outgoing.get(node_id, []))
+def _held_when_stored(run: TaskRun, node_id: str) -> bool:
+    """Was this failed node held for a re-plan when the store was written? Its failure was not
+    passed on: a successor still waits on it, or every node is done and the task is still
+    running, which only a held failure prevents (its successors, if any, were decided by
+    other edges)."""
+    outgoing = run.graph.outgoing.get(node_id, [])
+    if any(run.nodes[e.target].state is NodeState.PENDING for e in outgoing):
+        return True
+    return all(r.state.terminal for r in run.nodes.values())
