@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.world import Outcome, simulate
+from tests.sim.world import STORM_SEEDS, Outcome, simulate
 
-SEEDS = 2000
+SEEDS = 2000  # half ordinary seeds (some faults, each at some rate), half storms (all faults)
 CHUNKS = 40
 
 
@@ -22,9 +22,14 @@ def explain(outcome: Outcome) -> str:
 
 
 def _chunk(config: pytest.Config, index: int) -> range:
-    total = config.getoption("--sim-seeds", default=None) or SEEDS
+    """Chunk `index` of the sweep: the first half of the chunks run ordinary seeds from
+    `--sim-first`, the second half storms (the same count, from STORM_SEEDS + `--sim-first`)."""
+    total = (config.getoption("--sim-seeds", default=None) or SEEDS) // 2
     first = config.getoption("--sim-first", default=0) or 0
-    size = -(-total // CHUNKS)
+    half = CHUNKS // 2
+    if index >= half:
+        index, first = index - half, first + STORM_SEEDS
+    size = -(-total // half)
     return range(first + index * size, first + min(total, (index + 1) * size))
 
 

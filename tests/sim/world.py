@@ -76,6 +76,7 @@ TOOLS = {
     "sim.look": ToolAnnotations(read_only=True),
     "sim.put": ToolAnnotations(idempotent=True),
 }
+STORM_SEEDS = 1_000_000  # seeds from here on run a storm: every fault on, at higher rates
 CRASH_POINTS = ("before_record", "recorded", "ran", "stored")
 
 
@@ -170,14 +171,19 @@ class Faults:
     tool_failure: float = 0.0
 
     @staticmethod
-    def pick(rng: Random) -> Faults:
+    def pick(rng: Random, storm: bool = False) -> Faults:
+        """Each fault off or on at a random rate; in a storm, every fault is on and three times
+        as likely (frame faults excepted: they would keep every connection broken)."""
+
         def p(hi: float) -> float:
+            if storm:
+                return rng.uniform(hi / 2, 3 * hi)
             return rng.choice((0.0, rng.uniform(0, hi)))
 
         return Faults(
-            loss=p(0.05),
+            loss=p(0.05) / (3 if storm else 1),
             dup=p(0.05),
-            jitter=p(0.3),
+            jitter=p(0.3) / (3 if storm else 1),
             bus_loss=p(0.3),
             bus_jitter=p(3.0),
             disconnect=p(0.03),
@@ -744,7 +750,7 @@ class World:
         self.now = T0
         self.trace = Trace()
         self.fault_s, self.heal_s = fault_s, heal_s
-        self.faults = Faults.pick(self.rng)
+        self.faults = Faults.pick(self.rng, storm=seed >= STORM_SEEDS)
         self.settings = _settings()
         self.store = MemStore(lambda: self.now)
         self.store.on_write = self._check_write
