@@ -881,12 +881,17 @@ class World:
 
     def _engine_died(self, engine: Engine, exc: BaseException) -> None:
         self.log("engine", f"FATAL {type(exc).__name__}: {exc}")
+        self._engine_gone(engine)
+
+    def _engine_gone(self, engine: Engine | None) -> None:
+        """The engine stopped: inputs waiting on it fail (their connections close unacknowledged),
+        and a supervisor starts one again, here or (the lease gone) on either replica."""
         if self.engine is engine:
             self.engine = None
-        pending, self.inbox = self.inbox, []
-        for _, reply in pending:
-            if reply is not None:
-                reply(False, None)
+            pending, self.inbox = self.inbox, []
+            for _, reply in pending:
+                if reply is not None:
+                    reply(False, None)
         self._restart_soon()
 
     def _restart_soon(self) -> None:
@@ -983,12 +988,7 @@ class World:
             def takeover() -> None:
                 if self.engine is old:  # the cluster notices the lost renewal and stops it
                     self.log("engine", "stopped: lease lost")
-                    self.engine = None
-                    pending, self.inbox = self.inbox, []
-                    for _, reply in pending:
-                        if reply is not None:
-                            reply(False, None)
-                self._restart_soon()
+                self._engine_gone(old)
 
             self.at(self.rng.uniform(0.2, 3.0), takeover, "takeover")
         self.at(1.0, self.chaos, "chaos")
