@@ -77,12 +77,12 @@ class TaskRun:
         self.edges = list(edges)
         self.graph = dag.Graph.build([n.id for n in nodes], edges)
         self.nodes: dict[str, NodeRecord] = {n.id: NodeRecord(n) for n in nodes}
-        self._view = _StateView(self.nodes)
         self._unfinished = len(self.nodes)  # kept by _set: the task can only end when this is 0
         # Re-planning (SPEC section 6): a node that fails for good is held, its successors left
         # pending, until the planner has had its chance to edit the part not yet run.
         self.hold_failures = False
         self.held: set[str] = set()
+        self._view = _StateView(self.nodes, self.held)
         self.replanning: set[str] = set()  # held nodes the planner is working on
         self.replans_used = 0
         self.replan = False  # the task asked for re-planning (LLM-planned tasks always do)
@@ -273,12 +273,17 @@ class TaskRun:
 
 
 class _StateView(Mapping[str, NodeState]):
-    """Node states as a read-only mapping, without copying them for every progress step."""
+    """Node states as a read-only mapping, without copying them for every progress step. A held
+    failure is not final yet (the planner may still edit what follows it), so the edges out of
+    it read as undecided: another predecessor finishing must not skip its successors."""
 
-    def __init__(self, nodes: dict[str, NodeRecord]) -> None:
+    def __init__(self, nodes: dict[str, NodeRecord], held: set[str]) -> None:
         self._nodes = nodes
+        self._held = held
 
     def __getitem__(self, key: str) -> NodeState:
+        if key in self._held:
+            return NodeState.RUNNING
         return self._nodes[key].state
 
     def __iter__(self) -> Iterator[str]:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from orchestrator.domain.run import AttemptOutcome
 from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceRun
 from orchestrator.engine.times import utc
+from orchestrator.ids import new_id
 from orchestrator.store.models import Attempt
 from protocol.errors import ErrorCode, bounded_result_error
 from protocol.messages import ErrorInfo, Result, ResultBatch
@@ -49,12 +50,18 @@ Acceptance = Applied | Duplicate | Refused
 
 
 class Attempts:
-    def __init__(self, store: AttemptLookup, closed_kept: int = CLOSED_KEPT) -> None:
+    def __init__(
+        self, store: AttemptLookup, closed_kept: int = CLOSED_KEPT, ids: Callable[[str], str] = new_id
+    ) -> None:
         self.store = store
+        self.ids = ids  # batch ids (a simulation makes them from its seed)
         self.open: dict[str, AttemptRun] = {}  # by batch id
         # Recently closed: batch -> (device, fence, ended with device results): dedup without I/O.
         self.closed: OrderedDict[str, tuple[str, int, bool]] = OrderedDict()
         self.closed_kept = closed_kept
+
+    def new_batch_id(self) -> str:
+        return self.ids("b")
 
     def get(self, batch_id: str | None) -> AttemptRun | None:
         return self.open.get(batch_id or "")

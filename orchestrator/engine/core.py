@@ -64,6 +64,7 @@ from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTim
 from orchestrator.engine.times import utc
 from orchestrator.engine.validation import validate_against
 from orchestrator.engine.writer import EventSink, StepWriter
+from orchestrator.ids import new_id
 from orchestrator.metrics import EngineGauges, Metrics
 from orchestrator.store.repo import Store
 from protocol.errors import ErrorCode
@@ -85,7 +86,11 @@ class Engine:
         bus: EventSink,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
+        ids: Callable[[str], str] = new_id,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """`clock`, `rng`, `ids` (batch ids) and `sleep` (between commit retries) are the engine's
+        only links to time and chance; a simulation passes its own (tests/sim)."""
         self.settings = settings
         self.store = store
         self.bus = bus
@@ -93,8 +98,8 @@ class Engine:
         self.rng = rng
         self.tasks: dict[str, TaskRun] = {}
         self.timers = Timers()
-        self.writer = StepWriter(store, bus, self.timers, clock)
-        self.attempts = Attempts(store)
+        self.writer = StepWriter(store, bus, self.timers, clock, sleep)
+        self.attempts = Attempts(store, ids=ids)
         devices: dict[str, DeviceRun] = {}
         self.queues = Queues(self.tasks, devices)
         self.outbox = Outbox(devices, self.attempts, self.writer)
@@ -459,7 +464,7 @@ class Engine:
                     self.timers.add(rec.ready_since + limit, QueueTimeout(key, rec.ready_since))
                 if rec.not_before:
                     self.timers.add(rec.not_before, timers.Wake())
-                if rec.state is NodeState.FAILED and run.hold_failures and restore.has_pending_successor(run, node_id):
+                if rec.state is NodeState.FAILED and run.hold_failures and restore.held_when_stored(run, node_id):
                     run.held.add(node_id)  # its re-plan was under way: ask again
             # Successors of nodes that ended just before the crash may still be pending.
             self.runs.apply(run, run.start(now), now)

@@ -35,7 +35,6 @@ from orchestrator.engine.records import (
 from orchestrator.engine.timers import AcceptDeadline, Timers
 from orchestrator.engine.times import batch_deadline, utc
 from orchestrator.engine.writer import StepWriter
-from orchestrator.ids import new_id
 from orchestrator.store.models import Attempt, DagEdit, Edge, Node, Task
 from orchestrator.store.rows import node_rows
 from protocol.messages import Command
@@ -167,7 +166,7 @@ class LlmWork:
             for i, c in enumerate(item.commands)
         ]
         step = AttemptRun(
-            new_id("b"),
+            self.attempts.new_batch_id(),
             parent.task_id,
             parent.node_id,
             parent.n,

@@ -118,5 +118,12 @@ def load(snap: RuntimeSnapshot, now: float) -> Recovered:
     return out
 
 
-def has_pending_successor(run: TaskRun, node_id: str) -> bool:
-    return any(run.nodes[e.target].state is NodeState.PENDING for e in run.graph.outgoing.get(node_id, []))
+def held_when_stored(run: TaskRun, node_id: str) -> bool:
+    """Was this failed node held for a re-plan when the store was written? Its failure was not
+    passed on: a successor still waits on it, or every node is done and the task is still
+    running, which only a held failure prevents (its successors, if any, were decided by
+    other edges)."""
+    outgoing = run.graph.outgoing.get(node_id, [])
+    if any(run.nodes[e.target].state is NodeState.PENDING for e in outgoing):
+        return True
+    return all(r.state.terminal for r in run.nodes.values())

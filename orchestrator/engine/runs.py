@@ -23,7 +23,6 @@ from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceRun, Node
 from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTimeout, Sweep, Timers, Wake
 from orchestrator.engine.times import BATCH_GRACE_S, batch_deadline, utc
 from orchestrator.engine.writer import StepWriter
-from orchestrator.ids import new_id
 from orchestrator.metrics import Metrics
 from orchestrator.store.models import Attempt, Node, Task
 from protocol.errors import ErrorCode
@@ -106,7 +105,7 @@ class Runs:
         fence = self.fleet.next_fence(dev)
         agent = kind is AttemptKind.AGENT
         att = AttemptRun(
-            new_id("b"),
+            self.attempts.new_batch_id(),
             key[0],
             key[1],
             rec.attempts + 1,

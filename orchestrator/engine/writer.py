@@ -3,8 +3,9 @@ happen once all of it is committed (DESIGN, data flow: state is stored before it
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
@@ -34,8 +35,16 @@ class StepWriter:
     """The only holder of a step's ChangeSet. `commit` writes it in one transaction (retried,
     guarded by the engine lease when replicated), then runs the effects, then publishes."""
 
-    def __init__(self, store: ChangeStore, bus: EventSink, timers: Timers, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        store: ChangeStore,
+        bus: EventSink,
+        timers: Timers,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.store = store
+        self.sleep = sleep  # between commit retries (a simulation passes one that takes no real time)
         self.bus = bus
         self.timers = timers
         self.clock = clock
@@ -90,7 +99,10 @@ class StepWriter:
             for ev in events:
                 changes.event(ev)
             async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(5), wait=wait_exponential(multiplier=0.1, max=2), reraise=True
+                stop=stop_after_attempt(5),
+                wait=wait_exponential(multiplier=0.1, max=2),
+                reraise=True,
+                sleep=self.sleep,
             ):
                 with attempt:
                     ids = await self.store.write(changes)

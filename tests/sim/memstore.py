@@ -1,0 +1,268 @@
+"""An in-memory stand-in for `orchestrator.store.repo.Store`: what the engine calls, nothing more.
+
+Rows are the real ORM classes (`orchestrator.store.models`), built without a session. A write
+applies its `ChangeSet` atomically: everything is checked first (the lease guard, unique keys,
+an injected failure), and only then applied, so a refused write leaves no trace. JSON values
+are copied on the way in, as a database would serialize them, so the engine's memory and the
+store never share a mutable object (sharing would make "store and memory agree" trivially true).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from orchestrator.engine.times import utc
+from orchestrator.store.models import (
+    Attempt,
+    Base,
+    DagEdit,
+    Device,
+    DeviceHistory,
+    Edge,
+    Event,
+    LlmCall,
+    Node,
+    Task,
+)
+from orchestrator.store.repo import (
+    _INSERT_ORDER,
+    ACTIVE_TASK_STATES,
+    ChangeSet,
+    LeaseLost,
+    RuntimeSnapshot,
+    TaskBundle,
+    WriteConflict,
+)
+
+
+class StoreDown(Exception):
+    """An injected write failure (the database went away for this commit)."""
+
+
+_AUTO_ID = {Event, DeviceHistory, LlmCall}
+
+
+def _pk(model: type[Base]) -> tuple[str, ...]:
+    return tuple(c.key for c in model.__table__.primary_key.columns)  # type: ignore[attr-defined]
+
+
+def _defaults(model: type[Base]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for col in model.__table__.columns:
+        d = col.default
+        if d is None:
+            out[col.key] = None
+        elif getattr(d, "is_scalar", False):
+            out[col.key] = d.arg
+        elif getattr(d, "is_callable", False):
+            out[col.key] = d.arg(None)
+        else:
+            out[col.key] = None
+    return out
+
+
+_DEFAULTS: dict[type[Base], dict[str, Any]] = {}
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict | list):
+        return json.loads(json.dumps(value))
+    return value
+
+
+@dataclass
+class Lease:
+    holder: str | None = None
+    fence: int = 0
+    expires: float = 0.0
+
+
+@dataclass
+class MemStore:
+    clock: Callable[[], float]
+    rows: dict[type[Base], dict[tuple[Any, ...], Any]] = field(default_factory=dict)
+    leases: dict[str, Lease] = field(default_factory=dict)
+    fail_next: int = 0  # the next this many writes fail (an injected outage)
+    writes: int = 0
+    read_only: bool = False  # a probe's view: writes are accepted and dropped
+    on_write: Callable[[ChangeSet], None] | None = None  # checks on every applied change set
+    _seq: int = 0
+
+    def fork(self) -> MemStore:
+        """A read-only view of the same rows (for a probe engine that must change nothing)."""
+        return MemStore(self.clock, self.rows, self.leases, read_only=True)
+
+    def table(self, model: type[Base]) -> dict[tuple[Any, ...], Any]:
+        return self.rows.setdefault(model, {})
+
+    async def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ writes
+
+    def _build(self, model: type[Base], row: dict[str, Any]) -> tuple[tuple[Any, ...], Any]:
+        defaults = _DEFAULTS.get(model)
+        if defaults is None:
+            defaults = _DEFAULTS[model] = _defaults(model)
+        values = {k: _copy(v) for k, v in defaults.items()}
+        values.update({k: _copy(v) for k, v in row.items()})
+        if model in _AUTO_ID and values.get("id") is None:
+            self._seq += 1
+            values["id"] = self._seq
+        obj = model.__mapper__.class_manager.new_instance()
+        obj.__dict__.update(values)  # as a loaded row: no change history to track
+        return tuple(values[k] for k in _pk(model)), obj
+
+    async def write(self, changes: ChangeSet) -> list[int]:
+        self.writes += 1
+        if self.read_only:
+            return list(range(1, len(changes.events) + 1))
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise StoreDown("injected: the store refused this write")
+        if changes.guard is not None:
+            name, holder, fence = changes.guard
+            lease = self.leases.get(name)
+            if lease is None or lease.holder != holder or lease.fence != fence or lease.expires <= self.clock():
+                raise LeaseLost(f"lease '{name}' (fence {fence}) is no longer held by {holder}")
+        built: list[tuple[type[Base], tuple[Any, ...], Any]] = []
+        seen: set[tuple[type[Base], tuple[Any, ...]]] = set()
+        for model in _INSERT_ORDER:
+            for row in changes.inserts.get(model, []):
+                key, obj = self._build(model, row)
+                if key in self.table(model) or (model, key) in seen:
+                    raise WriteConflict(f"duplicate key {key} in {model.__tablename__}")
+                seen.add((model, key))
+                built.append((model, key, obj))
+        events = [self._build(Event, ev) for ev in changes.events]
+        if self.on_write is not None:
+            self.on_write(changes)
+        # ---- nothing can fail below: apply
+        for model, key, obj in built:
+            self.table(model)[key] = obj
+        for model, by_key in changes.updates.items():
+            table = self.table(model)
+            for key, values in by_key.items():
+                obj = table.get(tuple(key))
+                if obj is None:
+                    continue  # an UPDATE of a missing row changes nothing
+                for k, v in values.items():
+                    setattr(obj, k, _copy(v))
+        for model, keys in changes.deletes.items():
+            for key in keys:
+                self.table(model).pop(tuple(key), None)
+        for key, obj in events:
+            self.table(Event)[key] = obj
+        return [int(obj.id) for _, obj in events]
+
+    async def add(self, model: type[Base], row: dict[str, Any]) -> None:
+        changes = ChangeSet()
+        changes.insert(model, row)
+        await self.write(changes)
+
+    async def update(self, model: type[Base], key: tuple[Any, ...], **values: Any) -> None:
+        changes = ChangeSet()
+        changes.update(model, key, **values)
+        await self.write(changes)
+
+    # ------------------------------------------------------------------ leases and sessions
+
+    def take_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        """`acquire_lease`: free, expired or ours -> ours (fence bumped for a new holder)."""
+        lease = self.leases.setdefault(name, Lease())
+        now = self.clock()
+        if lease.holder not in (None, holder) and lease.expires > now:
+            return None
+        if lease.holder != holder:
+            lease.fence += 1
+        lease.holder, lease.expires = holder, now + ttl_s
+        return lease.fence
+
+    def expire_lease(self, name: str) -> None:
+        lease = self.leases.get(name)
+        if lease is not None:
+            lease.expires = self.clock() - 1.0
+
+    async def open_session(self, device_id: str) -> int:
+        row = self.table(Device).get((device_id,))
+        if row is None:
+            return 0
+        row.session_epoch = int(row.session_epoch or 0) + 1
+        return int(row.session_epoch)
+
+    # ------------------------------------------------------------------ reads
+
+    async def get_device(self, device_id: str) -> Device | None:
+        return self.table(Device).get((device_id,))
+
+    async def device_admin(self) -> list[tuple[str, str, str, dict[str, Any], str]]:
+        return [
+            (d.id, d.name, d.admin_state, dict(d.labels or {}), d.token_hash)
+            for _, d in sorted(self.table(Device).items())
+        ]
+
+    async def last_device_state(self, device_id: str) -> str | None:
+        rows = [h for h in self.table(DeviceHistory).values() if h.device_id == device_id]
+        return str(max(rows, key=lambda h: h.id).state) if rows else None
+
+    async def prune_device_history(self, device_ids: Sequence[str], keep: int) -> int:
+        removed = 0
+        table = self.table(DeviceHistory)
+        for device_id in device_ids:
+            ids = sorted((k for k, h in table.items() if h.device_id == device_id), key=lambda k: k[0])
+            for key in ids[: max(0, len(ids) - keep)]:
+                del table[key]
+                removed += 1
+        return removed
+
+    async def active_task_ids(self, created_since: datetime) -> list[tuple[str, str]]:
+        return [
+            (t.id, t.state)
+            for _, t in sorted(self.table(Task).items())
+            if t.state in ACTIVE_TASK_STATES and t.created_at >= created_since
+        ]
+
+    async def find_admitted(self, task_id: str, key: str | None) -> Task | None:
+        found = self.table(Task).get((task_id,))
+        if found is None and key:
+            found = next((t for _, t in sorted(self.table(Task).items()) if t.idempotency_key == key), None)
+        return found
+
+    async def find_attempt(self, batch_id: str) -> Attempt | None:
+        return self.table(Attempt).get((batch_id,))
+
+    def _bundle(self, task: Task) -> TaskBundle:
+        nodes = sorted((n for n in self.table(Node).values() if n.task_id == task.id), key=lambda n: n.position)
+        edges = [e for _, e in sorted(self.table(Edge).items()) if e.task_id == task.id]
+        attempts = sorted(
+            (a for a in self.table(Attempt).values() if a.task_id == task.id), key=lambda a: (a.n, a.batch_id)
+        )
+        return TaskBundle(task, nodes, edges, attempts)
+
+    async def get_task(self, task_id: str) -> TaskBundle | None:
+        task = self.table(Task).get((task_id,))
+        return self._bundle(task) if task is not None else None
+
+    async def load_runtime(self) -> RuntimeSnapshot:
+        devices = [d for _, d in sorted(self.table(Device).items())]
+        tasks = [t for _, t in sorted(self.table(Task).items()) if t.state in ACTIVE_TASK_STATES]
+        return RuntimeSnapshot(devices, [self._bundle(t) for t in tasks])
+
+    # ------------------------------------------------------------------ for the checks
+
+    def tasks(self) -> list[Task]:
+        return [t for _, t in sorted(self.table(Task).items())]
+
+    def attempts(self) -> list[Attempt]:
+        return [a for _, a in sorted(self.table(Attempt).items())]
+
+    def device(self, device_id: str) -> Device:
+        row = self.table(Device)[(device_id,)]
+        return row  # type: ignore[no-any-return]
+
+
+__all__ = ["DagEdit", "Lease", "MemStore", "StoreDown", "utc"]

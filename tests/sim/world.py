@@ -1,0 +1,1371 @@
+"""A deterministic simulation of an Orrery cluster in one process (FoundationDB / VOPR style).
+
+Real parts: the engine (`Engine`, driven through `recover` and `step`), the domain, and the
+protocol (`Session`/`Channel` on both ends of every connection, frames encoded and decoded).
+Simulated parts: devices (a small model of `device_agent` with its ledger rules), links (frames
+lost, duplicated, delayed, reordered), the gateways of two replicas (a model of `gateway/hub.py`),
+an in-memory store that can refuse writes, the engine lease, a lossy bus for hints, and a planner
+that answers re-plans at chosen times. Everything runs on a virtual clock from one
+`random.Random(seed)`, so a seed replays exactly; invariants are checked after every engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import heapq
+import itertools
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from random import Random
+from typing import Any, Literal
+
+from orchestrator.config import Settings
+from orchestrator.domain.model import DagSpec, Liveness, TaskState
+from orchestrator.engine.core import Engine
+from orchestrator.engine.intake import Submission
+from orchestrator.engine.records import (
+    CancelTask,
+    DeviceHello,
+    FrameIn,
+    Input,
+    LinkReport,
+    LinkState,
+    LivenessChanged,
+    ReplanDone,
+    Route,
+    SubmitTask,
+)
+from orchestrator.engine.times import utc
+from orchestrator.store.models import Attempt, Device, Edge, Node, Task
+from orchestrator.store.repo import ChangeSet, WriteConflict
+from protocol.codec import encode
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    BatchAccepted,
+    Cancel,
+    CommandBatch,
+    DeviceInfo,
+    Error,
+    ErrorInfo,
+    Heartbeat,
+    Hello,
+    Message,
+    Result,
+    ResultBatch,
+    Resume,
+    ToolAnnotations,
+    ToolSpec,
+    Welcome,
+    is_reliable,
+)
+from protocol.session import Channel, Role, Session, negotiate_version
+from tests.sim import view
+from tests.sim.memstore import MemStore
+
+T0 = 1_800_000_000.0
+LEASE = "engine"
+REPLICAS = ("A", "B")
+TOOLS = {
+    "sim.act": ToolAnnotations(destructive=True),  # neither read-only nor idempotent: never twice
+    "sim.look": ToolAnnotations(read_only=True),
+    "sim.put": ToolAnnotations(idempotent=True),
+}
+STORM_SEEDS = 1_000_000  # seeds from here on run a storm: every fault on, at higher rates
+CRASH_POINTS = ("before_record", "recorded", "ran", "stored")
+
+
+class Violation(AssertionError):
+    pass
+
+
+_SETTINGS: list[Settings] = []
+
+
+def _settings() -> Settings:
+    """One Settings for every world (building one costs more than a whole engine step)."""
+    if not _SETTINGS:
+        _SETTINGS.append(
+            Settings(
+                heartbeat_interval_s=2.0,
+                heartbeat_timeout_s=8.0,
+                batch_accept_timeout_s=8.0,
+                queue_timeout_s=150.0,
+                reconcile_interval_s=2.0,
+            )
+        )
+    return _SETTINGS[0]
+
+
+# ====================================================================== trace and clock
+
+
+class Trace:
+    """The last events (for a failure report) and a hash of all of them (for determinism)."""
+
+    def __init__(self, keep: int = 200) -> None:
+        self.lines: deque[str] = deque(maxlen=keep)
+        self.hash = hashlib.sha256()
+        self.count = 0
+
+    def add(self, now: float, kind: str, text: str) -> None:
+        line = f"{now - T0:9.3f} {kind:<8} {text}"
+        self.count += 1
+        self.lines.append(line)
+        self.hash.update(line.encode())
+
+    def digest(self) -> str:
+        return self.hash.hexdigest()
+
+
+def _short(msg: Message) -> str:
+    if isinstance(msg, CommandBatch):
+        return f"command_batch {msg.batch_id} f{msg.fence} seq{msg.seq}"
+    if isinstance(msg, ResultBatch):
+        sts = ",".join(r.status for r in msg.results)
+        return f"result_batch {msg.batch_id} f{msg.fence} [{sts}] seq{msg.seq}"
+    if isinstance(msg, BatchAccepted | Cancel):
+        return f"{msg.type} {msg.batch_id} seq{msg.seq}"
+    if isinstance(msg, Heartbeat):
+        return f"heartbeat {msg.batch_id} ack{msg.ack}"
+    if isinstance(msg, Error):
+        return f"error {msg.code}"
+    return f"{msg.type} seq{msg.seq} ack{msg.ack}"
+
+
+def _describe(item: Input) -> str:
+    if isinstance(item, FrameIn):
+        return f"FrameIn({item.device_id}, {_short(item.message)})"
+    if isinstance(item, DeviceHello):
+        return f"DeviceHello({item.device_id}, resumed={item.resumed}, epoch={item.epoch}, {item.replica})"
+    if isinstance(item, LinkReport):
+        links = " ".join(f"{ln.device_id}@{ln.epoch}:{ln.liveness.value}:{ln.batch_id}" for ln in item.links)
+        return f"LinkReport({item.replica}: {links})"
+    if isinstance(item, LivenessChanged):
+        return f"LivenessChanged({item.device_id}, {item.liveness.value}, {item.epoch}, {item.replica})"
+    if isinstance(item, SubmitTask):
+        return f"SubmitTask({item.submission.task_id}, asked_before={item.asked_before})"
+    fields = {k: v for k, v in vars(item).items() if k not in ("done", "run", "hello")}
+    return f"{type(item).__name__}({fields})"
+
+
+# ====================================================================== knobs
+
+
+@dataclass
+class Faults:
+    """Probabilities (per frame, per message, per second) the seed chose for its run."""
+
+    loss: float = 0.0
+    dup: float = 0.0
+    jitter: float = 0.0  # extra delay on a frame, uniform in [0, jitter): reorders frames
+    bus_loss: float = 0.0
+    bus_jitter: float = 0.0
+    disconnect: float = 0.0  # per device per second
+    crash: float = 0.0  # per device per second: arm a crash at a ledger point
+    store_fail: float = 0.0  # per engine step
+    lease_loss: float = 0.0  # per second
+    tool_failure: float = 0.0
+
+    @staticmethod
+    def pick(rng: Random, storm: bool = False) -> Faults:
+        """Each fault off or on at a random rate; in a storm, every fault is on and three times
+        as likely (frame faults excepted: they would keep every connection broken)."""
+
+        def p(hi: float) -> float:
+            if storm:
+                return rng.uniform(hi / 2, 3 * hi)
+            return rng.choice((0.0, rng.uniform(0, hi)))
+
+        return Faults(
+            loss=p(0.05) / (3 if storm else 1),
+            dup=p(0.05),
+            jitter=p(0.3) / (3 if storm else 1),
+            bus_loss=p(0.3),
+            bus_jitter=p(3.0),
+            disconnect=p(0.03),
+            crash=p(0.02),
+            store_fail=p(0.03),
+            lease_loss=p(0.02),
+            tool_failure=p(0.2),
+        )
+
+
+QUIET = Faults()
+
+
+# ====================================================================== devices
+
+
+@dataclass
+class LBatch:
+    fence: int
+    frame: CommandBatch
+    state: str = "received"  # received, running, done
+    calls: dict[str, Result | None] = field(default_factory=dict)  # started (None) or done
+    results: list[Result] | None = None
+
+
+@dataclass
+class Conn:
+    id: int
+    device: SimDevice
+    replica: str
+    server: Channel
+    agent: Channel
+    open: bool = True
+    epoch: int = 0
+    inbound: deque[str] = field(default_factory=deque)  # at the gateway, read one at a time
+    reading: bool = False  # the gateway's reader waits on the engine
+
+
+class SimDevice:
+    """`device_agent` in miniature: ledger (durable), session and executor (lost on a crash)."""
+
+    def __init__(self, world: World, device_id: str, tools: list[str]) -> None:
+        self.world = world
+        self.id = device_id
+        self.tools = [ToolSpec(name=t, namespace=t.split(".", 1)[0], annotations=TOOLS[t]) for t in sorted(tools)]
+        # durable
+        self.batches: dict[str, LBatch] = {}
+        self.outbox: OrderedDict[str, tuple[int, list[Result]]] = OrderedDict()
+        self.max_fence = 0
+        # lost on a crash
+        self.life = 0
+        self.alive = True
+        self.session: Session | None = None
+        self.conn: Conn | None = None
+        self.pending_acks: dict[int, str] = {}
+        self.work: list[CommandBatch] = []
+        self.current: CommandBatch | None = None
+        self.cancelling: set[str] = set()
+        self.last_server_frame = 0.0
+        self.crash_at: str | None = None
+        self.connecting = False
+
+    def log(self, text: str) -> None:
+        self.world.log("device", f"{self.id} {text}")
+
+    # ------------------------------------------------------------------ process
+
+    def later(self, delay: float, fn: Callable[[], None], what: str) -> None:
+        life = self.life
+
+        def run() -> None:
+            if self.alive and self.life == life:
+                fn()
+
+        self.world.at(delay, run, f"{self.id} {what}")
+
+    def maybe_crash(self, point: str) -> bool:
+        if self.crash_at != point:
+            return False
+        self.crash_at = None
+        self.crash(f"at ledger point '{point}'")
+        return True
+
+    def crash(self, why: str) -> None:
+        self.log(f"CRASH {why}")
+        self.alive = False
+        self.life += 1
+        if self.conn is not None:
+            self.world.close_conn(self.conn, "device crashed")
+        self.session, self.conn, self.pending_acks = None, None, {}
+        self.work, self.current, self.cancelling = [], None, set()
+        self.connecting = False
+        self.world.at(self.world.rng.uniform(0.5, 4.0), self.restart, f"{self.id} restart")
+
+    def restart(self) -> None:
+        """ledger.recover(): a running batch ends uncertain/skipped; unstarted past-deadline ones
+        end deadline_passed; others wait for a redelivery."""
+        self.alive = True
+        now = self.world.now
+        for bid, b in self.batches.items():
+            if b.state == "running":
+                results: list[Result] = []
+                for cmd in b.frame.commands:
+                    if cmd.call_id in b.calls and b.calls[cmd.call_id] is not None:
+                        done = b.calls[cmd.call_id]
+                        assert done is not None
+                        results.append(done)
+                    elif cmd.call_id in b.calls:
+                        results.append(_result(cmd.call_id, cmd.tool, "uncertain", "uncertain"))
+                    else:
+                        results.append(_result(cmd.call_id, cmd.tool, "skipped", "skipped"))
+                self.finish(bid, results)
+            elif b.state == "received" and b.frame.deadline is not None and b.frame.deadline.timestamp() <= now:
+                self.finish(bid, _none_ran(b.frame, "timeout"))
+        self.log("restarted")
+        self.connect()
+
+    # ------------------------------------------------------------------ connection
+
+    def connect(self) -> None:
+        if not self.alive or self.conn is not None or self.connecting:
+            return
+        self.connecting = True
+        self.later(self.world.rng.uniform(0.2, 2.0), self._dial, "dial")
+
+    def _dial(self) -> None:
+        self.connecting = False
+        if self.conn is not None:
+            return
+        replica = self.world.rng.choice(REPLICAS)
+        conn = self.world.open_conn(self, replica)
+        self.conn = conn
+        self.last_server_frame = self.world.now
+        resume = None
+        if self.session is not None:
+            resume = Resume(session_id=self.session.session_id, last_seq=self.session.confirmed_seq)
+        hello = Hello(
+            device_id=self.id,
+            versions=[1],
+            info=DeviceInfo(platform="linux"),
+            tools=self.tools,
+            resume=resume,
+            fence_seen=self.max_fence,
+        )
+        self.world.to_server(conn, conn.agent.send(hello))
+        self.later(self.world.settings.heartbeat_interval_s, partial(self._beat, conn), "heartbeat")
+
+    def lost(self, conn: Conn) -> None:
+        if self.conn is conn:
+            self.conn = None
+            self.connect()
+
+    def _beat(self, conn: Conn) -> None:
+        if self.conn is not conn or not conn.open:
+            return
+        if self.world.now - self.last_server_frame > self.world.settings.heartbeat_timeout_s:
+            self.world.close_conn(conn, "server silent")
+            return
+        if conn.agent.session is not None:
+            batch = self.current.batch_id if self.current else None
+            self.send(Heartbeat(state="busy" if batch else "idle", batch_id=batch))
+        self.later(self.world.settings.heartbeat_interval_s, partial(self._beat, conn), "heartbeat")
+
+    def send(self, message: Message) -> None:
+        if self.session is None:
+            return
+        stamped = self.session.stamp(message)
+        if isinstance(stamped, ResultBatch):
+            self.pending_acks[stamped.seq] = stamped.batch_id
+        conn = self.conn
+        if conn is not None and conn.open and conn.agent.session is self.session:
+            self.world.to_server(conn, encode(stamped))
+
+    def receive(self, conn: Conn, data: str) -> None:
+        if self.conn is not conn or not conn.open:
+            return
+        self.last_server_frame = self.world.now
+        try:
+            msg = conn.agent.receive(data)
+        except ProtocolError as exc:
+            self.log(f"protocol error {exc.code}: {exc}")
+            self.world.close_conn(conn, f"agent protocol error {exc.code}")
+            return
+        if isinstance(msg, Welcome):
+            self._open(conn, msg)
+            return
+        self._settle_acks()
+        if msg is None:
+            return
+        if isinstance(msg, CommandBatch):
+            self._on_batch(msg)
+        elif isinstance(msg, Cancel):
+            self.cancelling.add(msg.batch_id)
+            assert self.session is not None
+            self.session.confirm(msg.seq)
+
+    def _open(self, conn: Conn, welcome: Welcome) -> None:
+        if welcome.resumed and self.session is not None and self.session.session_id == welcome.session_id:
+            resend = conn.agent.open_agent(welcome, self.session)
+        else:
+            self.session = Session(welcome.session_id, welcome.version)
+            conn.agent.open_agent(welcome, self.session)
+            self.pending_acks = {}
+            resend = []
+            for bid, (fence, results) in self.outbox.items():
+                stamped = self.session.stamp(ResultBatch(batch_id=bid, fence=fence, results=results))
+                self.pending_acks[stamped.seq] = bid
+                resend.append(encode(stamped))
+        for frame in resend:
+            self.world.to_server(conn, frame)
+
+    def _settle_acks(self) -> None:
+        if self.session is None:
+            return
+        for seq in sorted(s for s in self.pending_acks if s <= self.session.peer_ack):
+            self.outbox.pop(self.pending_acks.pop(seq), None)
+
+    # ------------------------------------------------------------------ batches (ledger rules)
+
+    def _on_batch(self, batch: CommandBatch) -> None:
+        if self.maybe_crash("before_record"):
+            return
+        known = self.batches.get(batch.batch_id)
+        assert self.session is not None
+        if known is None and batch.fence < self.max_fence:
+            self.session.confirm(batch.seq)
+            self.log(f"refuses stale {batch.batch_id} f{batch.fence} < {self.max_fence}")
+            results = _none_ran(batch, "stale_fence")
+            self.send(
+                ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results, fence_seen=self.max_fence)
+            )
+            return
+        if known is None:
+            self.batches[batch.batch_id] = LBatch(batch.fence, batch)
+            self.max_fence = max(self.max_fence, batch.fence)
+        self.session.confirm(batch.seq)
+        if known is not None and known.state == "done":
+            self.send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=known.results or []))
+            return
+        if known is None and self.maybe_crash("recorded"):
+            return
+        self.send(BatchAccepted(batch_id=batch.batch_id))
+        running = self.current is not None and self.current.batch_id == batch.batch_id
+        if not running and all(b.batch_id != batch.batch_id for b in self.work):
+            self.work.append(batch)
+            self._next()
+
+    def _next(self) -> None:
+        while self.current is None and self.work:
+            batch = self.work.pop(0)
+            rec = self.batches[batch.batch_id]
+            if rec.state == "done":
+                continue
+            if batch.deadline is not None and batch.deadline.timestamp() <= self.world.now:
+                self.finish(batch.batch_id, _none_ran(batch, "timeout"))
+                self.send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=rec.results or []))
+                continue
+            self.current = batch
+            self._command(batch, 0, [])
+
+    def _command(self, batch: CommandBatch, i: int, results: list[Result]) -> None:
+        rec = self.batches[batch.batch_id]
+        if i == len(batch.commands):
+            self.current = None
+            self.cancelling.discard(batch.batch_id)
+            if self.maybe_crash("ran"):
+                return
+            self.finish(batch.batch_id, results)
+            if self.maybe_crash("stored"):
+                return
+            self.send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
+            self._next()
+            return
+        cmd = batch.commands[i]
+        stop = results and results[-1].status != "success"
+        if batch.batch_id in self.cancelling or stop:
+            results.append(_result(cmd.call_id, cmd.tool, "skipped", "skipped"))
+            self._command(batch, i + 1, results)
+            return
+        rec.state = "running"
+        rec.calls[cmd.call_id] = None
+        self.world.executed(self, batch, cmd.call_id, cmd.tool)
+        failed = self.world.rng.random() < self.world.faults.tool_failure
+        result = (
+            _result(cmd.call_id, cmd.tool, "failure", "tool_error")
+            if failed
+            else Result(call_id=cmd.call_id, status="success", result={"ok": True})
+        )
+
+        def done() -> None:
+            rec.calls[cmd.call_id] = result
+            results.append(result)
+            self._command(batch, i + 1, results)
+
+        self.later(self.world.rng.uniform(0.1, 3.0), done, f"runs {batch.batch_id}/{cmd.call_id}")
+
+    def finish(self, batch_id: str, results: list[Result]) -> None:
+        rec = self.batches[batch_id]
+        rec.state, rec.results, rec.calls = "done", results, {}
+        self.outbox[batch_id] = (rec.fence, results)
+
+
+def _result(call_id: str, tool: str, status: Literal["failure", "skipped", "uncertain"], code: str) -> Result:
+    return Result(
+        call_id=call_id,
+        status=status,
+        namespace=tool.split(".", 1)[0],
+        error=ErrorInfo(code=code, message=f"simulated {code}"),
+    )
+
+
+def _none_ran(batch: CommandBatch, code: str) -> list[Result]:
+    return [_result(c.call_id, c.tool, "skipped", code) for c in batch.commands]
+
+
+# ====================================================================== gateways
+
+
+@dataclass
+class Link:
+    device_id: str
+    session: Session
+    conn: Conn | None = None
+    epoch: int = 0
+    batch_id: str | None = None
+    last_frame: float = 0.0
+    liveness: Liveness = Liveness.ONLINE
+    waiting: int = 0
+
+
+class Gateway:
+    """`gateway/hub.py` in miniature: sessions, resume, confirm-after-engine, liveness, reports."""
+
+    def __init__(self, world: World, replica: str) -> None:
+        self.world = world
+        self.replica = replica
+        self.links: dict[str, Link] = {}
+        self.sessions = itertools.count(1)
+
+    def send(self, device_id: str, message: Message, epoch: int) -> bool:
+        link = self.links.get(device_id)
+        if link is None or link.epoch < epoch:
+            return False
+        stamped = link.session.stamp(message)
+        if link.conn is not None and link.conn.open:
+            self.world.to_device(link.conn, encode(stamped))
+        return True
+
+    def frame(self, conn: Conn, data: str) -> None:
+        if not conn.open:
+            return
+        conn.inbound.append(data)
+        self._pump(conn)
+
+    def _pump(self, conn: Conn) -> None:
+        while conn.open and conn.inbound and not conn.reading:
+            self._read(conn, conn.inbound.popleft())
+
+    def _read(self, conn: Conn, data: str) -> None:
+        w = self.world
+        try:
+            msg = conn.server.receive(data)
+        except ProtocolError as exc:
+            w.log("gateway", f"{self.replica} {conn.device.id} protocol error {exc.code}: {exc}")
+            w.close_conn(conn, f"server protocol error {exc.code}")
+            return
+        if isinstance(msg, Hello):
+            self._hello(conn, msg)
+            return
+        link = self.links.get(conn.device.id)
+        if link is None or link.conn is not conn:
+            w.close_conn(conn, "superseded")
+            return
+        link.last_frame = w.now
+        self._online(link)
+        if msg is None:
+            return
+        if isinstance(msg, Heartbeat):
+            link.batch_id = msg.batch_id
+            w.to_device(conn, conn.server.send(Heartbeat(state="idle")))
+        elif isinstance(msg, BatchAccepted):
+            w.notify(FrameIn(conn.device.id, msg), self.replica)
+            link.session.confirm(msg.seq)
+        elif is_reliable(msg):
+            seq = msg.seq
+
+            def confirmed(ok: bool, _value: Any) -> None:
+                if ok:
+                    link.session.confirm(seq)
+                    if isinstance(msg, ResultBatch):
+                        w.unverified_acks.append(msg.batch_id)
+                    if link.conn is conn and conn.open and link.session.ack_sent < link.session.confirmed_seq:
+                        w.to_device(conn, conn.server.send(Heartbeat(state="idle")))
+
+            self._engine(conn, link, FrameIn(conn.device.id, msg), confirmed)
+
+    def _engine(self, conn: Conn, link: Link, item: Input, then: Callable[[bool, Any], None]) -> None:
+        """Submit and wait: the reader reads nothing more until the engine answered; an engine
+        that cannot answer (down, failed over) ends the connection unacknowledged."""
+        conn.reading = True
+        link.waiting += 1
+
+        def answer(ok: bool, value: Any) -> None:
+            conn.reading = False
+            link.waiting -= 1
+            link.last_frame = self.world.now
+            if not ok:
+                self.world.close_conn(conn, "engine unavailable")
+                return
+            then(ok, value)
+            self._pump(conn)
+
+        self.world.submit(item, answer)
+
+    def _hello(self, conn: Conn, hello: Hello) -> None:
+        w = self.world
+        version = negotiate_version(hello.versions)
+        epoch = w.store_open_session(hello.device_id)
+        link = self.links.get(hello.device_id)
+        if link is not None and link.conn is not None and link.conn is not conn:
+            w.close_conn(link.conn, "superseded by a newer connection")
+        resumed = (
+            link is not None
+            and hello.resume is not None
+            and hello.resume.session_id == link.session.session_id
+            and hello.resume.last_seq <= link.session.sent_seq
+        )
+        if not resumed or link is None:
+            link = Link(hello.device_id, Session(f"s_{self.replica}{next(self.sessions)}", version))
+            self.links[hello.device_id] = link
+        link.conn, link.epoch, link.last_frame = conn, epoch, w.now
+        conn.epoch = epoch
+        welcome = Welcome(
+            session_id=link.session.session_id,
+            version=version,
+            heartbeat_interval_s=w.settings.heartbeat_interval_s,
+            heartbeat_timeout_s=w.settings.heartbeat_timeout_s,
+            max_frame_bytes=w.settings.max_frame_bytes,
+            resumed=resumed,
+        )
+        text, resend = conn.server.accept(hello, link.session, welcome)
+        w.to_device(conn, text)
+        for frame in resend:
+            w.to_device(conn, frame)
+        self._online(link)
+        final = link
+
+        def answer(ok: bool, current: Any) -> None:
+            if ok and current is False and self.links.get(hello.device_id) is final and final.conn is conn:
+                del self.links[hello.device_id]
+                w.close_conn(conn, "superseded (engine)")
+
+        self._engine(conn, link, DeviceHello(hello.device_id, hello, resumed, epoch, self.replica), answer)
+
+    def _online(self, link: Link) -> None:
+        if link.liveness is not Liveness.ONLINE:
+            link.liveness = Liveness.ONLINE
+            self.world.notify(LivenessChanged(link.device_id, link.liveness, link.epoch, self.replica), self.replica)
+
+    def lost(self, conn: Conn) -> None:
+        link = self.links.get(conn.device.id)
+        if link is not None and link.conn is conn:
+            link.conn = None
+
+    def watch(self) -> None:
+        """Every interval: suspect after two silent intervals, offline (session ended) after the
+        timeout; then the periodic link report."""
+        w, s = self.world, self.world.settings
+        for device_id in sorted(self.links):
+            link = self.links[device_id]
+            if link.waiting:
+                continue
+            silent = w.now - link.last_frame
+            if silent > s.heartbeat_timeout_s:
+                del self.links[device_id]
+                if link.conn is not None:
+                    w.close_conn(link.conn, "heartbeat timeout")
+                link.liveness = Liveness.OFFLINE
+                w.notify(LivenessChanged(device_id, link.liveness, link.epoch, self.replica), self.replica)
+            elif silent > s.suspect_after_s and link.liveness is Liveness.ONLINE:
+                link.liveness = Liveness.SUSPECT
+                w.notify(LivenessChanged(device_id, link.liveness, link.epoch, self.replica), self.replica)
+        report = LinkReport(
+            self.replica,
+            [
+                LinkState(d, ln.epoch, ln.liveness, 0.0 if ln.waiting else max(0.0, w.now - ln.last_frame), ln.batch_id)
+                for d, ln in sorted(self.links.items())
+            ],
+        )
+        w.notify(report, self.replica)
+
+
+# ====================================================================== the cluster's side of the engine
+
+
+class EngineLinks:
+    """`Engine.links`: frames go to the gateway holding the device, over the (lossy) relay when
+    that is another replica than the engine's."""
+
+    def __init__(self, world: World, replica: str) -> None:
+        self.world = world
+        self.replica = replica
+
+    def send(self, device_id: str, message: Message, route: Route) -> bool:
+        w = self.world
+        target = route.replica or next((r for r in REPLICAS if device_id in w.gateways[r].links), None)
+        if target is None:
+            return False
+        gateway = w.gateways[target]
+        link = gateway.links.get(device_id)
+        if link is None or link.epoch < route.epoch:
+            return False
+        w.log("send", f"{self.replica}->{target} {device_id} {_short(message)}")
+        if target == self.replica:
+            return gateway.send(device_id, message, route.epoch)
+        w.bus(partial(_ignore, gateway.send, device_id, message, route.epoch), f"relay {_short(message)} to {target}")
+        return True
+
+    def close(self, device_id: str, code: int, reason: str, route: Route) -> None:
+        gateway = self.world.gateways.get(route.replica or "")
+        if gateway is not None:
+            link = gateway.links.pop(device_id, None)
+            if link is not None and link.conn is not None:
+                self.world.close_conn(link.conn, reason)
+
+
+class SimPlanner:
+    """PlannerHooks: answers a re-plan after a seed-chosen delay, with no edits or an error."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def replan(self, task_id: str, node_id: str, context: dict[str, Any]) -> None:
+        w = self.world
+        error = w.rng.choice((None, "the planner could not help"))
+        w.log("planner", f"replan {task_id}/{node_id} asked")
+        w.at(w.rng.uniform(0.1, 8.0), lambda: w.submit(ReplanDone(task_id, node_id, None, error), None), "replan done")
+
+    def start_agent(self, *args: Any) -> None:
+        pass
+
+    def cancel_agent(self, attempt_id: str) -> None:
+        pass
+
+    def start_planning(self, task_id: str, request: str) -> None:
+        pass
+
+
+# ====================================================================== the world
+
+
+@dataclass
+class Submitted:
+    task_id: str
+    spec: DagSpec
+    acked: bool = False  # the engine's answer reached the API
+    asks: int = 0
+    cancel_at: float | None = None
+
+
+class World:
+    def __init__(self, seed: int, fault_s: float = 40.0, heal_s: float = 200.0) -> None:
+        self.seed = seed
+        self.rng = Random(seed)
+        self.now = T0
+        self.trace = Trace()
+        self.fault_s, self.heal_s = fault_s, heal_s
+        self.faults = Faults.pick(self.rng, storm=seed >= STORM_SEEDS)
+        self.settings = _settings()
+        self.store = MemStore(lambda: self.now)
+        self.store.on_write = self._check_write
+        self.events: list[tuple[float, int, Callable[[], None], str]] = []
+        self.seq = itertools.count()
+        self.ids = itertools.count(1)
+        self.conns = itertools.count(1)
+        self.gateways = {r: Gateway(self, r) for r in REPLICAS}
+        self.devices: dict[str, SimDevice] = {}
+        self.tasks: dict[str, Submitted] = {}
+        self.engine: Engine | None = None
+        self.leader: str | None = None
+        self.inbox: list[tuple[Input, Callable[[bool, Any], None] | None]] = []
+        self.step_due = False
+        self.steps = 0
+        self.engines_started = 0
+        self.executions: dict[tuple[str, str, str], list[str]] = {}  # (task, node, call) -> batch ids
+        self.device_fence_floor: dict[str, int] = {}
+        self.attempt_fence_floor: dict[str, int] = {}
+        self.engine_errors: list[str] = []
+        self.restarting = False
+        self.healing = False
+        self.loop = asyncio.new_event_loop()
+        self.submissions_due = 0  # tasks the API client has yet to store
+        self.unverified_acks: list[str] = []  # result batches acknowledged since the last check
+
+    # ------------------------------------------------------------------ scheduling
+
+    def at(self, delay: float, fn: Callable[[], None], what: str) -> None:
+        heapq.heappush(self.events, (self.now + max(0.0, delay), next(self.seq), fn, what))
+
+    def log(self, kind: str, text: str) -> None:
+        self.trace.add(self.now, kind, text)
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}_{next(self.ids):06d}"
+
+    # ------------------------------------------------------------------ links and bus
+
+    def open_conn(self, device: SimDevice, replica: str) -> Conn:
+        conn = Conn(next(self.conns), device, replica, Channel(Role.SERVER), Channel(Role.AGENT))
+        self.log("conn", f"{device.id} opens #{conn.id} on {replica}")
+        return conn
+
+    def close_conn(self, conn: Conn, why: str) -> None:
+        if not conn.open:
+            return
+        conn.open = False
+        conn.server.close()
+        self.log("conn", f"{conn.device.id} #{conn.id} closed: {why}")
+        self.gateways[conn.replica].lost(conn)
+        conn.device.lost(conn)
+
+    def _wire(self, conn: Conn, deliver: Callable[[], None], what: str) -> None:
+        f = self.faults
+        if self.rng.random() < f.loss:
+            self.log("fault", f"lost {what}")
+            return
+        copies = 2 if self.rng.random() < f.dup else 1
+        for _ in range(copies):
+            self.at(0.005 + self.rng.random() * f.jitter, deliver, what)
+        if copies == 2:
+            self.log("fault", f"duplicated {what}")
+
+    def to_server(self, conn: Conn, data: str) -> None:
+        self._wire(conn, lambda: self.gateways[conn.replica].frame(conn, data), f"#{conn.id} up")
+
+    def to_device(self, conn: Conn, data: str) -> None:
+        self._wire(conn, lambda: conn.device.receive(conn, data), f"#{conn.id} down")
+
+    def bus(self, deliver: Callable[[], None], what: str) -> None:
+        f = self.faults
+        if self.rng.random() < f.bus_loss:
+            self.log("fault", f"bus lost {what}")
+            return
+        self.at(0.002 + self.rng.random() * f.bus_jitter, deliver, what)
+
+    def notify(self, item: Input, replica: str) -> None:
+        """A hint for the engine: direct on the leader's replica, else over the lossy bus."""
+        if replica == self.leader and self.engine is not None:
+            self.submit(item, None)
+            return
+        self.bus(lambda: self.submit(item, None), f"hint {type(item).__name__}")
+
+    def submit(self, item: Input, reply: Callable[[bool, Any], None] | None) -> None:
+        if self.engine is None:
+            if reply is not None:
+                reply(False, None)
+            return
+        self.inbox.append((item, reply))
+        if not self.step_due:
+            self.step_due = True
+            self.at(0.0, self.engine_step, "engine step")
+
+    def store_open_session(self, device_id: str) -> int:
+        row = self.store.table(Device).get((device_id,))
+        if row is None:
+            return 0
+        row.session_epoch = int(row.session_epoch or 0) + 1
+        return int(row.session_epoch)
+
+    # ------------------------------------------------------------------ the engine
+
+    def start_engine(self, replica: str) -> None:
+        self.restarting = False
+        fence = self.store.take_lease(LEASE, replica, 1e9)
+        if fence is None:
+            self.at(1.0, partial(self.start_engine, replica), "engine start")
+            return
+        engine = Engine(
+            self.settings,
+            self.store,  # type: ignore[arg-type]
+            _NullBus(),
+            clock=lambda: self.now,
+            rng=self.rng.random,
+            ids=self.new_id,
+            sleep=_no_sleep,
+        )
+        engine.links = EngineLinks(self, replica)
+        engine.planner = SimPlanner(self)
+        engine.on_fatal = lambda exc: None
+        engine.replica_id = replica
+        engine.lease_guard = (LEASE, replica, fence)
+        self.engines_started += 1
+        self.log("engine", f"starts on {replica} (lease fence {fence})")
+        self.engine, self.leader = engine, replica
+        try:
+            self._run(engine.recover())
+        except Exception as exc:
+            self._engine_died(engine, exc)
+            return
+        self.check_fences(engine, after_recover=True)
+        self.check_restart_agrees()
+        for gw in self.gateways.values():  # the cluster re-announces links to a new leader
+            gw.watch()
+
+    def _engine_died(self, engine: Engine, exc: BaseException) -> None:
+        self.log("engine", f"FATAL {type(exc).__name__}: {exc}")
+        if isinstance(exc, WriteConflict):  # not a fault the simulation injects: a row written twice
+            self.fail(f"the engine wrote a row that exists: {exc}")
+        self._engine_gone(engine)
+
+    def _engine_gone(self, engine: Engine | None) -> None:
+        """The engine stopped: inputs waiting on it fail (their connections close unacknowledged),
+        and a supervisor starts one again, here or (the lease gone) on either replica."""
+        if self.engine is engine:
+            self.engine = None
+            pending, self.inbox = self.inbox, []
+            for _, reply in pending:
+                if reply is not None:
+                    reply(False, None)
+        self._restart_soon()
+
+    def _restart_soon(self) -> None:
+        if self.restarting or self.engine is not None:
+            return
+        self.restarting = True
+        lease = self.store.leases.get(LEASE)
+        replica = self.leader or REPLICAS[0]
+        if lease is not None and lease.expires <= self.now:
+            replica = self.rng.choice(REPLICAS)
+        self.at(self.rng.uniform(0.5, 3.0), partial(self.start_engine, replica), "engine start")
+
+    def engine_step(self) -> None:
+        self.step_due = False
+        engine = self.engine
+        if engine is None:
+            return
+        items, self.inbox = self.inbox, []
+        loop = self.loop
+        futures = []
+        for item, reply in items:
+            item.done = loop.create_future()
+            futures.append((item.done, reply))
+            self.log("input", _describe(item))
+        if self.healing or self.rng.random() >= self.faults.store_fail:
+            pass
+        else:
+            self.store.fail_next = self.rng.choice((1, 2, 5))
+            self.log("fault", f"store refuses the next {self.store.fail_next} writes")
+        self.steps += 1
+        try:
+            self._run(engine.step([item for item, _ in items]))
+        except Exception as exc:
+            self.store.fail_next = 0
+            self._engine_died(engine, exc)
+            return
+        self.store.fail_next = 0
+        for fut, reply in futures:
+            if reply is None:
+                continue
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                reply(True, fut.result())
+            else:
+                reply(False, None)
+        self.check_step(engine)
+
+    def _run(self, coro: Any) -> Any:
+        """Run a coroutine of the engine or the store to its end at once: nothing in the simulation
+        really waits (the store answers immediately, retries do not sleep), so a coroutine that
+        suspends would be a simulation bug, not a scheduling choice."""
+        try:
+            coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+        coro.close()
+        raise RuntimeError("a simulated coroutine suspended: something awaited real time or I/O")
+
+    def tick(self) -> None:
+        if self.engine is not None:
+            self.submit_tick()
+        self.at(1.0, self.tick, "tick")
+
+    def submit_tick(self) -> None:
+        if not self.step_due:
+            self.step_due = True
+            self.at(0.0, self.engine_step, "engine step")
+
+    def watch(self) -> None:
+        for gw in self.gateways.values():
+            gw.watch()
+        self.at(self.settings.link_report_interval_s, self.watch, "link reports")
+
+    # ------------------------------------------------------------------ faults over time
+
+    def chaos(self) -> None:
+        if self.healing:
+            return
+        f = self.faults
+        for device_id in sorted(self.devices):
+            dev = self.devices[device_id]
+            if dev.conn is not None and self.rng.random() < f.disconnect:
+                self.close_conn(dev.conn, "injected disconnect")
+            if dev.alive and dev.crash_at is None and self.rng.random() < f.crash:
+                dev.crash_at = self.rng.choice((*CRASH_POINTS, "now"))
+                self.log("fault", f"{device_id} will crash at {dev.crash_at}")
+                if dev.crash_at == "now":
+                    dev.crash_at = None
+                    dev.crash("injected")
+        if self.engine is not None and self.rng.random() < f.lease_loss:
+            self.log("fault", f"lease of {self.leader} expires")
+            self.store.expire_lease(LEASE)
+            old = self.engine
+
+            def takeover() -> None:
+                if self.engine is old:  # the cluster notices the lost renewal and stops it
+                    self.log("engine", "stopped: lease lost")
+                self._engine_gone(old)
+
+            self.at(self.rng.uniform(0.2, 3.0), takeover, "takeover")
+        self.at(1.0, self.chaos, "chaos")
+
+    # ------------------------------------------------------------------ the fleet and its work
+
+    def enroll(self, n: int) -> None:
+        for i in range(n):
+            device_id = f"dev_{i}"
+            tools = sorted(TOOLS) if i == 0 else sorted(self.rng.sample(sorted(TOOLS), self.rng.randint(1, 3)))
+            self.store.table(Device)[(device_id,)] = Device(
+                id=device_id,
+                name=f"d{i}",
+                token_hash=f"h{i}",
+                labels={},
+                reported_labels={},
+                platform="linux",
+                info={},
+                tools=[],
+                admin_state="active",
+                liveness="enrolled",
+                fence=0,
+                session_epoch=0,
+                current_batch_id=None,
+                created_at=utc(self.now),
+            )
+            self.devices[device_id] = SimDevice(self, device_id, tools)
+
+    def dag(self) -> DagSpec:
+        n = self.rng.randint(2, 6)
+        nodes, edges = [], []
+        for i in range(n):
+            commands = [
+                {
+                    "tool": self.rng.choice(sorted(TOOLS)),
+                    "timeout_s": 5,
+                    "idempotent": self.rng.random() < 0.1,
+                }
+                for _ in range(self.rng.randint(1, 2))
+            ]
+            nodes.append(
+                {
+                    "id": f"n{i}",
+                    "commands": commands,
+                    "retry": {"max_attempts": self.rng.randint(1, 3), "backoff_s": 0.5},
+                }
+            )
+            if i:
+                for src in sorted(set(self.rng.sample(range(i), min(i, self.rng.randint(1, 2))))):
+                    on = "failure" if self.rng.random() < 0.15 else "success"
+                    edges.append({"from": f"n{src}", "to": f"n{i}", "on": on})
+        return DagSpec.model_validate({"nodes": nodes, "edges": edges})
+
+    def submit_task(self) -> None:
+        """A new task at the API of a random replica, handed to the engine (which stores it)."""
+        spec = self.dag()
+        task_id = self.new_id("task")
+        sub = Submission(
+            task_id=task_id,
+            name=task_id,
+            body_hash=task_id,
+            created=self.now,
+            spec=spec,
+            replan=self.rng.random() < 0.3,
+        )
+        self.tasks[task_id] = Submitted(task_id, spec)
+        self.log("api", f"task {task_id} submitted ({len(spec.nodes)} nodes, replan={sub.replan})")
+        self.ask_to_admit(sub, asked_before=False)
+
+    def ask_to_admit(self, sub: Submission, asked_before: bool) -> None:
+        """What the cluster does for the API: ask the engine leader (over the lossy bus from a
+        follower) until an answer comes back; a lost answer means asking again, as asked before."""
+        task = self.tasks[sub.task_id]
+        if task.acked:
+            return
+        task.asks += 1
+        ask = task.asks
+        item = SubmitTask(sub, asked_before=asked_before)
+
+        def answered(ok: bool, value: Any) -> None:
+            if ask != task.asks or task.acked:
+                return  # an answer to an earlier ask, already given up on
+            if not ok:
+                self.at(1.0, partial(self.ask_to_admit, sub, True), "ask again")
+                return
+            if value["task_id"] != sub.task_id or not value["created"]:
+                self.fail(f"submission {sub.task_id} was admitted as {value}")
+            task.acked = True
+            self.submissions_due -= 1
+            self.log("api", f"task {sub.task_id} admitted")
+            if self.rng.random() < 0.1:
+                self.at(self.rng.uniform(0.5, 20.0), partial(self.cancel_task, sub.task_id), "cancel")
+
+        replica = self.rng.choice(REPLICAS)
+        if replica == self.leader and self.engine is not None:
+            self.submit(item, answered)
+        else:
+            self.bus(lambda: self.submit(item, lambda ok, v: self.bus(lambda: answered(ok, v), "answer")), "ask")
+
+        def unanswered() -> None:
+            if ask == task.asks and not task.acked:
+                self.ask_to_admit(sub, True)
+
+        self.at(5.0, unanswered, "no answer")
+
+    def cancel_task(self, task_id: str) -> None:
+        self.log("api", f"cancel {task_id}")
+        self.submit(
+            CancelTask(task_id),
+            lambda ok, v: None if ok else self.at(1.0, partial(self.cancel_task, task_id), "cancel again"),
+        )
+
+    # ------------------------------------------------------------------ running
+
+    def executed(self, device: SimDevice, batch: CommandBatch, call_id: str, tool: str) -> None:
+        key = (batch.task_id, batch.node_id, call_id)
+        self.executions.setdefault(key, []).append(batch.batch_id)
+        self.log("exec", f"{device.id} runs {batch.batch_id} {call_id} {tool}")
+        runs = self.executions[key]
+        if len(runs) > 1:
+            ann = TOOLS[tool]
+            spec = self.tasks[batch.task_id].spec
+            cmd = next(n for n in spec.nodes if n.id == batch.node_id).commands[int(call_id[1:]) - 1]
+            if not (ann.read_only or ann.idempotent or cmd.idempotent):
+                self.fail(f"{tool} of {batch.task_id}/{batch.node_id}/{call_id} ran twice: batches {runs}")
+
+    def run(self) -> None:
+        n_dev = self.rng.randint(2, 4)
+        self.enroll(n_dev)
+        self.log("setup", f"seed {self.seed}: {n_dev} devices, faults {self.faults}")
+        self.start_engine(REPLICAS[0])
+        for dev in self.devices.values():
+            dev.connect()
+        for _ in range(self.rng.randint(1, 3)):
+            self.submissions_due += 1
+            self.at(self.rng.uniform(0.0, 20.0), self.submit_task, "submit")
+        self.at(0.5, self.tick, "tick")
+        self.at(self.settings.link_report_interval_s, self.watch, "link reports")
+        self.at(1.0, self.chaos, "chaos")
+        end_faults = T0 + self.fault_s
+        deadline = T0 + self.fault_s + self.heal_s
+        while self.events:
+            when, _, fn, _what = heapq.heappop(self.events)
+            if when >= end_faults and not self.healing:
+                self.heal()
+            self.now = max(self.now, when)
+            fn()
+            if self.healing and self.done():
+                break
+            if self.now > deadline:
+                break
+        self.final_checks()
+
+    def heal(self) -> None:
+        self.healing = True
+        self.faults = QUIET
+        self.log("heal", "faults stop")
+        for dev in self.devices.values():
+            dev.crash_at = None
+        if self.engine is None:
+            self._restart_soon()
+
+    def done(self) -> bool:
+        if len(self.tasks) == 0 or self.submissions_due:
+            return False
+        return all(TaskState(t.state).terminal for t in self.store.tasks())
+
+    # ------------------------------------------------------------------ invariants
+
+    def fail(self, message: str) -> None:
+        self.log("VIOLATED", message)
+        raise Violation(message)
+
+    def _check_write(self, changes: ChangeSet) -> None:
+        """Fences only grow in the store: a device's fence, and each new attempt's fence on its device."""
+        for key, values in changes.updates.get(Device, {}).items():
+            if "fence" in values:
+                floor = self.device_fence_floor.get(key[0], 0)
+                if values["fence"] < floor:
+                    self.fail(f"store: fence of {key[0]} goes down {floor} -> {values['fence']}")
+                self.device_fence_floor[key[0]] = values["fence"]
+        for row in changes.inserts.get(Attempt, []):
+            floor = self.attempt_fence_floor.get(row["device_id"], 0)
+            if row["fence"] <= floor:
+                self.fail(f"store: attempt {row['batch_id']} on {row['device_id']} has fence {row['fence']} <= {floor}")
+            self.attempt_fence_floor[row["device_id"]] = row["fence"]
+
+    def check_fences(self, engine: Engine, after_recover: bool = False) -> None:
+        for device_id, fence in view.device_fences(engine).items():
+            stored = self.store.device(device_id).fence
+            if fence < stored or fence < self.attempt_fence_floor.get(device_id, 0):
+                self.fail(f"engine fence of {device_id} is {fence}, below the store's {stored}")
+
+    def check_step(self, engine: Engine) -> None:
+        self.check_fences(engine)
+        if self.engine_errors:
+            self.fail(f"the engine logged an error: {self.engine_errors[0]}")
+        acked, self.unverified_acks = self.unverified_acks, []
+        for batch_id in acked:  # an ended attempt never reopens: each ack is checked once
+            row = self.store.table(Attempt).get((batch_id,))
+            if row is None or row.ended_at is None:
+                self.fail(f"results of {batch_id} were acknowledged but the store has its attempt open")
+        tasks = self.store.table(Task)
+        for task_id, task in self.tasks.items():
+            if task.acked and (task_id,) not in tasks:
+                self.fail(f"task {task_id} was acknowledged but is not in the store")
+        if self.steps % 50 == 0:
+            self.check_restart_agrees()
+
+    def check_restart_agrees(self) -> None:
+        """A fresh engine rebuilt from the store (a read-only view) has the live engine's state."""
+        live = self.engine
+        if live is None:
+            return
+        probe = Engine(
+            self.settings,
+            self.store.fork(),  # type: ignore[arg-type]
+            _NullBus(),
+            clock=lambda: self.now,
+            rng=lambda: 0.5,
+            ids=lambda prefix: f"probe-{prefix}",
+            sleep=_no_sleep,
+        )
+        probe.planner = _Deaf()
+        self._run(probe.recover())
+        mine, theirs = view.summary(live), view.summary(probe)
+        # A task whose TaskCreated hint was lost is in the store and not yet in memory: the live
+        # engine adopts it at its next reconcile (by design), so only tasks it knows are compared.
+        known = set(view.task_ids(live))
+        theirs["tasks"] = {t: s for t, s in theirs["tasks"].items() if t in known}
+        if mine != theirs:
+            diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
+            self.fail(f"a restart from the store would not rebuild the engine's state: (live, rebuilt) {diff}")
+
+    def final_checks(self) -> None:
+        unfinished = [t.id for t in self.store.tasks() if not TaskState(t.state).terminal]
+        if unfinished:
+            self.fail(f"tasks did not terminate {self.heal_s:g}s after the faults stopped: {unfinished}")
+        for task in self.store.tasks():
+            self.check_dag(task.id)
+        self.check_restart_agrees()
+
+    def check_dag(self, task_id: str) -> None:
+        """The final node states follow the DAG's rules (checked independently of the domain)."""
+        task = self.store.table(Task)[(task_id,)]
+        nodes = {n.id: n for n in self.store.table(Node).values() if n.task_id == task_id}
+        edges = [e for e in self.store.table(Edge).values() if e.task_id == task_id]
+        attempts = [a for a in self.store.table(Attempt).values() if a.task_id == task_id]
+        cancelled = task.cancel_requested
+        for nid, node in sorted(nodes.items()):
+            incoming = [e for e in edges if e.target == nid]
+            sat = [_satisfied(e.on, nodes[e.source].state) for e in incoming]
+            ran = [a for a in attempts if a.node_id == nid]
+            if node.state not in ("succeeded", "failed", "skipped", "cancelled"):
+                self.fail(f"{task_id}/{nid} is {node.state} in a task that ended {task.state}")
+            if ran and not all(s is True for s in sat):
+                self.fail(f"{task_id}/{nid} ran although its edges {[(e.source, e.on) for e in incoming]} were not met")
+            if node.state == "skipped" and not any(s is False for s in sat):
+                self.fail(f"{task_id}/{nid} was skipped although no edge ruled it out")
+            if node.state == "succeeded" and not any(a.status == "succeeded" for a in ran):
+                self.fail(f"{task_id}/{nid} succeeded without a succeeded attempt")
+            if node.state == "cancelled" and not cancelled:
+                self.fail(f"{task_id}/{nid} was cancelled in a task nobody cancelled")
+            if any(a.ended_at is None for a in ran):
+                self.fail(f"{task_id}/{nid} has an open attempt in a finished task")
+        if task.state == "cancelled" and not cancelled:
+            self.fail(f"{task_id} ended cancelled, but nobody cancelled it")
+
+    def report(self) -> str:
+        return "\n".join(self.trace.lines)
+
+
+def _satisfied(on: str, source_state: str) -> bool | None:
+    if on == "success":
+        return (
+            True
+            if source_state == "succeeded"
+            else (False if source_state in ("failed", "skipped", "cancelled") else None)
+        )
+    if on == "failure":
+        return (
+            True
+            if source_state == "failed"
+            else (False if source_state in ("succeeded", "skipped", "cancelled") else None)
+        )
+    return (
+        True
+        if source_state in ("succeeded", "failed")
+        else (False if source_state in ("skipped", "cancelled") else None)
+    )
+
+
+def _ignore(fn: Callable[..., Any], *args: Any) -> None:
+    fn(*args)
+
+
+class _NullBus:
+    def publish(self, events: list[dict[str, Any]]) -> None:
+        pass
+
+
+class _Deaf(SimPlanner):
+    def __init__(self) -> None:
+        pass
+
+    def replan(self, task_id: str, node_id: str, context: dict[str, Any]) -> None:
+        pass
+
+
+# ====================================================================== running one seed
+
+
+class _ErrorTrap(logging.Handler):
+    def __init__(self, world: World) -> None:
+        super().__init__(logging.ERROR)
+        self.world = world
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.world.engine_errors.append(record.getMessage() + (f" ({record.exc_info[1]!r})" if record.exc_info else ""))
+
+
+async def _no_sleep(_seconds: float) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _deterministic(world: World) -> Iterator[None]:
+    """Engine errors trapped (ids and retry sleeps are handed to each engine it makes)."""
+    logger = logging.getLogger("orrery")
+    level = logger.level
+    trap = _ErrorTrap(world)
+    logger.setLevel(logging.ERROR)
+    logger.addHandler(trap)
+    try:
+        yield
+    finally:
+        logger.removeHandler(trap)
+        logger.setLevel(level)
+
+
+@dataclass
+class Outcome:
+    seed: int
+    ok: bool
+    digest: str
+    error: str
+    trace: str
+    steps: int
+    events: int
+
+
+def simulate(seed: int, fault_s: float = 40.0, heal_s: float = 200.0) -> Outcome:
+    world = World(seed, fault_s, heal_s)
+    loop = world.loop  # never set as the current loop: nothing in a run really waits on it
+    error = ""
+    try:
+        with _deterministic(world):
+            world.run()
+    except Violation as exc:
+        error = str(exc)
+    except Exception as exc:  # the simulator or the engine blew up: report it like a violation
+        import traceback
+
+        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        world.log("CRASHED", error.splitlines()[0])
+    finally:
+        loop.close()
+    return Outcome(seed, not error, world.trace.digest(), error, world.report(), world.steps, world.trace.count)
