@@ -8,7 +8,7 @@ from collections import OrderedDict
 from typing import Protocol
 
 from orchestrator.engine.intake import Admission, Submission
-from orchestrator.engine.writer import StepWriter
+from orchestrator.engine.writer import EventType, StepWriter
 from orchestrator.store.models import Edge, Node, Task
 
 ADMITTED_KEPT = 10_000  # submissions remembered in memory (older ones are found in the store)
@@ -52,5 +52,5 @@ class Admissions:
             self.writer.insert(Node, node)
         for edge in edges:
             self.writer.insert(Edge, edge)
-        self.writer.event("task.state", sub.task_id, None, now, state=sub.state.value)
+        self.writer.event(EventType.TASK_STATE, sub.task_id, None, now, state=sub.state.value)
         return admitted, True

@@ -34,7 +34,7 @@ from orchestrator.engine.records import (
 )
 from orchestrator.engine.timers import AcceptDeadline, Timers
 from orchestrator.engine.times import batch_deadline, utc
-from orchestrator.engine.writer import StepWriter
+from orchestrator.engine.writer import EventType, StepWriter
 from orchestrator.store.models import Attempt, DagEdit, Edge, Node, Task
 from orchestrator.store.rows import node_rows
 from protocol.messages import Command
@@ -113,9 +113,9 @@ class LlmWork:
         if item.name:
             values["name"] = item.name[:200]
         self.writer.update(Task, (item.task_id,), **values)
-        self.writer.event("task.state", item.task_id, None, now, state=TaskState.RUNNING.value)
+        self.writer.event(EventType.TASK_STATE, item.task_id, None, now, state=TaskState.RUNNING.value)
         self.writer.event(
-            "dag.edited",
+            EventType.DAG_EDITED,
             item.task_id,
             None,
             now,
@@ -133,7 +133,7 @@ class LlmWork:
         self.planning.discard(item.task_id)
         error = {"code": item.code, "message": item.message}
         self.writer.update(Task, (item.task_id,), state=TaskState.FAILED.value, error=error, finished_at=utc(now))
-        self.writer.event("task.state", item.task_id, None, now, state=TaskState.FAILED.value, error=error)
+        self.writer.event(EventType.TASK_STATE, item.task_id, None, now, state=TaskState.FAILED.value, error=error)
 
     # ---------------------------------------------------------------- agent nodes
 
@@ -309,7 +309,7 @@ class LlmWork:
             {"task_id": run.id, "version": run.version, "reason": item.edits.reason, "edits": edit_log, "at": utc(now)},
         )
         w.event(
-            "dag.edited",
+            EventType.DAG_EDITED,
             run.id,
             None,
             now,
@@ -322,13 +322,20 @@ class LlmWork:
         )
         for node_id in result.added:
             if run.nodes[node_id].state is NodeState.PENDING:
-                w.event("node.state", run.id, node_id, now, state=NodeState.PENDING.value)
+                w.event(EventType.NODE_STATE, run.id, node_id, now, state=NodeState.PENDING.value)
         self.apply(run, run.start(now), now)  # new nodes whose edges are already decided become ready
 
     def _edit_refused(self, run: TaskRun, now: float, reason: str, problems: list[dict[str, Any]]) -> None:
         """The graph stays as it was; the event says why, for the dashboard and the CLI."""
         self.writer.event(
-            "dag.edited", run.id, None, now, version=run.version, applied=False, reason=reason, problems=problems
+            EventType.DAG_EDITED,
+            run.id,
+            None,
+            now,
+            version=run.version,
+            applied=False,
+            reason=reason,
+            problems=problems,
         )
 
 

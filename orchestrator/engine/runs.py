@@ -22,7 +22,7 @@ from orchestrator.engine.queues import Assign, Enqueue, NeverRunnable, Queues
 from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceRun, NodeKey
 from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTimeout, Sweep, Timers, Wake
 from orchestrator.engine.times import BATCH_GRACE_S, batch_deadline, utc
-from orchestrator.engine.writer import StepWriter
+from orchestrator.engine.writer import EventType, StepWriter
 from orchestrator.metrics import Metrics
 from orchestrator.store.models import Attempt, Node, Task
 from protocol.errors import ErrorCode
@@ -128,7 +128,7 @@ class Runs:
         ids = {"task_id": att.task_id, "node_id": att.node_id, "batch_id": att.batch_id, "device_id": dev.id}
         log.debug("batch dispatched", extra=ids)
         self.writer.event(
-            "node.attempt",
+            EventType.NODE_ATTEMPT,
             att.task_id,
             att.node_id,
             now,
@@ -198,7 +198,7 @@ class Runs:
         row = ended_row(outcome, now, dumped)
         self.writer.update(Attempt, (att.batch_id,), **row)
         self.writer.event(
-            "node.attempt",
+            EventType.NODE_ATTEMPT,
             att.task_id,
             att.node_id,
             now,
@@ -325,7 +325,7 @@ class Runs:
             extra: dict[str, Any] = {}
             if rec.error and new in (NodeState.FAILED, NodeState.READY, NodeState.CANCELLED):
                 extra["error"] = rec.error
-            self.writer.event("node.state", run.id, t.node_id, now, state=new.value, **extra)
+            self.writer.event(EventType.NODE_STATE, run.id, t.node_id, now, state=new.value, **extra)
         if run.held - run.replanning:
             self.llm.replan_held(run, now)
 
@@ -335,7 +335,7 @@ class Runs:
             values["finished_at"] = utc(now)
             self.writer.effect(lambda: self._forget(run.id))
         self.writer.update(Task, (run.id,), **values)
-        self.writer.event("task.state", run.id, None, now, state=t.new)
+        self.writer.event(EventType.TASK_STATE, run.id, None, now, state=t.new)
 
     def _forget(self, task_id: str) -> None:
         run = self.tasks.pop(task_id, None)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
@@ -18,6 +20,37 @@ from orchestrator.store.repo import ChangeSet
 log = logging.getLogger("orrery.engine")
 
 SOFT_FLUSH_S = 1.0  # informational updates wait at most this long for a commit to ride along
+
+
+class EventType(StrEnum):
+    """What a task's event stream says (SPEC section 3, events)."""
+
+    TASK_STATE = "task.state"
+    NODE_STATE = "node.state"
+    NODE_ATTEMPT = "node.attempt"
+    DAG_EDITED = "dag.edited"
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    type: EventType
+    task_id: str
+    node_id: str | None
+    at: float  # engine clock
+    data: dict[str, Any]
+
+    def row(self) -> dict[str, Any]:
+        """The stored row (its `data` is the body subscribers receive)."""
+        body = {"task_id": self.task_id, "at": iso(self.at), **self.data}
+        if self.node_id is not None:
+            body["node_id"] = self.node_id
+        return {
+            "task_id": self.task_id,
+            "type": self.type.value,
+            "node_id": self.node_id,
+            "data": body,
+            "at": utc(self.at),
+        }
 
 
 class ChangeStore(Protocol):
@@ -53,7 +86,7 @@ class StepWriter:
         self._soft = ChangeSet()  # changes that may wait for the next commit (see SOFT_FLUSH_S)
         self._soft_since: float | None = None
         self._effects: list[Callable[[], None]] = []
-        self._events: list[dict[str, Any]] = []
+        self._events: list[EngineEvent] = []
 
     # ---------------------------------------------------------------- recording
 
@@ -74,11 +107,8 @@ class StepWriter:
             self._soft_since = now
             self.timers.add(now + SOFT_FLUSH_S, Wake())
 
-    def event(self, type_: str, task_id: str, node_id: str | None, now: float, **data: Any) -> None:
-        body = {"task_id": task_id, "at": iso(now), **data}
-        if node_id is not None:
-            body["node_id"] = node_id
-        self._events.append({"task_id": task_id, "type": type_, "node_id": node_id, "data": body, "at": utc(now)})
+    def event(self, type_: EventType, task_id: str, node_id: str | None, now: float, **data: Any) -> None:
+        self._events.append(EngineEvent(type_, task_id, node_id, now, data))
 
     def effect(self, fn: Callable[[], None]) -> None:
         """Run `fn` after this step's changes are committed (never if the commit fails)."""
@@ -87,7 +117,7 @@ class StepWriter:
     # ---------------------------------------------------------------- committing
 
     async def commit(self) -> None:
-        changes, effects, events = self._changes, self._effects, self._events
+        changes, effects, events = self._changes, self._effects, [ev.row() for ev in self._events]
         self._changes, self._effects, self._events = ChangeSet(), [], []
         soft_due = self._soft_since is not None and self.clock() - self._soft_since >= SOFT_FLUSH_S
         if self._soft and (changes or events or soft_due):

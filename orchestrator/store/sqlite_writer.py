@@ -122,7 +122,8 @@ class SqliteWriter:
         procs = self._processors.get((table.name, columns))
         if procs is None:
             procs = [
-                _fast_processor(table.c[c].type) or table.c[c].type.dialect_impl(self._dialect).bind_processor(self._dialect)
+                _fast_processor(table.c[c].type)
+                or table.c[c].type.dialect_impl(self._dialect).bind_processor(self._dialect)
                 for c in columns
             ]
             self._processors[(table.name, columns)] = procs

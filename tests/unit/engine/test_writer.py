@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.engine.timers import Timers, Wake
-from orchestrator.engine.writer import SOFT_FLUSH_S, StepWriter
+from orchestrator.engine.writer import SOFT_FLUSH_S, EventType, StepWriter
 from orchestrator.store.models import Attempt, Device
 from orchestrator.store.repo import ChangeSet
 
@@ -77,7 +77,7 @@ async def test_effects_and_events_follow_a_commit_and_never_a_failed_one() -> No
     w, store, bus, _, clock = writer()
     ran: list[str] = []
     w.lease_guard = ("engine", "me", 7)
-    w.event("task.state", "t1", None, clock.now, state="running")
+    w.event(EventType.TASK_STATE, "t1", None, clock.now, state="running")
     w.effect(lambda: ran.append("sent"))
     await w.commit()
     assert ran == ["sent"] and store.sets[0].guard == ("engine", "me", 7)
