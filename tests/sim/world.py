@@ -25,7 +25,8 @@ from random import Random
 from typing import Any, Literal
 
 from orchestrator.config import Settings
-from orchestrator.domain.model import DagSpec, Liveness, TaskState
+from orchestrator.domain.edits import AddEdge, AddNode, EditList, RemoveEdge, RemoveNode, UpdateNode
+from orchestrator.domain.model import CommandSpec, DagSpec, EdgeSpec, Liveness, NodeSpec, TaskState
 from orchestrator.engine.core import Engine
 from orchestrator.engine.intake import Submission
 from orchestrator.engine.records import (
@@ -712,16 +713,55 @@ class EngineLinks:
 
 
 class SimPlanner:
-    """PlannerHooks: answers a re-plan after a seed-chosen delay, with no edits or an error."""
+    """PlannerHooks: answers a re-plan after a seed-chosen delay (the graph may have moved on
+    meanwhile), with an error, no edits, or real edits: route the failed node's pending
+    successors around it through a new node, remove a pending node, or rewrite one. Edits that
+    no longer fit the graph when they arrive must be refused whole."""
 
     def __init__(self, world: World) -> None:
         self.world = world
 
     def replan(self, task_id: str, node_id: str, context: dict[str, Any]) -> None:
         w = self.world
-        error = w.rng.choice((None, "the planner could not help"))
-        w.log("planner", f"replan {task_id}/{node_id} asked")
-        w.at(w.rng.uniform(0.1, 8.0), lambda: w.submit(ReplanDone(task_id, node_id, None, error), None), "replan done")
+        roll = w.rng.random()
+        error = "the planner could not help" if roll < 0.2 else None
+        edits = self.edits(node_id, context) if roll >= 0.4 else None
+        w.log("planner", f"replan {task_id}/{node_id} asked: {edits.reason if edits else error or 'no edits'}")
+        done = ReplanDone(task_id, node_id, edits, error)
+        w.at(w.rng.uniform(0.1, 8.0), lambda: w.submit(done, None), "replan done")
+
+    def edits(self, failed: str, context: dict[str, Any]) -> EditList:
+        w = self.world
+        states = {n["id"]: n["state"] for n in context["nodes"]}
+        specs = {n["id"]: n["spec"] for n in context["nodes"]}
+        pending = sorted(n for n, state in states.items() if state == "pending")
+        kind = w.rng.choice(("route around", "remove", "rewrite")) if pending else "route around"
+        ops: list[AddNode | UpdateNode | RemoveNode | AddEdge | RemoveEdge] = []
+        if kind == "route around":
+            fix = w.new_id("fix")
+            ops += [
+                AddNode(node=NodeSpec(id=fix, commands=[CommandSpec(tool=w.rng.choice(sorted(TOOLS)))])),
+                AddEdge(edge=EdgeSpec.model_validate({"from": failed, "to": fix, "on": "failure"})),
+            ]
+            for e in context["edges"]:
+                if e.source == failed and states.get(e.target) == "pending":
+                    ops += [
+                        RemoveEdge.model_validate({"from": failed, "to": e.target}),
+                        AddEdge(edge=EdgeSpec.model_validate({"from": fix, "to": e.target, "on": "success"})),
+                    ]
+        elif kind == "remove":
+            victim = w.rng.choice(pending)
+            ops += [
+                RemoveEdge.model_validate({"from": e.source, "to": e.target})
+                for e in context["edges"]
+                if victim in (e.source, e.target)
+            ]
+            ops.append(RemoveNode(id=victim))
+        else:
+            victim = w.rng.choice(pending)
+            spec = NodeSpec.model_validate({**specs[victim], "commands": [{"tool": w.rng.choice(sorted(TOOLS))}]})
+            ops.append(UpdateNode(node=spec))
+        return EditList(reason=f"sim: {kind}", edits=ops)
 
     def start_agent(self, *args: Any) -> None:
         pass
@@ -1122,8 +1162,8 @@ class World:
         runs = self.executions[key]
         if len(runs) > 1:
             ann = TOOLS[tool]
-            spec = self.tasks[batch.task_id].spec
-            cmd = next(n for n in spec.nodes if n.id == batch.node_id).commands[int(call_id[1:]) - 1]
+            node = self.store.table(Node)[(batch.task_id, batch.node_id)]  # as edited, if it was
+            cmd = NodeSpec.model_validate(node.spec).commands[int(call_id[1:]) - 1]
             if not (ann.read_only or ann.idempotent or cmd.idempotent):
                 self.fail(f"{tool} of {batch.task_id}/{batch.node_id}/{call_id} ran twice: batches {runs}")
 
