@@ -136,7 +136,6 @@ class Engine:
         self.failed: BaseException | None = None
         self.metrics.watch(self.gauges)
         self.on_fatal: Callable[[BaseException], None] = _terminate
-        self.planning_to_resume: list[tuple[str, str]] = []  # (task id, request) found at start-up
         self.recovered_at: float | None = None
         self._next_reconcile: float | None = None
         self._reconciles = 0
@@ -218,9 +217,6 @@ class Engine:
         the store, so the process stops and a restart rebuilds from the store (fail fast)."""
         try:
             await self.recover()
-            for task_id, request in self.planning_to_resume:
-                self.llm.start_planning(task_id, request)
-            self.planning_to_resume.clear()
             self.ready_event.set()
             while True:
                 await self.step(await self._next_inputs())
@@ -443,7 +439,8 @@ class Engine:
         died with the process."""
         for dev in found.devices:
             self.fleet.devices[dev.id] = dev
-        self.planning_to_resume += found.planning
+        for task_id, request in found.planning:  # its plan died with the last process: ask again
+            self.writer.effect(functools.partial(self.llm.start_planning, task_id, request))
         for att in found.attempts:
             self.attempts.add(att)
         for run in found.tasks:

@@ -37,6 +37,8 @@ from orchestrator.engine.records import (
     LinkReport,
     LinkState,
     LivenessChanged,
+    PlanFailed,
+    PlanReady,
     ReplanDone,
     Route,
     SubmitTask,
@@ -770,7 +772,22 @@ class SimPlanner:
         pass
 
     def start_planning(self, task_id: str, request: str) -> None:
-        pass
+        """A plan (or a planning failure) after a while, from this engine's planner: if that
+        engine dies first, the answer dies with it (the next engine asks again)."""
+        w = self.world
+        engine = w.engine
+        answer: Input
+        if w.rng.random() < 0.1:
+            answer = PlanFailed(task_id, "plan_invalid", "the model's plan did not validate")
+        else:
+            answer = PlanReady(task_id, None, w.dag(), request)
+        w.log("planner", f"planning {task_id}: {type(answer).__name__} to come")
+
+        def deliver() -> None:
+            if w.engine is engine and engine is not None:
+                w.submit(answer, None)
+
+        w.at(w.rng.uniform(0.1, 6.0), deliver, "plan done")
 
 
 # ====================================================================== the world
@@ -779,7 +796,7 @@ class SimPlanner:
 @dataclass
 class Submitted:
     task_id: str
-    spec: DagSpec
+    spec: DagSpec | None  # None: planned from a request
     acked: bool = False  # the engine's answer reached the API
     asks: int = 0
     cancel_at: float | None = None
@@ -1096,7 +1113,8 @@ class World:
 
     def submit_task(self) -> None:
         """A new task at the API of a random replica, handed to the engine (which stores it)."""
-        spec = self.dag()
+        planned = self.rng.random() < 0.2  # from a request: the planner makes the DAG later
+        spec = None if planned else self.dag()
         task_id = self.new_id("task")
         sub = Submission(
             task_id=task_id,
@@ -1104,10 +1122,12 @@ class World:
             body_hash=task_id,
             created=self.now,
             spec=spec,
-            replan=self.rng.random() < 0.3,
+            request="plan it" if planned else None,
+            replan=planned or self.rng.random() < 0.3,
         )
         self.tasks[task_id] = Submitted(task_id, spec)
-        self.log("api", f"task {task_id} submitted ({len(spec.nodes)} nodes, replan={sub.replan})")
+        shape = f"{len(spec.nodes)} nodes" if spec is not None else "to be planned"
+        self.log("api", f"task {task_id} submitted ({shape}, replan={sub.replan})")
         self.ask_to_admit(sub, asked_before=False)
 
     def ask_to_admit(self, sub: Submission, asked_before: bool) -> None:
@@ -1343,10 +1363,15 @@ class _NullBus:
 
 
 class _Deaf(SimPlanner):
+    """The planner of an engine rebuilt only to compare its state: it is asked, and never answers."""
+
     def __init__(self) -> None:
         pass
 
     def replan(self, task_id: str, node_id: str, context: dict[str, Any]) -> None:
+        pass
+
+    def start_planning(self, task_id: str, request: str) -> None:
         pass
 
 
