@@ -255,15 +255,23 @@ class LlmWork:
         run = self.tasks.get(item.task_id)
         if run is None or item.node_id not in run.replanning:
             return
-        run.replanning.discard(item.node_id)
         run.replans_used += 1
         self.adopt(run)
+        # The node stays "being re-planned" while the edits go in: applying them must not ask the
+        # planner about this same failure again (found by the simulator, tests/sim).
         if item.edits is not None and item.edits.edits and not run.cancel_requested:
             self._apply_edits(run, item, now)
         elif item.error:
             self._edit_refused(run, now, item.error, [])
+        run.replanning.discard(item.node_id)
         self.writer.update(Task, (run.id,), replans_used=run.replans_used)
         self.apply(run, run.release(item.node_id, now), now)
+        if not run.hold_failures:
+            # The task's re-plans are spent: failures still waiting for an answer take their course
+            # now, as a restart from the store would decide (it cannot know what was asked).
+            for other in sorted(run.replanning):
+                run.replanning.discard(other)
+                self.apply(run, run.release(other, now), now)
 
     def _apply_edits(self, run: TaskRun, item: ReplanDone, now: float) -> None:
         assert item.edits is not None

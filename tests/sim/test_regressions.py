@@ -1,4 +1,8 @@
-"""Seeds on which the simulator found a bug, kept as fixed tests (see the notes on each)."""
+"""Seeds on which the simulator found a bug, kept as fixed tests (see the notes on each).
+
+A seed replays one world exactly as long as the simulator stays the same; when the simulator
+learns new faults or behaviours, an old seed draws another world. So each bug is also pinned by a
+small test of its own (below, and in tests/unit/engine/test_replanning.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +25,12 @@ from tests.sim.world import simulate
         13,
         161,
         362,
+        # Applying a re-plan's edits asked the planner about the same failure again (a wasted
+        # round of the task's re-plan budget, and a model call); and when the budget ran out,
+        # failures still waiting for an answer kept the task open although a restart from the
+        # store would let them go at once (engine/llm_work.py, replan_done).
+        1000330,
+        1000858,
     ],
 )
 def test_regression_seed(seed: int) -> None:

@@ -60,13 +60,12 @@ from protocol.messages import (
     Message,
     Result,
     ResultBatch,
-    Resume,
     ToolAnnotations,
     ToolSpec,
     Welcome,
     is_reliable,
 )
-from protocol.session import Channel, Role, Session, negotiate_version
+from protocol.session import AckPolicy, Channel, Role, Session, negotiate_version
 from tests.sim import view
 from tests.sim.memstore import MemStore
 
@@ -323,7 +322,7 @@ class SimDevice:
         self.last_server_frame = self.world.now
         resume = None
         if self.session is not None:
-            resume = Resume(session_id=self.session.session_id, last_seq=self.session.confirmed_seq)
+            resume = self.session.resume_point()
         hello = Hello(
             device_id=self.id,
             versions=[1],
@@ -385,7 +384,7 @@ class SimDevice:
             self.session.confirm(msg.seq)
 
     def _open(self, conn: Conn, welcome: Welcome) -> None:
-        if welcome.resumed and self.session is not None and self.session.session_id == welcome.session_id:
+        if self.session is not None and self.session.resumed_by(welcome):
             resend = conn.agent.open_agent(welcome, self.session)
         else:
             self.session = Session(welcome.session_id, welcome.version)
@@ -516,6 +515,10 @@ class Link:
     last_frame: float = 0.0
     liveness: Liveness = Liveness.ONLINE
     waiting: int = 0
+    acks: AckPolicy = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.acks = AckPolicy(self.session)
 
 
 class Gateway:
@@ -567,7 +570,7 @@ class Gateway:
             return
         if isinstance(msg, Heartbeat):
             link.batch_id = msg.batch_id
-            w.to_device(conn, conn.server.send(Heartbeat(state="idle")))
+            w.to_device(conn, conn.server.send(link.session.heartbeat_reply()))
         elif isinstance(msg, BatchAccepted):
             w.notify(FrameIn(conn.device.id, msg), self.replica)
             link.session.confirm(msg.seq)
@@ -579,10 +582,15 @@ class Gateway:
                     link.session.confirm(seq)
                     if isinstance(msg, ResultBatch):
                         w.unverified_acks.append(msg.batch_id)
-                    if link.conn is conn and conn.open and link.session.ack_sent < link.session.confirmed_seq:
-                        w.to_device(conn, conn.server.send(Heartbeat(state="idle")))
+                    due = link.acks.confirmed(w.now)  # the session's ack policy, as the hub asks it
+                    if due is not None:
+                        w.at(due - w.now, partial(self._ack_if_due, link, conn), "standalone ack")
 
             self._engine(conn, link, FrameIn(conn.device.id, msg), confirmed)
+
+    def _ack_if_due(self, link: Link, conn: Conn) -> None:
+        if link.conn is conn and conn.open and link.acks.ack_due(self.world.now):
+            self.world.to_device(conn, conn.server.send(link.session.heartbeat_reply()))
 
     def _engine(self, conn: Conn, link: Link, item: Input, then: Callable[[bool, Any], None]) -> None:
         """Submit and wait: the reader reads nothing more until the engine answered; an engine
@@ -609,12 +617,7 @@ class Gateway:
         link = self.links.get(hello.device_id)
         if link is not None and link.conn is not None and link.conn is not conn:
             w.close_conn(link.conn, "superseded by a newer connection")
-        resumed = (
-            link is not None
-            and hello.resume is not None
-            and hello.resume.session_id == link.session.session_id
-            and hello.resume.last_seq <= link.session.sent_seq
-        )
+        resumed = link is not None and link.session.resumes(hello)
         if not resumed or link is None:
             link = Link(hello.device_id, Session(f"s_{self.replica}{next(self.sessions)}", version))
             self.links[hello.device_id] = link
@@ -1158,7 +1161,9 @@ class World:
         if replica == self.leader and self.engine is not None:
             self.submit(item, answered)
         else:
-            self.bus(lambda: self.submit(item, lambda ok, v: self.bus(lambda: answered(ok, v), "answer")), "ask")
+            # Across replicas it arrives as the wire makes it: maybe asked before (cluster/wire.py).
+            relayed = SubmitTask(sub, asked_before=True)
+            self.bus(lambda: self.submit(relayed, lambda ok, v: self.bus(lambda: answered(ok, v), "answer")), "ask")
 
         def unanswered() -> None:
             if ask == task.asks and not task.acked:
