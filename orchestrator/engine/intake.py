@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 from orchestrator.domain.model import DagSpec, NodeState, TaskState
 from orchestrator.domain.run import TaskRun
-from orchestrator.engine.times import iso, utc
+from orchestrator.engine.times import utc
 from orchestrator.store.rows import node_rows
 
 
@@ -84,10 +84,6 @@ class Submission:
                     finished_at=kept.finished_at,
                 )
         return nodes, edges
-
-    def created_event(self) -> dict[str, Any]:
-        """The data of the task's first `task.state` event."""
-        return {"task_id": self.task_id, "state": self.state.value, "at": iso(self.created)}
 
     def run(self) -> TaskRun:
         """The engine's runtime record of an explicit DAG (kept nodes as they ended)."""
