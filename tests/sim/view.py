@@ -27,6 +27,10 @@ def device_fences(engine: Engine) -> dict[str, int]:
     return {d: dev.fence for d, dev in engine.devices.items()}
 
 
+def admin_state(engine: Engine, device_id: str) -> str:
+    return engine.devices[device_id].admin.value
+
+
 def current_batches(engine: Engine) -> dict[str, str | None]:
     return {d: dev.current_batch for d, dev in engine.devices.items()}
 

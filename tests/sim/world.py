@@ -31,6 +31,7 @@ from orchestrator.engine.core import Engine
 from orchestrator.engine.intake import Submission
 from orchestrator.engine.records import (
     CancelTask,
+    DeviceChanged,
     DeviceHello,
     FrameIn,
     Input,
@@ -81,8 +82,10 @@ STORM_SEEDS = 1_000_000  # seeds from here on run a storm: every fault on, at hi
 CRASH_POINTS = ("before_record", "recorded", "ran", "stored")
 
 
-class Violation(AssertionError):
-    pass
+class Violation(BaseException):
+    """An invariant broke. A BaseException on purpose: it is often raised inside the engine (the
+    store's write hook), and must pass through the engine's and tenacity's `except Exception`
+    handlers instead of reading as a failed write."""
 
 
 _SETTINGS: list[Settings] = []
@@ -172,6 +175,7 @@ class Faults:
     store_fail: float = 0.0  # per engine step
     lease_loss: float = 0.0  # per second
     tool_failure: float = 0.0
+    operator: float = 0.0  # per device per second: an operator cordons, drains, re-activates or revokes it
 
     @staticmethod
     def pick(rng: Random, storm: bool = False) -> Faults:
@@ -194,6 +198,7 @@ class Faults:
             store_fail=p(0.03),
             lease_loss=p(0.02),
             tool_failure=p(0.2),
+            operator=p(0.03),
         )
 
 
@@ -1052,6 +1057,11 @@ class World:
                 if dev.crash_at == "now":
                     dev.crash_at = None
                     dev.crash("injected")
+        for device_id in sorted(self.devices):
+            if self.rng.random() < f.operator:
+                # dev_0 has every tool: revoking it could leave nodes no device can ever run.
+                choices = ("cordoned", "draining", "active", "active") + (("revoked",) if device_id != "dev_0" else ())
+                self.operate(device_id, self.rng.choice(choices))
         if self.engine is not None and self.rng.random() < f.lease_loss:
             self.log("fault", f"lease of {self.leader} expires")
             self.store.expire_lease(LEASE)
@@ -1066,6 +1076,16 @@ class World:
         self.at(1.0, self.chaos, "chaos")
 
     # ------------------------------------------------------------------ the fleet and its work
+
+    def operate(self, device_id: str, admin: str) -> None:
+        """What the API does for an operator: write the device row, then tell the engine (a hint
+        here that may be lost: the engine adopts device changes it finds in the store)."""
+        row = self.store.device(device_id)
+        if row.admin_state in ("revoked", admin):
+            return
+        self.log("api", f"operator: {device_id} {row.admin_state} -> {admin}")
+        row.admin_state = admin
+        self.notify(DeviceChanged(device_id), self.rng.choice(REPLICAS))
 
     def enroll(self, n: int) -> None:
         for i in range(n):
@@ -1225,6 +1245,9 @@ class World:
         self.log("heal", "faults stop")
         for dev in self.devices.values():
             dev.crash_at = None
+        for device_id in sorted(self.devices):  # the operator puts back what is not revoked
+            if self.store.device(device_id).admin_state in ("cordoned", "draining"):
+                self.operate(device_id, "active")
         if self.engine is None:
             self._restart_soon()
 
@@ -1248,6 +1271,11 @@ class World:
                     self.fail(f"store: fence of {key[0]} goes down {floor} -> {values['fence']}")
                 self.device_fence_floor[key[0]] = values["fence"]
         for row in changes.inserts.get(Attempt, []):
+            admin = view.admin_state(self.engine, row["device_id"]) if self.engine is not None else "active"
+            if admin != "active":  # placement runs after every input of the step: it knew
+                self.fail(
+                    f"store: attempt {row['batch_id']} opened on {row['device_id']}, which the engine knows is {admin}"
+                )
             floor = self.attempt_fence_floor.get(row["device_id"], 0)
             if row["fence"] <= floor:
                 self.fail(f"store: attempt {row['batch_id']} on {row['device_id']} has fence {row['fence']} <= {floor}")
@@ -1256,8 +1284,9 @@ class World:
     def check_fences(self, engine: Engine, after_recover: bool = False) -> None:
         for device_id, fence in view.device_fences(engine).items():
             stored = self.store.device(device_id).fence
-            if fence < stored or fence < self.attempt_fence_floor.get(device_id, 0):
-                self.fail(f"engine fence of {device_id} is {fence}, below the store's {stored}")
+            floor = max(stored, self.attempt_fence_floor.get(device_id, 0))
+            if fence < floor:
+                self.fail(f"engine fence of {device_id} is {fence}, below the store's {floor}")
 
     def check_step(self, engine: Engine) -> None:
         self.check_fences(engine)
