@@ -9,8 +9,9 @@ it, so a restarted orchestrator rebuilds exactly what it promised (DESIGN, data 
 The engine is the loop and a dispatch table (input type -> handler) over its collaborators, each
 in its own module: the step writer (`writer`), typed timers (`timers`), the queues and placement
 (`queues`), open attempts and results (`attempts`), the devices (`fleet`), frames out (`outbox`),
-LLM work (`llm_work`) and recovery from rows (`restore`). What ties them to tasks is here:
-recording transitions, opening and ending attempts.
+new tasks (`admissions`: the engine is the one writer of tasks), LLM work (`llm_work`) and
+recovery from rows (`restore`). Recording transitions and opening and ending attempts are the
+tasks' runs (`runs`); what is left here is the loop, the dispatch, reconciling and recovery.
 """
 
 from __future__ import annotations
