@@ -165,6 +165,11 @@ class Fleet:
         dev = self.devices.get(device_id)
         if dev is None or not self._current(dev, epoch, replica, now):
             return []
+        if liveness is Liveness.SUSPECT and dev.liveness is Liveness.OFFLINE:
+            # "Late" is no sign of life: a report taken before the link ended, or a notice that
+            # crossed the engine's own judgement, must not bring an offline device back to
+            # suspect. Only a frame (online) or a new connection does.
+            return []
         if liveness is Liveness.ONLINE and dev.recovering:
             # Announced by the replica holding its socket after an engine (re)start: frames sent
             # before may be lost, so every open batch goes again (the agent de-duplicates).

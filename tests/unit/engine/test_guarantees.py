@@ -363,3 +363,20 @@ async def test_an_agent_node_ended_with_a_step_still_out_frees_its_device_when_t
         assert (await h.task(task))["state"] == "failed"
     finally:
         await h.close()
+
+
+async def test_a_late_suspect_notice_does_not_bring_an_offline_device_back(h: Harness) -> None:
+    """A report taken before the link ended (or a suspect notice that crossed the engine's own
+    offline judgement) arrives after the device was declared offline: it stays offline, and its
+    history ends with `offline`. A frame from it (online) still brings it back."""
+    dev = await h.enroll("late")
+    _, epoch = await h.connect(dev, replica="A")
+    await h.advance(h.settings.heartbeat_timeout_s + h.settings.link_report_interval_s + 0.1)
+    assert (await h.device(dev)).liveness == "offline"
+    await h.step(h.report("A", (dev, epoch, Liveness.SUSPECT, 2.0, None)))
+    await h.step(LivenessChanged(dev, Liveness.SUSPECT, epoch, "A"))
+    assert (await h.device(dev)).liveness == "offline"
+    history = [row.state for row in (await h.store.device_history(dev, 10, None))[0]]
+    assert history[0] == "offline", history
+    await h.step(LivenessChanged(dev, Liveness.ONLINE, epoch, "A"))
+    assert (await h.device(dev)).liveness == "online"
