@@ -5,7 +5,6 @@ harness.py) and checks what the store holds afterwards, which is what a restart 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,16 +12,6 @@ import pytest
 from orchestrator.domain.model import Liveness
 from orchestrator.engine.records import Hearing, LivenessChanged
 from tests.unit.engine.harness import Harness, accepted, one_node, refused, results
-
-
-@pytest.fixture
-async def h(tmp_path: Path) -> AsyncIterator[Harness]:
-    harness = await (await asyncio.to_thread(Harness, tmp_path)).open()
-    try:
-        yield harness
-    finally:
-        await harness.close()
-
 
 # ---------------------------------------------------------------- who speaks for a device
 

@@ -3,27 +3,13 @@ step that starts it, exactly once however often it is asked, and crosses replica
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
-
-import pytest
 
 from orchestrator.cluster import wire
 from orchestrator.domain.model import DagSpec
 from orchestrator.engine.intake import KeptNode, Submission
 from orchestrator.engine.records import SubmitTask
 from tests.unit.engine.harness import Harness, one_node
-
-
-@pytest.fixture
-async def h(tmp_path: Path) -> AsyncIterator[Harness]:
-    harness = await (await asyncio.to_thread(Harness, tmp_path)).open()
-    try:
-        yield harness
-    finally:
-        await harness.close()
 
 
 def submission(task_id: str, key: str | None = None, body_hash: str = "h1", **dag: object) -> Submission:
