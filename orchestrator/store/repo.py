@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
+import orjson
 from sqlalchemy import Connection, Table, and_, bindparam, case, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.exc import IntegrityError
@@ -45,6 +46,16 @@ class WriteConflict(Exception):
 
 class LeaseLost(Exception):
     """A fenced write found that its lease has moved on: the writer is no longer the owner."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """A committed event as readers need it (ids grow with every commit)."""
+
+    id: int
+    type: str
+    node_id: str | None
+    data: dict[str, Any]
 
 
 @dataclass
@@ -441,13 +452,37 @@ class Store:
 
     async def task_state(self, task_id: str) -> str | None:
         """The task's state alone (an event reader asks whether more can come)."""
+        if self._sqlite is not None:
+            rows = self._sqlite.read("SELECT state FROM tasks WHERE id = ?", (task_id,))
+            return str(rows[0][0]) if rows else None
         async with self.sessions() as s:
             return await s.scalar(select(Task.state).where(Task.id == task_id))
 
-    async def events_after(self, task_id: str, after: int, limit: int = 1000) -> list[Event]:
-        async with self.sessions() as s:
-            q = select(Event).where(Event.task_id == task_id, Event.id > after).order_by(Event.id).limit(limit)
-            return list((await s.execute(q)).scalars().all())
+    async def events_after(self, task_id: str, after: int, limit: int = 1000) -> list[StoredEvent]:
+        """Task `task_id`'s events with ids above `after`, oldest first, at most `limit`.
+
+        Every open event stream asks this after each commit that touches its task, so it is
+        read without the ORM: on SQLite straight from the writer's connection on this thread
+        (an indexed read of committed rows, ~50 us, where the ORM and a thread hop cost ~1 ms of
+        CPU and contended for the GIL with the engine), on Postgres as one Core query."""
+        if self._sqlite is not None:
+            rows = self._sqlite.read(
+                "SELECT id, type, node_id, data FROM events WHERE task_id = ? AND id > ? ORDER BY id LIMIT ?",
+                (task_id, after, limit),
+            )
+            return [
+                StoredEvent(int(i), str(t), n, (orjson.loads(d) if d is not None else None) or {})
+                for i, t, n, d in rows
+            ]
+        events = _table(Event)
+        q = (
+            select(events.c.id, events.c.type, events.c.node_id, events.c.data)
+            .where(events.c.task_id == task_id, events.c.id > after)
+            .order_by(events.c.id)
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            return [StoredEvent(int(i), str(t), n, dict(d or {})) for i, t, n, d in (await conn.execute(q)).all()]
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
         """Take or renew lease `name` for `holder`; its fence (bumped on a new holder), or None.
@@ -621,3 +656,8 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         return datetime.fromisoformat(at), str(tid)
     except (ValueError, TypeError) as exc:
         raise BadCursor("the cursor is not one this server issued; start again without it") from exc
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    value = orjson.loads(text) if text is not None else None
+    return value if isinstance(value, dict) else {}

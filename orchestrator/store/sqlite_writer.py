@@ -100,6 +100,10 @@ class SqliteWriter:
             db.execute("ROLLBACK")
             raise
 
+    def read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """A read of committed rows on this connection (between transactions: never inside one)."""
+        return self._db.execute(sql, params).fetchall()
+
     def _q(self, name: str) -> str:
         return str(self._dialect.identifier_preparer.quote(name))
 
