@@ -33,7 +33,7 @@ from orchestrator.store.models import (
     ServerMeta,
     Task,
 )
-from orchestrator.store.sqlite_writer import SqliteWriter
+from orchestrator.store.sqlite_writer import SqliteWriter, sqlite_datetime
 
 ACTIVE_TASK_STATES = ("planning", "running")
 MIN_PREFIX = 4  # an id prefix shorter than this is not looked up (too many matches to be useful)
@@ -167,12 +167,22 @@ class Store:
 
     async def active_task_ids(self, created_since: datetime) -> list[tuple[str, str]]:
         """(id, state) of planning and running tasks created since the given time."""
+        if self._sqlite is not None:  # the engine asks this every few seconds: no thread hop (see `events_after`)
+            marks = ", ".join("?" * len(ACTIVE_TASK_STATES))
+            rows = self._sqlite.read(
+                f"SELECT id, state FROM tasks WHERE state IN ({marks}) AND created_at >= ?",
+                (*ACTIVE_TASK_STATES, sqlite_datetime(created_since)),
+            )
+            return [(str(i), str(st)) for i, st in rows]
         q = select(Task.id, Task.state).where(Task.state.in_(ACTIVE_TASK_STATES), Task.created_at >= created_since)
         async with self.sessions() as s:
             return [(str(i), str(st)) for i, st in (await s.execute(q)).all()]
 
     async def device_admin(self) -> list[tuple[str, str, str, dict[str, Any], str]]:
         """(id, name, admin state, enrollment labels, token hash) of every device: what operators change."""
+        if self._sqlite is not None:
+            rows = self._sqlite.read("SELECT id, name, admin_state, labels, token_hash FROM devices", ())
+            return [(str(i), str(n), str(a), _json_object(lb), str(t)) for i, n, a, lb, t in rows]
         q = select(Device.id, Device.name, Device.admin_state, Device.labels, Device.token_hash)
         async with self.sessions() as s:
             return [(str(i), str(n), str(a), dict(lb or {}), str(t)) for i, n, a, lb, t in (await s.execute(q)).all()]
@@ -304,21 +314,27 @@ class Store:
             value = await s.scalar(q)
         return str(value) if value is not None else None
 
+    async def _nth_newest_history_id(self, device_id: str, n: int) -> int | None:
+        if self._sqlite is not None:
+            rows = self._sqlite.read(
+                "SELECT id FROM device_history WHERE device_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?",
+                (device_id, n - 1),
+            )
+            return int(rows[0][0]) if rows else None
+        history = _table(DeviceHistory)
+        q = select(history.c.id).where(history.c.device_id == device_id).order_by(history.c.id.desc()).offset(n - 1)
+        async with self.sessions() as s:
+            found = await s.scalar(q.limit(1))
+        return int(found) if found is not None else None
+
     async def prune_device_history(self, device_ids: Sequence[str], keep: int) -> int:
         """Delete all but the newest `keep` history rows of each device; how many went."""
         history = _table(DeviceHistory)
         cut: list[tuple[str, int]] = []
-        async with self.sessions() as s:
-            for device_id in device_ids:
-                oldest_kept = await s.scalar(
-                    select(history.c.id)
-                    .where(history.c.device_id == device_id)
-                    .order_by(history.c.id.desc())
-                    .offset(keep - 1)
-                    .limit(1)
-                )
-                if oldest_kept is not None:
-                    cut.append((device_id, int(oldest_kept)))
+        for device_id in device_ids:
+            oldest_kept = await self._nth_newest_history_id(device_id, keep)
+            if oldest_kept is not None:
+                cut.append((device_id, oldest_kept))
         removed = 0
         for device_id, oldest_kept in cut:
             if self._sqlite is not None:

@@ -142,7 +142,7 @@ def _fast_processor(type_: Any) -> Processor:
     if isinstance(type_, JSON):
         return _dump_json
     if isinstance(type_, UTCDateTime):
-        return _sqlite_datetime
+        return sqlite_datetime
     return None
 
 
@@ -153,7 +153,7 @@ def _dump_json(value: Any) -> str:
         return json.dumps(value)
 
 
-def _sqlite_datetime(value: datetime) -> str:
+def sqlite_datetime(value: datetime) -> str:
     v = value.astimezone(UTC) if value.tzinfo is not None else value
     return f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}.{v.microsecond:06d}"
 

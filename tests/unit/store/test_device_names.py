@@ -1,5 +1,6 @@
 """The store: device names are unique among devices not revoked (the database enforces it),
-ids resolve by prefix and name, and device history stays bounded. Both backends."""
+ids resolve by prefix and name, device history stays bounded, and the reads the engine and event
+streams make on every round (SQLite answers them without the ORM) agree. Both backends."""
 
 from __future__ import annotations
 
@@ -70,7 +71,35 @@ async def history_is_pruned_to_the_newest(store: Store) -> None:
     assert [r.state for r in first + rest] == [f"s{n}" for n in range(29, -1, -1)] and end is None
 
 
+async def engine_and_stream_reads_agree(store: Store) -> None:
+    changes = ChangeSet()
+    for n, state in enumerate(("running", "planning", "succeeded", "running")):
+        changes.insert(Task, {"id": f"task_{n}", "name": "t", "state": state, "created_at": AT + timedelta(seconds=n)})
+    for n in range(3):
+        type_ = "task.state" if n != 1 else "node.state"
+        node = None if n != 1 else "a"
+        changes.event({"task_id": "task_0", "type": type_, "node_id": node, "data": {"n": n, "x": [1]}, "at": AT})
+    changes.event({"task_id": "task_1", "type": "task.state", "node_id": None, "data": {}, "at": AT})
+    ids = await store.write(changes)
+    # Created at or after the bound, planning or running: the boundary itself is included.
+    assert sorted(await store.active_task_ids(AT + timedelta(seconds=1))) == [
+        ("task_1", "planning"),
+        ("task_3", "running"),
+    ]
+    assert await store.task_state("task_2") == "succeeded" and await store.task_state("nope") is None
+    events = await store.events_after("task_0", ids[0])
+    assert [(e.id, e.type, e.node_id, e.data) for e in events] == [
+        (ids[1], "node.state", "a", {"n": 1, "x": [1]}),
+        (ids[2], "task.state", None, {"n": 2, "x": [1]}),
+    ]
+    assert [e.id for e in await store.events_after("task_0", 0, limit=2)] == ids[:2]
+    assert await store.events_after("task_0", ids[2]) == []
+    await store.add(Device, {**device("dev_cccc1111", "lab"), "labels": {"zone": "eu"}})
+    assert await store.device_admin() == [("dev_cccc1111", "lab", "active", {"zone": "eu"}, "h-dev_cccc1111")]
+
+
 CHECKS = [
+    engine_and_stream_reads_agree,
     names_are_unique_among_devices_not_revoked,
     ids_resolve_by_id_name_and_prefix,
     history_is_pruned_to_the_newest,

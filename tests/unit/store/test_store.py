@@ -80,12 +80,12 @@ def test_the_fast_converters_write_exactly_what_sqlalchemy_would() -> None:
     from sqlalchemy.dialects import sqlite
 
     from orchestrator.store.models import Event
-    from orchestrator.store.sqlite_writer import _dump_json, _sqlite_datetime
+    from orchestrator.store.sqlite_writer import _dump_json, sqlite_datetime
 
     dialect = sqlite.dialect()
     slow_dt = Event.__table__.c.at.type._cached_bind_processor(dialect)
     for value in (AT, datetime(2026, 1, 2, 3, 4, 5, 60, tzinfo=timezone(timedelta(hours=-7)))):
-        assert _sqlite_datetime(value) == slow_dt(value)
+        assert sqlite_datetime(value) == slow_dt(value)
     value = {"a": [1, 2.5, None, True], "b": {"c": "é"}}
     import json
 
