@@ -57,6 +57,7 @@ class Runs:
         self.llm = llm
         self.metrics = metrics
         self.rng = rng
+        self._transitions: dict[NodeState, Any] = {}  # the transitions counter's child per state
 
     def cancel(self, task_id: str, now: float) -> bool:
         """Cancel a task: its running batches are told to stop, its agent loops end."""
@@ -300,7 +301,10 @@ class Runs:
             key = (run.id, t.node_id)
             rec = run.nodes[t.node_id]
             new = NodeState(t.new)
-            self.metrics.node_transitions.labels(new.value).inc()
+            counter = self._transitions.get(new)
+            if counter is None:
+                counter = self._transitions[new] = self.metrics.node_transitions.labels(new.value)
+            counter.inc()
             if t.old == NodeState.QUEUED and new is not NodeState.QUEUED:
                 self.queues.take(key)
             if new is NodeState.READY:

@@ -4,14 +4,19 @@ batch deadlines."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from protocol.messages import Command
 
 
+# A step stamps every row and event it writes with the same few times (its `now`, a node's
+# `ready_since`), often dozens of times: each is converted once.
+@lru_cache(maxsize=256)
 def utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 
+@lru_cache(maxsize=256)
 def iso(ts: float) -> str:
     return utc(ts).isoformat()
 

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
-
 from orchestrator.engine.timers import Timers, Wake
 from orchestrator.engine.times import iso, utc
 from orchestrator.store.models import Base
@@ -19,6 +17,7 @@ from orchestrator.store.repo import ChangeSet
 
 log = logging.getLogger("orrery.engine")
 
+COMMIT_ATTEMPTS = 5
 SOFT_FLUSH_S = 1.0  # informational updates wait at most this long for a commit to ride along
 
 
@@ -116,6 +115,18 @@ class StepWriter:
 
     # ---------------------------------------------------------------- committing
 
+    async def _write(self, changes: ChangeSet) -> list[int]:
+        """Write, retrying a failing store up to COMMIT_ATTEMPTS times with exponential backoff
+        (0.1 s doubling, at most 2 s); the last failure propagates."""
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                return await self.store.write(changes)
+            except Exception:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                await self.sleep(min(2.0, 0.1 * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")
+
     async def commit(self) -> None:
         changes, effects, events = self._changes, self._effects, [ev.row() for ev in self._events]
         self._changes, self._effects, self._events = ChangeSet(), [], []
@@ -128,14 +139,7 @@ class StepWriter:
             changes.guard = self.lease_guard
             for ev in events:
                 changes.event(ev)
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(5),
-                wait=wait_exponential(multiplier=0.1, max=2),
-                reraise=True,
-                sleep=self.sleep,
-            ):
-                with attempt:
-                    ids = await self.store.write(changes)
+            ids = await self._write(changes)
             for ev, event_id in zip(events, ids, strict=True):
                 ev["id"] = event_id
         for effect in effects:

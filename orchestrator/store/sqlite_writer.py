@@ -14,6 +14,7 @@ import sqlite3
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -34,6 +35,7 @@ class SqliteWriter:
         for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=NORMAL"):
             self._db.execute(f"PRAGMA {pragma}")
         self._processors: dict[tuple[str, tuple[str, ...]], list[Processor]] = {}
+        self._sql: dict[tuple[str, str, tuple[str, ...]], str] = {}  # statement text per (kind, table, columns)
 
     def close(self) -> None:
         self._db.close()
@@ -65,9 +67,7 @@ class SqliteWriter:
                         )
                     )
                 for columns, params in by_columns.items():
-                    sets = ", ".join(f"{self._q(c)} = ?" for c in columns)
-                    where = " AND ".join(f"{self._q(c)} = ?" for c in pk)
-                    db.executemany(f"UPDATE {self._q(table.name)} SET {sets} WHERE {where}", params)
+                    db.executemany(self._update_sql(table, columns), params)
             for table, keys in deletes or []:
                 pk = [c.name for c in table.primary_key.columns]
                 where = " AND ".join(f"{self._q(c)} = ?" for c in pk)
@@ -108,8 +108,23 @@ class SqliteWriter:
         return str(self._dialect.identifier_preparer.quote(name))
 
     def _insert_sql(self, table: Table, columns: tuple[str, ...]) -> str:
-        names = ", ".join(self._q(c) for c in columns)
-        return f"INSERT INTO {self._q(table.name)} ({names}) VALUES ({', '.join('?' * len(columns))})"
+        key = ("insert", table.name, columns)
+        sql = self._sql.get(key)
+        if sql is None:
+            names = ", ".join(self._q(c) for c in columns)
+            sql = f"INSERT INTO {self._q(table.name)} ({names}) VALUES ({', '.join('?' * len(columns))})"
+            self._sql[key] = sql
+        return sql
+
+    def _update_sql(self, table: Table, columns: tuple[str, ...]) -> str:
+        key = ("update", table.name, columns)
+        sql = self._sql.get(key)
+        if sql is None:
+            sets = ", ".join(f"{self._q(c)} = ?" for c in columns)
+            where = " AND ".join(f"{self._q(c.name)} = ?" for c in table.primary_key.columns)
+            sql = f"UPDATE {self._q(table.name)} SET {sets} WHERE {where}"
+            self._sql[key] = sql
+        return sql
 
     def _with_defaults(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         """Column defaults for what the row leaves out, as SQLAlchemy's own insert would apply."""
@@ -153,6 +168,7 @@ def _dump_json(value: Any) -> str:
         return json.dumps(value)
 
 
+@lru_cache(maxsize=256)  # a step writes the same few times (its clock) into many rows
 def sqlite_datetime(value: datetime) -> str:
     v = value.astimezone(UTC) if value.tzinfo is not None else value
     return f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}.{v.microsecond:06d}"
