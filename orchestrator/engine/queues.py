@@ -7,7 +7,9 @@ set, queues, `queued_at`); the node state transitions are the engine's to apply.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import heapq
+import itertools
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,12 @@ class Queues:
         self.ready: dict[NodeKey, None] = {}  # READY nodes not yet in a queue (insertion-ordered set)
         self.queued_at: dict[NodeKey, str] = {}  # QUEUED node -> device
         self._capable_cache: dict[tuple[Any, ...], list[str]] = {}
+        # Each device's queue as a heap of (order, seq, key), so its next node is found in log
+        # time however deep the queue: an entry counts only while `_seq` still names it (a node
+        # taken off and queued again gets a new entry; stale ones are dropped when met).
+        self._heaps: dict[str, list[tuple[tuple[int, float], int, NodeKey]]] = {}
+        self._seq: dict[NodeKey, int] = {}
+        self._counter = itertools.count()
 
     def depth(self) -> int:
         return len(self.ready) + len(self.queued_at)
@@ -82,12 +90,18 @@ class Queues:
         self.ready.pop(key, None)
         dev.queue[key] = None
         self.queued_at[key] = dev.id
+        seq = self._seq[key] = next(self._counter)
+        heapq.heappush(self._heaps.setdefault(dev.id, []), (self.order(key), seq, key))
 
     def take(self, key: NodeKey) -> None:
         """`key` leaves whatever queue holds it (if any)."""
         device_id = self.queued_at.pop(key, None)
         if device_id is not None:
-            self.devices[device_id].queue.pop(key, None)
+            dev = self.devices[device_id]
+            dev.queue.pop(key, None)
+            self._seq.pop(key, None)
+            if not dev.queue:
+                self._heaps.pop(device_id, None)  # nothing left: no stale entries kept either
 
     def unqueue_all(self, dev: DeviceRun) -> list[NodeKey]:
         """Empty `dev`'s queue; the nodes that were in it (to be made READY again)."""
@@ -119,12 +133,9 @@ class Queues:
                     if problem is not None:
                         yield NeverRunnable(key, problem)
                     continue
-                candidates = [d for d in capable if takes_work(d)]
-                if not candidates:
+                dev = self._best(capable, rec.failed_on)
+                if dev is None:
                     continue  # capable devices exist but none is in service now: wait (queue timeout)
-                dev = min(
-                    candidates, key=lambda d: placement.preference(d.id, rec.failed_on, occupied(d), len(d.queue))
-                )
                 if not occupied(dev):
                     self.ready.pop(key, None)
                     yield Assign(key, dev)  # a free device takes it at once: no queue to wait in
@@ -138,6 +149,19 @@ class Queues:
                     self.take(picked)
                     yield Assign(picked, dev)
 
+    @staticmethod
+    def _best(capable: list[DeviceRun], failed_on: Collection[str]) -> DeviceRun | None:
+        """The capable device in service that `placement.preference` ranks first. `capable` is in
+        id order, so the first free device the node has not failed on is that device (the common
+        case, found without ranking them all)."""
+        for d in capable:
+            if not occupied(d) and takes_work(d) and d.id not in failed_on:
+                return d
+        candidates = [d for d in capable if takes_work(d)]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda d: placement.preference(d.id, failed_on, occupied(d), len(d.queue)))
+
     def never_runnable(self, spec: NodeSpec) -> Problem | None:
         """Why no device could ever run `spec`, or None if one could (once connected, in service)."""
         views = [d.view() for d in self.devices.values()]
@@ -146,15 +170,15 @@ class Queues:
         return placement.no_capable_device(spec, views)
 
     def capable(self, spec: NodeSpec) -> list[DeviceRun]:
-        """Non-revoked devices that could run `spec`, cached per placement signature."""
+        """Non-revoked devices that could run `spec`, in id order, cached per placement signature."""
         sig = _signature(spec)
         ids = self._capable_cache.get(sig)
         if ids is None:
-            ids = [
+            ids = sorted(
                 d.id
                 for d in self.devices.values()
                 if d.admin is not AdminState.REVOKED and placement.capable(spec, d.view())
-            ]
+            )
             self._capable_cache[sig] = ids
         return [self.devices[i] for i in ids]
 
@@ -166,10 +190,24 @@ class Queues:
     def _next_for(self, dev: DeviceRun) -> NodeKey | None:
         """Its own queue first (priority, then age); else steal a node it can run elsewhere."""
         if dev.queue:
-            return min(dev.queue, key=self.order)
+            return self._head(dev)
         view = dev.view()
         stealable = [k for k in self.queued_at if self._may_steal(k, dev.id, view)]
         return min(stealable, key=self.order) if stealable else None
+
+    def _head(self, dev: DeviceRun) -> NodeKey:
+        """The first of `dev`'s queue by priority, then age, then arrival (as `min` would pick)."""
+        heap = self._heaps.setdefault(dev.id, [])
+        while heap:
+            order, seq, key = heap[0]
+            if self._seq.get(key) != seq or self.queued_at.get(key) != dev.id:
+                heapq.heappop(heap)  # taken off (or queued again since) after this entry was made
+                continue
+            if order != self.order(key):  # its order changed while it waited: file it again
+                heapq.heapreplace(heap, (self.order(key), seq, key))
+                continue
+            return key
+        return min(dev.queue, key=self.order)  # not reached while the books agree
 
     def _may_steal(self, key: NodeKey, device_id: str, view: placement.DeviceView) -> bool:
         rec = self.tasks[key[0]].nodes[key[1]]

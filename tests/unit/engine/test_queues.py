@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from orchestrator.domain.model import Liveness
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine.queues import Assign, Enqueue, NeverRunnable, Queues
@@ -65,3 +69,35 @@ def test_backing_off_nodes_wait() -> None:
     q = queues(run, devices=[device("d1")])
     assert list(q.placements(now=5.0)) == []
     assert [type(d) for d in q.placements(now=10.0)] == [Assign]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_deep_queue_gives_what_ranking_it_whole_would(seed: int) -> None:
+    """A device's queue is a heap (its next node in log time); under nodes queued, taken off
+    (cancelled, stolen) and queued again in a seeded order, every pick is the node ranking the
+    whole queue would pick: priority, then age, then arrival."""
+    rng = random.Random(seed)
+    runs = [task(f"t{i}", *["sim.act"] * 8, now=float(rng.randrange(3))) for i in range(3)]
+    for run in runs:
+        run.priority = rng.randrange(3)
+        for rec in run.nodes.values():
+            rec.ready_since = float(rng.randrange(5))
+    dev = device("d1")
+    dev.current_batch = "b0"
+    q = queues(*runs, devices=[dev])
+    assert all(isinstance(d, Enqueue) for d in q.placements(now=10.0))
+    picked = 0
+    while dev.queue:
+        if rng.random() < 0.3:  # a node leaves the queue; sometimes it comes back (made ready again)
+            key = rng.choice(list(dev.queue))
+            q.take(key)
+            if rng.random() < 0.5:
+                q.make_ready(key)
+                assert list(q.placements(now=10.0)) == [Enqueue(key, dev)]
+            continue
+        expected = min(dev.queue, key=q.order)
+        dev.current_batch = None
+        assert list(q.placements(now=10.0)) == [Assign(expected, dev)]
+        dev.current_batch = f"b{picked}"
+        picked += 1
+    assert picked and not q.queued_at
