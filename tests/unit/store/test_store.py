@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -141,3 +145,27 @@ async def test_each_connection_of_a_device_gets_a_higher_epoch_from_the_store(st
 async def test_each_connection_of_a_device_gets_a_higher_epoch_from_postgres(postgres_db: str) -> None:
     await asyncio.to_thread(upgrade, postgres_db)
     await _epochs(Store(postgres_db))
+
+
+async def test_checkpoints_run_off_the_writer_and_stop_with_it(tmp_path: Path) -> None:
+    """The writer's own connection never checkpoints (a checkpoint's fsyncs would stall the
+    engine's loop); a thread of the store's copies committed pages into the database file."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'o.db'}"
+    await asyncio.to_thread(upgrade, url)
+    before = set(threading.enumerate())
+    store = Store(url)
+    (checkpointer,) = [t for t in threading.enumerate() if t not in before and t.name == "orrery-sqlite-checkpoint"]
+    changes = ChangeSet()
+    changes.insert(Task, task_row("t1"))
+    await store.write(changes)
+
+    def in_database_file() -> bool:  # immutable=1 reads the database file alone, not the WAL
+        with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'o.db'}?immutable=1", uri=True)) as db:
+            return db.execute("SELECT count(*) FROM tasks WHERE id = 't1'").fetchone()[0] == 1
+
+    deadline = time.monotonic() + 30
+    while not in_database_file():
+        assert time.monotonic() < deadline, "the committed row never reached the database file"
+        await asyncio.sleep(0.05)
+    await store.close()
+    assert not checkpointer.is_alive()
