@@ -150,6 +150,11 @@ def nul_problems(spec: DagSpec) -> list[Problem]:
     path: Postgres cannot store such text. A command's arguments are left to its tool's schema
     (`domain/checks.py`): built-in tools refuse a NUL where it would reach the OS (argv, paths, cwd,
     env) with `invalid_arguments`, and take it in data (file content, stdin)."""
+    try:
+        if "\\u0000" not in spec.model_dump_json(by_alias=True):
+            return []  # no string holds a NUL (JSON text writes one as \u0000): nothing to walk
+    except ValueError:  # something the JSON serializer will not take: the walk below decides
+        pass
     problems: list[Problem] = []
     data = spec.model_dump(mode="json", by_alias=True)
     for path in _nul_paths(data, []):
