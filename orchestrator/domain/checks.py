@@ -162,7 +162,7 @@ def _schema_errors(
 # Compiled validators by schema text (key order kept: it orders the errors). A memo of a pure
 # function: checking a schema against its meta-schema costs milliseconds, and every submission
 # to the same fleet brings the same few schemas. Bounded: emptied when full.
-_VALIDATORS: dict[str, Validator | None] = {}
+_VALIDATORS: dict[str, tuple[Validator | None]] = {}
 _MAX_VALIDATORS = 512
 
 
@@ -172,8 +172,9 @@ def _validator(schema: Mapping[str, Any]) -> Validator | None:
         key: str | None = json.dumps(schema, default=str)
     except Exception:  # cannot be written as text: compile it every time
         key = None
-    if key is not None and key in _VALIDATORS:
-        return _VALIDATORS[key]
+    hit = _VALIDATORS.get(key) if key is not None else None  # one lookup: safe if emptied meanwhile
+    if hit is not None:
+        return hit[0]
     try:
         cls = validators.validator_for(schema, default=Draft202012Validator)
         cls.check_schema(dict(schema))
@@ -183,7 +184,7 @@ def _validator(schema: Mapping[str, Any]) -> Validator | None:
     if key is not None:
         if len(_VALIDATORS) >= _MAX_VALIDATORS:
             _VALIDATORS.clear()
-        _VALIDATORS[key] = validator
+        _VALIDATORS[key] = (validator,)
     return validator
 
 
