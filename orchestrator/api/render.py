@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from orchestrator.api.schemas import AttemptOut, DeviceOut, EdgeOut, NodeOut, TaskOut
 from orchestrator.domain.lifecycle import device_state
@@ -30,10 +33,36 @@ def task_out(task: Task, counts: dict[str, int] | None = None) -> TaskOut:
     )
 
 
-def task_detail(bundle: TaskBundle) -> TaskOut:
-    out = task_out(bundle.task, _counts(bundle))
+@dataclass(frozen=True)
+class NewTask:
+    """A task just created, as the rows handed to the engine to store: the answer to its submission
+    is rendered from them (building thousands of ORM objects only to read them back costs more
+    than the checks of the DAG)."""
+
+    task: dict[str, Any]
+    nodes: list[dict[str, Any]]  # without output, results and error unless a re-run kept them
+    edges: list[dict[str, Any]]
+
+
+_NODE_FIELDS = ("id", "kind", "state", "spec", "queued_on", "output", "error", "started_at", "finished_at")
+_NODES = TypeAdapter(list[NodeOut])
+_EDGES = TypeAdapter(list[EdgeOut])
+
+
+def task_detail(bundle: TaskBundle | NewTask) -> TaskOut:
+    if isinstance(bundle, NewTask):
+        task = Task(**bundle.task)
+        rows, edges, attempts = bundle.nodes, bundle.edges, []
+    else:
+        task, attempts = bundle.task, bundle.attempts
+        rows = [{f: getattr(n, f) for f in _NODE_FIELDS} for n in bundle.nodes]
+        edges = [{"source": e.source, "target": e.target, "on": e.on} for e in bundle.edges]
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    out = task_out(task, counts)
     by_node: dict[str, list[AttemptOut]] = {}
-    for a in bundle.attempts:
+    for a in attempts:
         by_node.setdefault(a.node_id, []).append(
             AttemptOut(
                 n=a.n,
@@ -49,38 +78,31 @@ def task_detail(bundle: TaskBundle) -> TaskOut:
             )
         )
     nodes = []
-    for n in bundle.nodes:
-        spec: dict[str, Any] = n.spec
+    for n in rows:
+        spec: dict[str, Any] = n["spec"]
         nodes.append(
-            NodeOut(
-                id=n.id,
-                kind=n.kind,
-                state=n.state,
-                placement=spec.get("placement", {}),
-                commands=spec.get("commands", []),
-                instruction=spec.get("instruction"),
-                retry=spec.get("retry", {}),
-                priority=spec.get("priority", 0),
-                queue_timeout_s=spec.get("queue_timeout_s"),
-                timeout_s=spec.get("timeout_s"),
-                queued_on=n.queued_on,
-                attempts=by_node.get(n.id, []),
-                output=n.output,
-                error=n.error,
-                started_at=n.started_at,
-                finished_at=n.finished_at,
-            )
+            {
+                "id": n["id"],
+                "kind": n["kind"],
+                "state": n["state"],
+                "placement": spec.get("placement", {}),
+                "commands": spec.get("commands", []),
+                "instruction": spec.get("instruction"),
+                "retry": spec.get("retry", {}),
+                "priority": spec.get("priority", 0),
+                "queue_timeout_s": spec.get("queue_timeout_s"),
+                "timeout_s": spec.get("timeout_s"),
+                "queued_on": n.get("queued_on"),
+                "attempts": by_node.get(n["id"], []),
+                "output": n.get("output"),
+                "error": n.get("error"),
+                "started_at": n.get("started_at"),
+                "finished_at": n.get("finished_at"),
+            }
         )
-    out.nodes = nodes
-    out.edges = [EdgeOut(source=e.source, target=e.target, on=e.on) for e in bundle.edges]
+    out.nodes = _NODES.validate_python(nodes)  # one validation of the list, not one call per node
+    out.edges = _EDGES.validate_python(edges)
     return out
-
-
-def _counts(bundle: TaskBundle) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for n in bundle.nodes:
-        counts[n.state] = counts.get(n.state, 0) + 1
-    return counts
 
 
 def device_out(

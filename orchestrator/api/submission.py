@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.api.errors import ApiError
+from orchestrator.api.render import NewTask
 from orchestrator.api.schemas import TaskCreate
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
@@ -20,8 +21,7 @@ from orchestrator.engine.intake import Admission, KeptNode, Submission
 from orchestrator.engine.records import SubmitTask
 from orchestrator.engine.validation import validate_against, warnings_against
 from orchestrator.ids import new_id
-from orchestrator.store.models import Edge, Node, Task
-from orchestrator.store.repo import Store, TaskBundle
+from orchestrator.store.repo import Store
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ async def create_task(
     idempotency_key: str | None,
     warnings: list[dict[str, str]] | None = None,
     rerun: Rerun | None = None,
-) -> tuple[str, TaskBundle | None]:
+) -> tuple[str, NewTask | None]:
     """Check a new task and hand it to the engine, which stores and starts it (the engine is the
     one writer of tasks; the cluster finds it on whichever replica leads). A `rerun` links it to
     the task it runs again and starts its kept nodes as they ended there.
@@ -109,13 +109,7 @@ async def create_task(
     if admitted["task_id"] != task_id:  # the key was used meanwhile (a concurrent retry)
         return _same_or_conflict(admitted["task_id"], admitted["body_hash"], digest)
     nodes, edges = sub.graph_rows()
-    bundle = TaskBundle(
-        Task(**sub.task_row()),
-        [Node(**{"output": None, "results": None, "error": None, **n}) for n in nodes],
-        [Edge(**e) for e in edges],
-        [],
-    )
-    return task_id, bundle
+    return task_id, NewTask(sub.task_row(), nodes, edges)
 
 
 async def _warn(cluster: Cluster, body: TaskCreate, warnings: list[dict[str, str]] | None) -> None:
@@ -150,6 +144,11 @@ def nul_problems(spec: DagSpec) -> list[Problem]:
     path: Postgres cannot store such text. A command's arguments are left to its tool's schema
     (`domain/checks.py`): built-in tools refuse a NUL where it would reach the OS (argv, paths, cwd,
     env) with `invalid_arguments`, and take it in data (file content, stdin)."""
+    try:
+        if "\\u0000" not in spec.model_dump_json(by_alias=True):
+            return []  # no string holds a NUL (JSON text writes one as \u0000): nothing to walk
+    except ValueError:  # something the JSON serializer will not take: the walk below decides
+        pass
     problems: list[Problem] = []
     data = spec.model_dump(mode="json", by_alias=True)
     for path in _nul_paths(data, []):
@@ -186,7 +185,7 @@ def _no_llm(message: str) -> dict[str, Any]:
     return {"code": "planner_unavailable", "message": message}
 
 
-def _same_or_conflict(task_id: str, earlier_hash: str | None, digest: str) -> tuple[str, TaskBundle | None]:
+def _same_or_conflict(task_id: str, earlier_hash: str | None, digest: str) -> tuple[str, NewTask | None]:
     if earlier_hash != digest:
         raise ApiError(
             409,

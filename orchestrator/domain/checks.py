@@ -9,15 +9,16 @@ import fnmatch
 import json
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
+from jsonschema.protocols import Validator
 from referencing import Registry
 
 from orchestrator.domain.model import AdminState, CommandSpec, DagSpec, NodeKind, NodeSpec
-from orchestrator.domain.placement import DeviceView, capable
+from orchestrator.domain.placement import DeviceView, capable, signature
 from orchestrator.domain.problems import Problem
 
 REFERENCE = "${nodes."  # SPEC section 2: `${nodes.<id>...}` is filled in at run time
@@ -60,19 +61,59 @@ def candidates(node: NodeSpec, devices: Iterable[CatalogDevice]) -> list[Catalog
     return [d for d in devices if d.view.admin is not AdminState.REVOKED and capable(node, d.view)]
 
 
+# A tool's input schema with its validator compiled (None: the schema cannot be used).
+Judge = tuple[Mapping[str, Any], Validator | None]
+
+
+class Catalog:
+    """The devices a whole DAG is checked against, and what the checks of its nodes share: the
+    candidate devices of each placement signature and the distinct input schemas of a tool among
+    them (compiled once), so a DAG of thousands of alike nodes is not judged node x device."""
+
+    def __init__(self, devices: Iterable[CatalogDevice]) -> None:
+        self.devices = list(devices)
+        self._able: dict[Hashable, list[CatalogDevice]] = {}
+        self._judges: dict[tuple[Hashable, str], list[Judge]] = {}
+
+    def candidates(self, node: NodeSpec) -> list[CatalogDevice]:
+        """`candidates(node, devices)`; the list is shared by alike nodes: do not change it."""
+        key = signature(node)
+        able = self._able.get(key)
+        if able is None:
+            able = self._able[key] = candidates(node, self.devices)
+        return able
+
+    def judges(self, node: NodeSpec, tool: str) -> list[Judge]:
+        """The distinct input schemas of `tool` on the node's candidates, first seen first."""
+        key = (signature(node), tool)
+        found = self._judges.get(key)
+        if found is None:
+            schemas: dict[str, Mapping[str, Any]] = {}
+            for d in self.candidates(node):
+                schema = (d.tools.get(tool) or {}).get("input_schema")
+                if isinstance(schema, Mapping):
+                    schemas.setdefault(json.dumps(schema, sort_keys=True, default=str), schema)
+            found = self._judges[key] = [(schema, _validator(schema)) for schema in schemas.values()]
+        return found
+
+
+def catalog(devices: Sequence[CatalogDevice] | Catalog) -> Catalog:
+    return devices if isinstance(devices, Catalog) else Catalog(devices)
+
+
 # ---------------------------------------------------------------- arguments
 
 
-def argument_problems(spec: DagSpec, devices: Sequence[CatalogDevice]) -> list[Problem]:
+def argument_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
     """`invalid_arguments` for every command whose arguments fit the input schema of its tool on
     none of the node's candidate devices (arguments that fit one of them are accepted)."""
+    fleet = catalog(devices)
     problems: list[Problem] = []
     for node in spec.nodes:
         if node.kind is not NodeKind.TOOL:
             continue
-        able = candidates(node, devices)
         for index, command in enumerate(node.commands):
-            for where, message in _command_errors(command, able):
+            for where, message in _command_errors(command, fleet.judges(node, command.tool)):
                 problems.append(
                     Problem(
                         "invalid_arguments",
@@ -83,15 +124,10 @@ def argument_problems(spec: DagSpec, devices: Sequence[CatalogDevice]) -> list[P
     return problems
 
 
-def _command_errors(command: CommandSpec, devices: Iterable[CatalogDevice]) -> list[tuple[str, str]]:
-    schemas: dict[str, Mapping[str, Any]] = {}
-    for d in devices:
-        schema = (d.tools.get(command.tool) or {}).get("input_schema")
-        if isinstance(schema, Mapping):
-            schemas.setdefault(json.dumps(schema, sort_keys=True, default=str), schema)
+def _command_errors(command: CommandSpec, judges: Iterable[Judge]) -> list[tuple[str, str]]:
     best: list[tuple[str, str]] | None = None
-    for schema in schemas.values():
-        errors = schema_errors(command.tool, command.arguments, schema)
+    for schema, validator in judges:
+        errors = _schema_errors(command.tool, command.arguments, schema, validator)
         if not errors:
             return []  # one candidate takes them: accepted
         if best is None or len(errors) < len(best):
@@ -102,12 +138,16 @@ def _command_errors(command: CommandSpec, devices: Iterable[CatalogDevice]) -> l
 def schema_errors(tool: str, arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, message) for each way `arguments` break `schema`; [] if they fit, or if the schema
     cannot be used (a device's broken schema is not the submitter's fault; the device checks)."""
-    if not schema:
+    return _schema_errors(tool, arguments, schema, _validator(schema) if schema else None)
+
+
+def _schema_errors(
+    tool: str, arguments: Mapping[str, Any], schema: Mapping[str, Any], validator: Validator | None
+) -> list[tuple[str, str]]:
+    if not schema or validator is None:
         return []
     try:
-        cls = validators.validator_for(schema, default=Draft202012Validator)
-        cls.check_schema(dict(schema))
-        found = list(_limited(cls(schema, registry=_NO_REMOTE).iter_errors(dict(arguments))))
+        found = list(_limited(validator.iter_errors(dict(arguments))))
     except Exception:  # any failure of a device's schema means "cannot judge", never a 500
         return []
     out: dict[str, str] = {}
@@ -117,6 +157,35 @@ def schema_errors(tool: str, arguments: Mapping[str, Any], schema: Mapping[str, 
         for where, message in _describe(tool, error, schema):
             out.setdefault(where, message)
     return list(out.items())[:MAX_ERRORS_PER_COMMAND]
+
+
+# Compiled validators by schema text (key order kept: it orders the errors). A memo of a pure
+# function: checking a schema against its meta-schema costs milliseconds, and every submission
+# to the same fleet brings the same few schemas. Bounded: emptied when full.
+_VALIDATORS: dict[str, tuple[Validator | None]] = {}
+_MAX_VALIDATORS = 512
+
+
+def _validator(schema: Mapping[str, Any]) -> Validator | None:
+    """A validator for `schema` that fetches nothing, or None if the schema is not a usable one."""
+    try:
+        key: str | None = json.dumps(schema, default=str)
+    except Exception:  # cannot be written as text: compile it every time
+        key = None
+    hit = _VALIDATORS.get(key) if key is not None else None  # one lookup: safe if emptied meanwhile
+    if hit is not None:
+        return hit[0]
+    try:
+        cls = validators.validator_for(schema, default=Draft202012Validator)
+        cls.check_schema(dict(schema))
+        validator: Validator | None = cls(schema, registry=_NO_REMOTE)
+    except Exception:  # any failure of a device's schema means "cannot judge", never a 500
+        validator = None
+    if key is not None:
+        if len(_VALIDATORS) >= _MAX_VALIDATORS:
+            _VALIDATORS.clear()
+        _VALIDATORS[key] = (validator,)
+    return validator
 
 
 def _limited(errors: Iterator[ValidationError]) -> Iterator[ValidationError]:
@@ -198,15 +267,16 @@ def has_reference(value: Any) -> bool:
 # ---------------------------------------------------------------- retry
 
 
-def retry_warnings(spec: DagSpec, devices: Sequence[CatalogDevice]) -> list[SubmissionWarning]:
+def retry_warnings(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[SubmissionWarning]:
     """`retry_not_safe`: a node asks for retries, but uses a tool that is neither read-only nor
     idempotent (on some device it may be placed on) in a command not declared `idempotent`, so a
     failure after that command started is not retried (SPEC section 2, retries)."""
+    fleet = catalog(devices)
     out: list[SubmissionWarning] = []
     for node in spec.nodes:
         if node.kind is not NodeKind.TOOL or node.retry.max_attempts <= 1:
             continue
-        able = candidates(node, devices)
+        able = fleet.candidates(node)
         unsafe: list[str] = []
         for command in node.commands:
             if command.idempotent or command.tool in unsafe:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.domain.model import AdminState, DeviceState, Liveness, NodeKind, NodeSpec
@@ -36,6 +36,14 @@ class DeviceView:
 def capable(node: NodeSpec, device: DeviceView) -> bool:
     """The device matches the node's placement and offers every tool it uses."""
     return _matches_placement(node, device) and _has_tools(node, device)
+
+
+def signature(node: NodeSpec) -> Hashable:
+    """What `capable` looks at in a node: two nodes with the same signature fit the same devices
+    (checks of a large DAG judge each signature once instead of each node x device)."""
+    p = node.placement
+    needs = None if node.kind is NodeKind.AGENT else frozenset(node.tools())
+    return (node.kind, p.device, p.platform, tuple(sorted(p.labels.items())), needs)
 
 
 def could_ever_run(node: NodeSpec, devices: Iterable[DeviceView]) -> bool:

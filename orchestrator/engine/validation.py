@@ -3,7 +3,7 @@ that its arguments fit the tool's input schema there (SPEC section 3, validation
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from orchestrator.domain import checks, dag, placement
@@ -37,13 +37,17 @@ def validate_against(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits
     problems = dag.validate(spec, known_tools(devices), limits)
     if problems:
         return problems
-    views = [d.view() for d in devices]
-    problems = [
-        placement.no_capable_device(node, views)
-        for node in spec.nodes
-        if node.kind is NodeKind.TOOL and not placement.could_ever_run(node, views)
-    ]
-    return problems + checks.argument_problems(spec, catalogued(devices))
+    fleet = checks.Catalog(catalogued(devices))
+    views = [d.view for d in fleet.devices]
+    runnable: dict[Hashable, bool] = {}  # by placement signature: alike nodes fit alike devices
+    for node in spec.nodes:
+        if node.kind is NodeKind.TOOL:
+            key = placement.signature(node)
+            if key not in runnable:
+                runnable[key] = placement.could_ever_run(node, views)
+            if not runnable[key]:
+                problems.append(placement.no_capable_device(node, views))
+    return problems + checks.argument_problems(spec, fleet)
 
 
 def warnings_against(spec: DagSpec, devices: list[DeviceRun]) -> list[checks.SubmissionWarning]:
@@ -53,12 +57,16 @@ def warnings_against(spec: DagSpec, devices: list[DeviceRun]) -> list[checks.Sub
 def dry_run(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits, policies: Mapping[str, Any]) -> dict[str, Any]:
     """What submitting `spec` would do, without doing it: the body of `POST /v1/tasks?dry_run=true`."""
     problems = validate_against(spec, devices, limits)
-    fleet = catalogued(devices, policies)
-    views = [d.view for d in fleet]
+    fleet = checks.Catalog(catalogued(devices, policies))
+    views = [d.view for d in fleet.devices]
+    chosen_by: dict[Hashable, placement.DeviceView | None] = {}
     nodes = []
     for node in spec.nodes:
-        able = checks.candidates(node, fleet)
-        chosen = placement.choose_queue(node, views)
+        able = fleet.candidates(node)
+        key = placement.signature(node)
+        if key not in chosen_by:
+            chosen_by[key] = placement.choose_queue(node, views)
+        chosen = chosen_by[key]
         nodes.append(
             {
                 "id": node.id,
