@@ -21,6 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import uvloop
+
 from tests.simdevice import SimFleet
 from tests.support import Fleet
 
@@ -53,7 +55,7 @@ def peak_rss_mb(pid: int) -> float:
 
 def run_orrery(layers: int, width: int, devices: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp), max_nodes_per_task=str(layers * width)) as fleet:
-        sims = SimFleet()
+        sims = SimFleet(uvloop.new_event_loop())  # the devices' side as lean as it can be (like Ray's workers)
         try:
             for i in range(devices):
                 sims.add(fleet.server.url, fleet.enroll(f"sim-{i:03d}"))

@@ -265,8 +265,8 @@ class SimDevice:
 class SimFleet:
     """A background event loop hosting simulated devices for synchronous tests."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop or asyncio.new_event_loop()
         self.devices: list[SimDevice] = []
         self._tasks: list[asyncio.Future[None]] = []
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)

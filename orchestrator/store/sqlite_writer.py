@@ -46,7 +46,8 @@ class SqliteWriter:
         # run on a thread of their own instead (`CHECKPOINT_EVERY_S`).
         for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=NORMAL", "wal_autocheckpoint=0"):
             self._db.execute(f"PRAGMA {pragma}")
-        self._processors: dict[tuple[str, tuple[str, ...]], list[Processor]] = {}
+        self._processors: dict[tuple[str, tuple[str, ...]], list[tuple[str, Processor]]] = {}
+        self._missing: dict[tuple[str, tuple[str, ...]], list[Any]] = {}  # defaulted columns per row shape
         self._sql: dict[tuple[str, str, tuple[str, ...]], str] = {}  # statement text per (kind, table, columns)
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
@@ -167,7 +168,10 @@ class SqliteWriter:
 
     def _with_defaults(self, table: Table, row: dict[str, Any]) -> dict[str, Any]:
         """Column defaults for what the row leaves out, as SQLAlchemy's own insert would apply."""
-        missing = [c for c in table.columns if c.name not in row and c.default is not None]
+        shape = (table.name, tuple(row))
+        missing = self._missing.get(shape)
+        if missing is None:
+            missing = self._missing[shape] = [c for c in table.columns if c.name not in row and c.default is not None]
         if not missing:
             return row
         row = dict(row)
@@ -177,17 +181,18 @@ class SqliteWriter:
         return row
 
     def _values(self, table: Table, columns: tuple[str, ...], row: dict[str, Any]) -> tuple[Any, ...]:
-        procs = self._processors.get((table.name, columns))
-        if procs is None:
-            procs = [
-                _fast_processor(table.c[c].type)
-                or table.c[c].type.dialect_impl(self._dialect).bind_processor(self._dialect)
+        plan = self._processors.get((table.name, columns))
+        if plan is None:
+            plan = [
+                (
+                    c,
+                    _fast_processor(table.c[c].type)
+                    or table.c[c].type.dialect_impl(self._dialect).bind_processor(self._dialect),
+                )
                 for c in columns
             ]
-            self._processors[(table.name, columns)] = procs
-        return tuple(
-            v if p is None or v is None else p(v) for p, v in zip(procs, [row[c] for c in columns], strict=True)
-        )
+            self._processors[(table.name, columns)] = plan
+        return tuple([row[c] if p is None or row[c] is None else p(row[c]) for c, p in plan])
 
 
 def _fast_processor(type_: Any) -> Processor:
