@@ -108,9 +108,10 @@ class ToolsetHost:
     ) -> None:
         self.namespace = namespace
         self.target = target
-        # Built-in toolsets (`in_process=True`, an `MCPServer` in this process) are called directly
-        # (`call_in_process`), except a tool that needs a request context (the client's session);
-        # False sends every call through the SDK client (the equivalence tests compare the two).
+        # Built-in toolsets (`in_process=True`, an `MCPServer` in this process whose tools take no
+        # request `Context`: `toolsets.base.tool` refuses one) are called directly
+        # (`call_in_process`); False sends every call through the SDK client (the equivalence
+        # tests compare the two). Third-party servers always go through their client.
         self.in_process = in_process and isinstance(target, MCPServer)
         # Third-party servers get the client capabilities the agent declares (ClientFeatures);
         # built-in toolsets need none.
@@ -159,7 +160,7 @@ class ToolsetHost:
 
         The call is abandoned `grace_s` after `timeout_s`: a tool that enforces the limit itself
         gets the grace to kill what it started and return its partial output."""
-        if self.in_process and isinstance(self.target, MCPServer) and runs_in_process(self.target, tool):
+        if self.in_process and isinstance(self.target, MCPServer):
             return await call_in_process(self.target, self.namespace, tool, arguments, timeout_s, grace_s)
         client = self._client
         if client is None:
@@ -246,13 +247,6 @@ class ToolsetHost:
             self._relist.set()
         elif isinstance(message, Exception):  # the transport failed: the server is gone
             self._broken.set()
-
-
-def runs_in_process(server: MCPServer, tool: str) -> bool:
-    """Whether `tool` can be called without a client session: it takes no `Context` (which reaches
-    the client: roots, sampling, progress) and no argument resolved by asking the client."""
-    found = server._tool_manager.get_tool(tool)
-    return found is not None and found.context_kwarg is None and not found.resolved_params
 
 
 async def call_in_process(

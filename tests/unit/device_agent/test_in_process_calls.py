@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
-from device_agent.router import CallLimit, Router, ToolsetHost, runs_in_process
+from device_agent.router import CallLimit, Router, ToolsetHost
 from device_agent.runner import BUILTIN
-from device_agent.toolsets.base import ToolsetContext
+from device_agent.toolsets.base import READ_ONLY, ToolsetContext, tool
 from protocol.messages import Command, Result
 
 Call = tuple[str, dict[str, Any]]
@@ -163,12 +163,11 @@ async def test_every_built_in_tool_answers_the_same_in_process_as_through_mcp(tm
     server = BUILTIN[namespace](ctx)
     tools = {t.name for t in await server.list_tools()}
     assert {c[0].split(".", 1)[1] for c in CALLS[namespace]} >= tools  # every tool is called
-    assert all(runs_in_process(server, t) for t in tools)  # none falls back to the client
 
     through_mcp, mcp_audit = await run_all(tmp_path, namespace, in_process=False)
     direct, direct_audit = await run_all(tmp_path, namespace, in_process=True)
-    for (tool, arguments), a, b in zip(CALLS[namespace], through_mcp, direct, strict=True):
-        assert a == b, f"{tool} {arguments!r}:\n  mcp:    {a}\n  direct: {b}"
+    for (name, arguments), a, b in zip(CALLS[namespace], through_mcp, direct, strict=True):
+        assert a == b, f"{name} {arguments!r}:\n  mcp:    {a}\n  direct: {b}"
     assert mcp_audit == direct_audit
     statuses = {r["status"] for r in direct}
     codes = {r["error"]["code"] for r in direct if r["error"]}
@@ -236,3 +235,14 @@ async def test_the_routers_own_timeout_and_a_crashing_tool_end_the_same_on_both_
     assert through_mcp[1]["error"]["code"] == "tool_error" and "secret" not in through_mcp[1]["error"]["message"]
     assert through_mcp[2]["error"]["code"] == "invalid_arguments"
     assert direct == through_mcp
+
+
+def test_a_built_in_tool_cannot_take_a_request_context() -> None:
+    """Built-in tools run outside any client session, so `tool` refuses one that wants a Context."""
+    server = MCPServer("x")
+    with pytest.raises(TypeError, match="request Context"):
+
+        @tool(server, READ_ONLY)
+        async def needs(ctx: Context) -> dict[str, Any]:
+            """Needs the client."""
+            return {}
