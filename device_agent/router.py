@@ -169,13 +169,11 @@ class ToolsetHost:
             async with asyncio.timeout(timeout_s + grace_s):
                 return await client.call_tool(tool, arguments)
         except TimeoutError:
-            return _error("timeout", f"{self.namespace}.{tool} did not finish within {timeout_s:g}s")
+            return _timed_out(self.namespace, tool, timeout_s)
         except MCPError as exc:
-            if exc.code in CALL_ERRORS:
-                # The server answered this call with an error (bad arguments, a capability the agent
-                # does not declare): the call failed, the session is fine, other calls on it go on.
-                code = "invalid_arguments" if exc.code == INVALID_PARAMS else "tool_error"
-                return _error(code, f"{self.namespace}.{tool}: {describe_failure(exc, self.target, None)}")
+            answer = _call_error(exc, self.namespace, tool, self.target)
+            if answer is not None:
+                return answer
             failure: Exception = exc
         except Exception as exc:
             failure = exc
@@ -272,11 +270,11 @@ async def call_in_process(
         async with asyncio.timeout(timeout_s + grace_s):
             raw = await server.call_tool(tool, arguments)
     except TimeoutError:
-        return _error("timeout", f"{namespace}.{tool} did not finish within {timeout_s:g}s")
+        return _timed_out(namespace, tool, timeout_s)
     except MCPError as exc:
-        if exc.code in CALL_ERRORS:
-            code = "invalid_arguments" if exc.code == INVALID_PARAMS else "tool_error"
-            return _error(code, f"{namespace}.{tool}: {describe_failure(exc, server, None)}")
+        answer = _call_error(exc, namespace, tool, server)
+        if answer is not None:
+            return answer
         raise ToolsetUnavailable(f"toolset '{namespace}' failed during the call: {exc}") from exc
     except Exception as exc:  # what `MCPServer._handle_call_tool` turns into an error result
         if isinstance(exc, ToolError) and not isinstance(exc, UnexpectedToolError):
@@ -293,6 +291,20 @@ async def call_in_process(
     if raw.structured_content is not None:
         raw = raw.model_copy(update={"structured_content": to_jsonable_python(raw.structured_content)})
     return raw
+
+
+def _timed_out(namespace: str, tool: str, timeout_s: float) -> CallToolResult:
+    return _error("timeout", f"{namespace}.{tool} did not finish within {timeout_s:g}s")
+
+
+def _call_error(exc: MCPError, namespace: str, tool: str, target: Target) -> CallToolResult | None:
+    """The result of a call the server answered with a JSON-RPC error (bad arguments, a capability
+    the agent does not declare): the call failed, the session is fine, other calls on it go on.
+    None for any other error: the server died or the session broke."""
+    if exc.code not in CALL_ERRORS:
+        return None
+    code = "invalid_arguments" if exc.code == INVALID_PARAMS else "tool_error"
+    return _error(code, f"{namespace}.{tool}: {describe_failure(exc, target, None)}")
 
 
 async def _first(*waits: Any) -> None:

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 from mcp.server.mcpserver import Context, MCPServer
 
-from device_agent.audit import AuditLog
 from device_agent.policy import Policy
 from device_agent.router import CallLimit, Router, ToolsetHost
 from device_agent.runner import BUILTIN
 from device_agent.toolsets.base import READ_ONLY, ToolsetContext, tool
 from protocol.messages import Command, Result
+from tests.unit.device_agent.toolkit import routing
 
 Call = tuple[str, dict[str, Any]]
 
@@ -130,16 +130,9 @@ def audit_lines(path: Path) -> list[dict[str, Any]]:
 @asynccontextmanager
 async def router(workspace: Path, audit_path: Path, namespace: str, in_process: bool) -> AsyncIterator[Router]:
     ctx = ToolsetContext(workspace=workspace, policy=Policy())
-    audit = AuditLog(audit_path)
-    r = Router(ctx.policy, audit, [], 256 * 1024, ctx.processes.kill_all)
     host = ToolsetHost(namespace, BUILTIN[namespace](ctx), strict_arguments=True, in_process=in_process)
-    r.add(host)
-    await r.start()
-    try:
+    async with routing(ctx.policy, audit_path, host, on_kill=ctx.processes.kill_all) as r:
         yield r
-    finally:
-        await r.stop()
-        audit.close()
 
 
 async def run_all(tmp_path: Path, namespace: str, in_process: bool) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -218,17 +211,11 @@ def hanging() -> MCPServer:
 async def test_the_routers_own_timeout_and_a_crashing_tool_end_the_same_on_both_paths(tmp_path: Path) -> None:
     outcomes = []
     for in_process in (False, True):
-        audit = AuditLog(tmp_path / f"audit-{in_process}.jsonl")
-        r = Router(Policy(), audit, [], 256 * 1024)
-        r.add(ToolsetHost("probe", hanging(), in_process=in_process))
-        await r.start()
-        try:
+        host = ToolsetHost("probe", hanging(), in_process=in_process)
+        async with routing(Policy(), tmp_path / f"audit-{in_process}.jsonl", host) as r:
             hung = await r.call(Command(call_id="h", tool="probe.hang"), "b1", CallLimit(0.3))
             crashed = await r.call(Command(call_id="x", tool="probe.boom", arguments={"text": "s"}), "b1", 5.0)
             bad = await r.call(Command(call_id="v", tool="probe.boom", arguments={"text": ["no"]}), "b1", 5.0)
-        finally:
-            await r.stop()
-            audit.close()
         outcomes.append([comparable("probe", x) for x in (hung, crashed, bad)])
     through_mcp, direct = outcomes
     assert through_mcp[0]["error"]["code"] == "timeout"
