@@ -17,7 +17,16 @@ from typing import Any
 from device_agent import __version__
 from device_agent.config import AgentConfig
 from device_agent.faults import CrashPoints
-from device_agent.ledger import Ledger, LedgerError, Receipt, deadline_passed, namespace_of, none_ran, skipped
+from device_agent.ledger import (
+    Ledger,
+    LedgerError,
+    Receipt,
+    deadline_passed,
+    namespace_of,
+    none_ran,
+    results_json,
+    skipped,
+)
 from device_agent.reconnect import Backoff
 from device_agent.router import CallLimit, Router
 from device_agent.transport import Closed, Refused, Transport
@@ -277,11 +286,14 @@ class Agent:
             data = await t.recv()
             self.last_server_frame = time.monotonic()
             msg = channel.receive(data)
-            self._settle_acks()
+            acked = self._settle_acks()
+            if isinstance(msg, CommandBatch):
+                await self._on_batch(msg, acked)  # the acked entries leave with its receipt
+                continue
+            if acked:
+                self.ledger.acknowledged(*acked)
             if msg is None:
                 continue
-            if isinstance(msg, CommandBatch):
-                await self._on_batch(msg)
             elif isinstance(msg, Cancel):
                 self._on_cancel(msg)
                 assert self.session is not None
@@ -300,12 +312,11 @@ class Agent:
             batch = self.current.batch_id if self.current else None
             await self._send(Heartbeat(state="busy" if batch else "idle", batch_id=batch))
 
-    def _settle_acks(self) -> None:
-        """Outbox entries the server acknowledged are durable there: let them go here."""
-        if self.session is None:
-            return
-        for seq in [s for s in self.pending_acks if s <= self.session.peer_ack]:
-            self.ledger.acknowledged(self.pending_acks.pop(seq))
+    def _settle_acks(self) -> list[str]:
+        """The outbox entries the server acknowledged (durable there), for the caller to let go."""
+        if self.session is None or not self.pending_acks:
+            return []
+        return [self.pending_acks.pop(s) for s in [s for s in self.pending_acks if s <= self.session.peer_ack]]
 
     async def _send(self, message: Message) -> None:
         """Stamp and send. Reliable frames stamped while disconnected wait in the session."""
@@ -321,8 +332,8 @@ class Agent:
 
     # ================================================================ batches
 
-    async def _on_batch(self, batch: CommandBatch) -> None:
-        receipt = self.ledger.receive(batch)  # durable before we acknowledge it
+    async def _on_batch(self, batch: CommandBatch, acked: list[str] | None = None) -> None:
+        receipt = self.ledger.receive(batch, acked or ())  # durable before we acknowledge it
         assert self.session is not None
         self.session.confirm(batch.seq)
         if receipt is Receipt.STALE:
@@ -378,8 +389,8 @@ class Agent:
                 continue
             self.current = batch
             try:
-                results = fit_to_frame(await self._run(batch), batch, self.frame_limit)
-                self.ledger.finish_batch(batch.batch_id, batch.fence, results)
+                results, payload = fit_to_frame(await self._run(batch), batch, self.frame_limit)
+                self.ledger.finish_batch(batch.batch_id, batch.fence, results, payload)
             finally:
                 self.current = None
                 self.cancelling.discard(batch.batch_id)
@@ -452,13 +463,21 @@ def _log_retry(exc: Exception, delay: float) -> None:
     )
 
 
-def fit_to_frame(results: list[Result], batch: CommandBatch, limit: int) -> list[Result]:
-    """Shrink the largest results until the result batch fits the server's frame limit.
+def fit_to_frame(results: list[Result], batch: CommandBatch, limit: int) -> tuple[list[Result], str]:
+    """Shrink the largest results until the result batch fits the server's frame limit; return
+    them with their JSON (`results_json`, what the ledger stores).
 
     SPEC section 5 / output caps: an oversized result is truncated with a marker that says how
     big it was, never dropped, and the batch is never refused for its size.
+
+    The frame's size is the envelope's (the frame with no results) plus the results' JSON, which
+    is computed anyway for the ledger: a batch that fits costs no encode of its own.
     """
     budget = int(limit * 0.9)  # room for the envelope and the ack/seq fields
+    payload = results_json(results)
+    envelope = encode(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=[]))
+    if len(envelope) - 2 + _utf8_len(payload) <= budget:  # "[]" in the envelope becomes the payload
+        return results, payload
     out = list(results)
     for _ in range(len(out)):
         frame = ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=out)
@@ -472,4 +491,8 @@ def fit_to_frame(results: list[Result], batch: CommandBatch, limit: int) -> list
         out[i] = big.model_copy(
             update={"result": {"truncated": True, "original_bytes": len(text), "preview": text[:keep]}}
         )
-    return out
+    return out, results_json(out)
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

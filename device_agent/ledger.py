@@ -28,11 +28,13 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from pydantic import TypeAdapter
 
 from device_agent.datadir import PRIVATE_DIR, PRIVATE_FILE, private_file
 from protocol.errors import ErrorCode
@@ -224,9 +226,14 @@ class Ledger:
     # ------------------------------------------------------------------ batches
 
     @_durable
-    def receive(self, batch: CommandBatch) -> Receipt:
-        """Record a delivered batch before anything of it runs."""
+    def receive(self, batch: CommandBatch, acknowledged: Iterable[str] = ()) -> Receipt:
+        """Record a delivered batch before anything of it runs.
+
+        `acknowledged`: outbox entries the frame that brought the batch acknowledged (its `ack`);
+        they leave the outbox in the same transaction, one commit instead of two (see
+        `acknowledged`: letting them go later is always safe, the server de-duplicates)."""
         with self._tx():
+            self._forget(acknowledged)
             row = self._db.execute("SELECT state FROM batches WHERE batch_id=?", (batch.batch_id,)).fetchone()
             if row is not None:
                 return Receipt.DONE if row[0] == "done" else Receipt.PENDING
@@ -268,9 +275,13 @@ class Ledger:
         )
 
     @_durable
-    def finish_batch(self, batch_id: str, fence: int, results: list[Result]) -> None:
-        """Results become final and enter the outbox in one transaction."""
-        payload = json.dumps([r.model_dump(mode="json") for r in results])
+    def finish_batch(self, batch_id: str, fence: int, results: list[Result], payload: str | None = None) -> None:
+        """Results become final and enter the outbox in one transaction.
+
+        `payload`: `results_json(results)` when the caller already has it (the agent measures the
+        result frame with it), so the results are serialised once."""
+        if payload is None:
+            payload = results_json(results)
         now = time.time()
         with self._tx():
             self._db.execute(
@@ -301,8 +312,17 @@ class Ledger:
         return [OutboxEntry(r[0], int(r[1]), _results(r[2])) for r in rows]
 
     @_durable
-    def acknowledged(self, batch_id: str) -> None:
-        self._db.execute("DELETE FROM outbox WHERE batch_id=?", (batch_id,))
+    def acknowledged(self, *batch_ids: str) -> None:
+        """The server acknowledged these result batches: they are durable there, let them go here."""
+        if len(batch_ids) == 1:
+            self._forget(batch_ids)
+        elif batch_ids:
+            with self._tx():
+                self._forget(batch_ids)
+
+    def _forget(self, batch_ids: Iterable[str]) -> None:
+        for batch_id in batch_ids:
+            self._db.execute("DELETE FROM outbox WHERE batch_id=?", (batch_id,))
 
     # ------------------------------------------------------------------ recovery
 
@@ -378,6 +398,14 @@ class _Transaction:
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+_RESULTS: TypeAdapter[list[Result]] = TypeAdapter(list[Result])
+
+
+def results_json(results: list[Result]) -> str:
+    """Results as the JSON array the ledger stores (compact; the same fields a frame carries)."""
+    return _RESULTS.dump_json(results).decode()
 
 
 def _results(raw: str) -> list[Result]:

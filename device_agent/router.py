@@ -4,6 +4,10 @@ Every toolset, built-in or third-party, is an MCP server reached through the off
 `Client`. A `ToolsetHost` owns one client inside one task (the SDK's anyio cancel scopes
 require that open and close happen in the same task) and runs calls sent to it through a
 queue. A third-party server that dies is restarted; the call it was running fails cleanly.
+
+The built-in toolsets are `MCPServer` objects in the agent's own process. Their tool list still
+comes through the client (the catalogue is what any MCP client sees), but their calls go to the
+server's own validated entry point directly (`call_in_process`): no JSON-RPC, no transport.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Literal
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
@@ -33,6 +38,8 @@ from mcp.types import (
     Tool,
     ToolListChangedNotification,
 )
+from pydantic import ValidationError
+from pydantic_core import to_jsonable_python
 
 from device_agent.audit import AuditLog
 from device_agent.mcp_client import ClientFeatures, HttpTarget, OriginBoundHeaders, describe_failure
@@ -42,6 +49,8 @@ from protocol.errors import MAX_ERROR_MESSAGE_CHARS, RESULT_ERROR_CODES
 from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolSpec
 
 log = logging.getLogger("orrery.agent.router")
+# `call_in_process` logs a tool's failure where the SDK's `tools/call` handler would.
+sdk_log = logging.getLogger("mcp.server.mcpserver.server")
 
 MAX_IMAGE_BYTES = 3 * 1024 * 1024  # base64 screenshots pass the result cap up to this, for vision models
 
@@ -95,9 +104,15 @@ class ToolsetHost:
         on_change: Callable[[], None] | None = None,
         strict_arguments: bool = False,
         features: ClientFeatures | None = None,
+        in_process: bool = False,
     ) -> None:
         self.namespace = namespace
         self.target = target
+        # Built-in toolsets (`in_process=True`, an `MCPServer` in this process whose tools take no
+        # request `Context`: `toolsets.base.tool` refuses one) are called directly
+        # (`call_in_process`); False sends every call through the SDK client (the equivalence
+        # tests compare the two). Third-party servers always go through their client.
+        self.in_process = in_process and isinstance(target, MCPServer)
         # Third-party servers get the client capabilities the agent declares (ClientFeatures);
         # built-in toolsets need none.
         self.features = features
@@ -107,6 +122,7 @@ class ToolsetHost:
         self.strict_arguments = strict_arguments
         self.on_change = on_change
         self.tools: list[Tool] = []
+        self._catalogue: list[ToolSpec] | None = None  # built from `tools` on first use
         self.restarts = 0
         self._client: Client | None = None
         self._ready = asyncio.Event()
@@ -144,6 +160,8 @@ class ToolsetHost:
 
         The call is abandoned `grace_s` after `timeout_s`: a tool that enforces the limit itself
         gets the grace to kill what it started and return its partial output."""
+        if self.in_process and isinstance(self.target, MCPServer):
+            return await call_in_process(self.target, self.namespace, tool, arguments, timeout_s, grace_s)
         client = self._client
         if client is None:
             raise ToolsetUnavailable(f"toolset '{self.namespace}' is not running (it is being restarted)")
@@ -151,13 +169,11 @@ class ToolsetHost:
             async with asyncio.timeout(timeout_s + grace_s):
                 return await client.call_tool(tool, arguments)
         except TimeoutError:
-            return _error("timeout", f"{self.namespace}.{tool} did not finish within {timeout_s:g}s")
+            return _timed_out(self.namespace, tool, timeout_s)
         except MCPError as exc:
-            if exc.code in CALL_ERRORS:
-                # The server answered this call with an error (bad arguments, a capability the agent
-                # does not declare): the call failed, the session is fine, other calls on it go on.
-                code = "invalid_arguments" if exc.code == INVALID_PARAMS else "tool_error"
-                return _error(code, f"{self.namespace}.{tool}: {describe_failure(exc, self.target, None)}")
+            answer = _call_error(exc, self.namespace, tool, self.target)
+            if answer is not None:
+                return answer
             failure: Exception = exc
         except Exception as exc:
             failure = exc
@@ -205,14 +221,22 @@ class ToolsetHost:
             backoff = min(backoff * 2, 30.0)
 
     def catalogue(self) -> list[ToolSpec]:
-        return [
-            tool_spec(self.namespace, t, t.name in self.read_only_tools, strict=self.strict_arguments)
-            for t in self.tools
-        ]
+        """The tools as catalogue entries; built once per tool list (every call looks its tool up)."""
+        if self._catalogue is None:
+            self._catalogue = [
+                tool_spec(self.namespace, t, t.name in self.read_only_tools, strict=self.strict_arguments)
+                for t in self.tools
+            ]
+        return self._catalogue
+
+    def spec(self, name: str) -> ToolSpec | None:
+        """The catalogue entry named `name` (`namespace.tool`), or None."""
+        return next((t for t in self.catalogue() if t.name == name), None)
 
     async def _list(self, client: Client) -> None:
         before = self.catalogue()
         self.tools = list((await client.list_tools()).tools)
+        self._catalogue = None
         if self._ready.is_set() and self.catalogue() != before and self.on_change is not None:
             self.on_change()
 
@@ -221,6 +245,66 @@ class ToolsetHost:
             self._relist.set()
         elif isinstance(message, Exception):  # the transport failed: the server is gone
             self._broken.set()
+
+
+async def call_in_process(
+    server: MCPServer, namespace: str, tool: str, arguments: dict[str, Any], timeout_s: float, grace_s: float = 0.0
+) -> CallToolResult:
+    """Call a tool of an `MCPServer` hosted in this process without the MCP transport.
+
+    Why this is the same call as through `Client.call_tool` (and fair to compare with one): it is
+    the same server object, with the same registered tools, so the same input schemas and the
+    same pydantic validation of the arguments (`Tool.run`, which refuses what the schema refuses
+    with the same `validation error` text), and the same output-model check of a structured
+    result (`convert_result`). What it leaves out is only the transport between client and server
+    in one process: JSON-RPC framing, the request/response models, the SDK's tracing spans and the
+    client's second check of structured content against the output schema the server's model
+    already enforced. The outcomes the server's `tools/call` handler (`MCPServer._handle_call_tool`)
+    gives are kept: a `ToolError` or any other exception becomes an `is_error` text result (logged
+    as the SDK logs it), an `MCPError` is the JSON-RPC error the client would raise. Structured
+    content is made JSON-shaped (tuples become lists) as the wire would. The tool list, the
+    timeout, the grace and the errors they give are the router's, the same on both paths; a
+    cancel kills process groups through `ProcessTracker` whichever path started them.
+    """
+    try:
+        async with asyncio.timeout(timeout_s + grace_s):
+            raw = await server.call_tool(tool, arguments)
+    except TimeoutError:
+        return _timed_out(namespace, tool, timeout_s)
+    except MCPError as exc:
+        answer = _call_error(exc, namespace, tool, server)
+        if answer is not None:
+            return answer
+        raise ToolsetUnavailable(f"toolset '{namespace}' failed during the call: {exc}") from exc
+    except Exception as exc:  # what `MCPServer._handle_call_tool` turns into an error result
+        if isinstance(exc, ToolError) and not isinstance(exc, UnexpectedToolError):
+            if isinstance(exc.__cause__, ValidationError):
+                fields = sorted({".".join(str(p) for p in err["loc"]) for err in exc.__cause__.errors()})
+                sdk_log.info("Tool %r rejected arguments: %r", tool, fields)
+            else:
+                sdk_log.info("Tool %r failed: %r", tool, str(exc))
+        else:
+            sdk_log.exception("Tool %r raised an unexpected exception", tool)
+        return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+    if not isinstance(raw, CallToolResult):  # an input request: built-in tools never ask for input
+        return _error("tool_error", f"{namespace}.{tool} asked the client for input, which the agent cannot give")
+    if raw.structured_content is not None:
+        raw = raw.model_copy(update={"structured_content": to_jsonable_python(raw.structured_content)})
+    return raw
+
+
+def _timed_out(namespace: str, tool: str, timeout_s: float) -> CallToolResult:
+    return _error("timeout", f"{namespace}.{tool} did not finish within {timeout_s:g}s")
+
+
+def _call_error(exc: MCPError, namespace: str, tool: str, target: Target) -> CallToolResult | None:
+    """The result of a call the server answered with a JSON-RPC error (bad arguments, a capability
+    the agent does not declare): the call failed, the session is fine, other calls on it go on.
+    None for any other error: the server died or the session broke."""
+    if exc.code not in CALL_ERRORS:
+        return None
+    code = "invalid_arguments" if exc.code == INVALID_PARAMS else "tool_error"
+    return _error(code, f"{namespace}.{tool}: {describe_failure(exc, target, None)}")
 
 
 async def _first(*waits: Any) -> None:
@@ -318,7 +402,7 @@ class Router:
             limit = CallLimit(self.policy.max_timeout_s, "device")
         namespace, _, name = cmd.tool.partition(".")
         host = self.hosts.get(namespace)
-        spec = next((t for t in host.catalogue() if t.name == cmd.tool), None) if host else None
+        spec = host.spec(cmd.tool) if host else None
         audit = {"batch_id": batch_id, "call_id": cmd.call_id, "tool": cmd.tool}
         if host is None or spec is None:
             known = ", ".join(sorted(t.name for h in self.hosts.values() for t in h.catalogue())[:40])

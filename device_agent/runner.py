@@ -70,7 +70,10 @@ def build(config: AgentConfig) -> Agent:
         factory = BUILTIN.get(name)
         if factory is None:
             raise ConfigError(f"unknown toolset '{name}'; built-in ones are {sorted(BUILTIN)}")
-        _add(router, ToolsetHost(name, factory(ctx), on_change=router.tools_changed, strict_arguments=True))
+        _add(
+            router,
+            ToolsetHost(name, factory(ctx), on_change=router.tools_changed, strict_arguments=True, in_process=True),
+        )
     for server in config.mcp_servers:
         _add(router, mcp_host(server, ctx.workspace, router.tools_changed))
     try:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from device_agent.policy import Policy
@@ -66,6 +67,12 @@ def tool(server: MCPServer, annotations: ToolAnnotations, name: str | None = Non
     """Register a structured-output tool whose description is its docstring, dedented for the reader."""
 
     def register(fn: _Fn) -> _Fn:
+        if find_context_parameter(fn) is not None:
+            # The agent calls built-in tools in process (`router.call_in_process`), outside any
+            # client session: a request Context (roots, sampling, progress) would not work there.
+            raise TypeError(
+                f"built-in tool {fn.__name__} takes a request Context; built-in tools are called in process"
+            )
         description = inspect.cleandoc(fn.__doc__ or "")
         return server.tool(name=name, description=description, annotations=annotations, structured_output=True)(fn)
 

@@ -17,12 +17,11 @@ from typing import Any
 import pytest
 from mcp.server.mcpserver import MCPServer
 
-from device_agent.audit import AuditLog
 from device_agent.policy import Policy
 from device_agent.router import CallLimit, Router, ToolsetHost
 from device_agent.runner import BUILTIN
 from protocol.messages import Command, Result
-from tests.unit.device_agent.toolkit import make_ctx
+from tests.unit.device_agent.toolkit import make_ctx, routing
 
 
 def probe() -> MCPServer:
@@ -49,16 +48,9 @@ def probe() -> MCPServer:
 
 @asynccontextmanager
 async def router(tmp_path: Path, **policy: Any) -> AsyncIterator[Router]:
-    audit = AuditLog(tmp_path / "audit.jsonl")
-    r = Router(Policy(**policy), audit, [], 256 * 1024)
-    r.add(ToolsetHost("probe", probe()))
-    r.add(ToolsetHost("shell", BUILTIN["shell"](make_ctx(tmp_path, **policy)), strict_arguments=True))
-    await r.start()
-    try:
+    shell = ToolsetHost("shell", BUILTIN["shell"](make_ctx(tmp_path, **policy)), strict_arguments=True)
+    async with routing(Policy(**policy), tmp_path / "audit.jsonl", ToolsetHost("probe", probe()), shell) as r:
         yield r
-    finally:
-        await r.stop()
-        audit.close()
 
 
 async def received(r: Router, limit: CallLimit | float, tool: str = "probe.wait", **arguments: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from device_agent import ledger as ledger_module
-from device_agent.ledger import Ledger, LedgerOwned, Receipt
+from device_agent.ledger import Ledger, LedgerOwned, Receipt, results_json
 from protocol.messages import Command, CommandBatch, Result
 
 DEVICE = "dev_1"
@@ -200,11 +201,48 @@ def test_a_result_batch_too_big_for_a_frame_is_truncated_with_a_marker_not_dropp
 
     b = batch("b1", 1, n=2)
     results = [Result(call_id="c1", status="success", result="x" * 50_000, namespace="shell"), ok("c2")]
-    fitted = fit_to_frame(results, b, limit=10_000)
+    fitted, payload = fit_to_frame(results, b, limit=10_000)
+    assert payload == results_json(fitted)
     assert len(encode(ResultBatch(batch_id="b1", fence=1, results=fitted))) <= 10_000
     assert fitted[0].result["truncated"] is True and fitted[0].result["original_bytes"] > 50_000
     assert fitted[1] == results[1]
     assert [r.call_id for r in fitted] == ["c1", "c2"]
+
+
+def test_results_that_fit_are_kept_as_they_are_whether_they_fit_by_one_byte_or_miss_by_one() -> None:
+    """`fit_to_frame` measures the frame as envelope plus the ledger's results JSON, without encoding
+    the frame: that sum is the frame's exact size, so the limit is applied exactly as before."""
+    from device_agent.agent import fit_to_frame
+    from protocol.codec import encode
+    from protocol.messages import ResultBatch
+
+    b = batch("b1", 1, n=2)
+    results = [Result(call_id="c1", status="success", result="é" * 300, namespace="shell"), ok("c2")]
+    size = len(encode(ResultBatch(batch_id="b1", fence=1, results=results)).encode())
+    exact = math.ceil(size / 0.9)  # the budget is 90 % of the limit
+    while int(exact * 0.9) < size:
+        exact += 1
+    kept, payload = fit_to_frame(results, b, limit=exact)
+    assert kept == results and payload == results_json(results)
+    cut, _ = fit_to_frame(results, b, limit=exact - 2)
+    assert cut[0].result["truncated"] is True
+
+
+def test_an_acknowledgement_that_rides_on_a_batch_leaves_the_outbox_in_the_receipt(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite3", DEVICE)
+    ledger.receive(batch("b1", 1))
+    ledger.finish_batch("b1", 1, [ok("c1"), ok("c2")])
+    ledger.receive(batch("b2", 1))
+    ledger.finish_batch("b2", 1, [ok("c1"), ok("c2")])
+    assert ledger.receive(batch("b3", 1), acknowledged=["b1"]) is Receipt.NEW
+    assert [e.batch_id for e in ledger.outbox()] == ["b2"]
+    assert ledger.receive(batch("b3", 1), acknowledged=["b2"]) is Receipt.PENDING  # a redelivery acks too
+    assert ledger.outbox() == []
+    ledger.receive(batch("b4", 1))
+    ledger.finish_batch("b4", 1, [ok("c1"), ok("c2")])
+    ledger.acknowledged("b4", "b3")  # several at once, one of them never in the outbox
+    assert ledger.outbox() == []
+    assert ledger.results("b1") is not None  # still answers a redelivery
 
 
 def test_a_new_ledger_and_the_files_sqlite_makes_for_it_are_0600_whatever_the_umask(tmp_path: Path) -> None:
