@@ -154,13 +154,18 @@ class Queues:
         """The capable device in service that `placement.preference` ranks first. `capable` is in
         id order, so the first free device the node has not failed on is that device (the common
         case, found without ranking them all)."""
+        best: DeviceRun | None = None
+        best_key: tuple[bool, bool, int, str] | None = None
         for d in capable:
-            if not occupied(d) and takes_work(d) and d.id not in failed_on:
+            if not takes_work(d):
+                continue
+            busy = occupied(d)
+            if not busy and d.id not in failed_on:
                 return d
-        candidates = [d for d in capable if takes_work(d)]
-        if not candidates:
-            return None
-        return min(candidates, key=lambda d: placement.preference(d.id, failed_on, occupied(d), len(d.queue)))
+            key = placement.preference(d.id, failed_on, busy, len(d.queue))
+            if best_key is None or key < best_key:
+                best, best_key = d, key
+        return best
 
     def never_runnable(self, spec: NodeSpec) -> Problem | None:
         """Why no device could ever run `spec`, or None if one could (once connected, in service)."""

@@ -184,7 +184,7 @@ class Runs:
             # the device lost): the device takes work again. If it is in fact still finishing
             # it, its agent queues the next batch behind it (one batch at a time, SPEC section 5).
             self.fleet.set_current(dev, None, now)
-        dumped = [r.model_dump(mode="json") for r in results] if results is not None else None
+        dumped = outcome.results if results is not None else None  # dumped once, by `outcome`
         if att.kind is AttemptKind.STEP:
             self.llm.end_step(att, outcome, dumped, now)
             return
