@@ -37,6 +37,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from pydantic import TypeAdapter
 
 from device_agent.datadir import PRIVATE_DIR, PRIVATE_FILE, private_file
+from orrery.checkpoints import Checkpoints
 from protocol.errors import ErrorCode
 from protocol.messages import CommandBatch, ErrorInfo, Result
 
@@ -145,13 +146,18 @@ class Ledger:
         _make_private(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode survives a killed process (not a power cut) at a fraction of FULL's cost.
+        # NORMAL in WAL mode survives a killed process (not a power cut) at a fraction of FULL's
+        # cost; checkpoints run on a thread of their own, not inside a batch's commit
+        # (`orrery.checkpoints`).
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
+        self._checkpoints = Checkpoints(path)
         self._db.executescript(_SCHEMA)
         self.rebound_from: str | None = None
         try:
             self._bind_device()
         except BaseException:
+            self._checkpoints.close()
             self._db.close()
             raise
         # An older ledger kept one 'max_fence' for the whole data dir, bound to no server or
@@ -187,6 +193,7 @@ class Ledger:
             )
 
     def close(self) -> None:
+        self._checkpoints.close()
         try:
             self._db.close()
         except sqlite3.Error:

@@ -38,8 +38,7 @@ from mcp.types import (
     Tool,
     ToolListChangedNotification,
 )
-from pydantic import ValidationError
-from pydantic_core import to_jsonable_python
+from pydantic import TypeAdapter, ValidationError
 
 from device_agent.audit import AuditLog
 from device_agent.mcp_client import ClientFeatures, HttpTarget, OriginBoundHeaders, describe_failure
@@ -51,6 +50,8 @@ from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolS
 log = logging.getLogger("orrery.agent.router")
 # `call_in_process` logs a tool's failure where the SDK's `tools/call` handler would.
 sdk_log = logging.getLogger("mcp.server.mcpserver.server")
+
+_JSONABLE: TypeAdapter[Any] = TypeAdapter(Any)  # structured content made JSON-shaped, as the wire would
 
 MAX_IMAGE_BYTES = 3 * 1024 * 1024  # base64 screenshots pass the result cap up to this, for vision models
 
@@ -289,7 +290,7 @@ async def call_in_process(
     if not isinstance(raw, CallToolResult):  # an input request: built-in tools never ask for input
         return _error("tool_error", f"{namespace}.{tool} asked the client for input, which the agent cannot give")
     if raw.structured_content is not None:
-        raw = raw.model_copy(update={"structured_content": to_jsonable_python(raw.structured_content)})
+        raw = raw.model_copy(update={"structured_content": _JSONABLE.dump_python(raw.structured_content, mode="json")})
     return raw
 
 

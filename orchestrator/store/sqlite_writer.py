@@ -10,9 +10,7 @@ read back through the ORM look exactly as if SQLAlchemy had written them.
 from __future__ import annotations
 
 import json
-import logging
 import sqlite3
-import threading
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,12 +23,9 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
 
 from orchestrator.store.models import UTCDateTime
+from orrery.checkpoints import Checkpoints
 
 Processor = Callable[[Any], Any] | None
-
-log = logging.getLogger("orrery.store")
-
-CHECKPOINT_EVERY_S = 0.5
 
 
 class SqliteWriter:
@@ -38,47 +33,19 @@ class SqliteWriter:
         self._dialect = sqlite.dialect()
         path = make_url(url).database or ":memory:"
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-        # WAL with synchronous=NORMAL: a commit is in the WAL file (the OS has it) before `write`
-        # returns, so it survives the process being killed at any point; what the OS had not yet
-        # written to disk when the power failed may be lost (the last commits, never a torn one).
-        # Checkpoints (copying the WAL into the database, with fsyncs) would run inside whichever
-        # commit crossed 1,000 pages and stall the engine's loop for tens of milliseconds: they
-        # run on a thread of their own instead (`CHECKPOINT_EVERY_S`).
+        # WAL, synchronous=NORMAL and checkpoints on a thread of their own: what that survives is
+        # written at `orrery.checkpoints`.
         for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=NORMAL", "wal_autocheckpoint=0"):
             self._db.execute(f"PRAGMA {pragma}")
         self._processors: dict[tuple[str, tuple[str, ...]], list[tuple[str, Processor]]] = {}
         self._missing: dict[tuple[str, tuple[str, ...]], list[Any]] = {}  # defaulted columns per row shape
         self._sql: dict[tuple[str, str, tuple[str, ...]], str] = {}  # statement text per (kind, table, columns)
-        self._stop = threading.Event()
-        self._checkpointer: threading.Thread | None = None
-        if path != ":memory:":
-            self._checkpointer = threading.Thread(
-                target=self._checkpoints, args=(path,), name="orrery-sqlite-checkpoint", daemon=True
-            )
-            self._checkpointer.start()
+        self._checkpoints = Checkpoints(path) if path != ":memory:" else None
 
     def close(self) -> None:
-        self._stop.set()
-        if self._checkpointer is not None:
-            self._checkpointer.join(timeout=30)
+        if self._checkpoints is not None:
+            self._checkpoints.close()
         self._db.close()
-
-    def _checkpoints(self, path: str) -> None:
-        """Copy committed WAL pages into the database now and then, off the writer's thread
-        (sqlite3 lets go of the GIL meanwhile). PASSIVE never blocks the writer or readers."""
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-        try:
-            db.execute("PRAGMA synchronous=NORMAL")
-            while not self._stop.wait(CHECKPOINT_EVERY_S):
-                try:
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:  # busy or failing storage: the next round tries again
-                    log.warning("SQLite checkpoint failed: %s", exc)
-            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        except sqlite3.Error as exc:
-            log.warning("SQLite checkpoints stopped: %s", exc)
-        finally:
-            db.close()
 
     def write(
         self,

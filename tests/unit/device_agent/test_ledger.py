@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sqlite3
 import stat
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -258,3 +261,26 @@ def test_a_new_ledger_and_the_files_sqlite_makes_for_it_are_0600_whatever_the_um
     assert made == {"ledger.sqlite3": 0o600, "ledger.sqlite3-wal": 0o600, "ledger.sqlite3-shm": 0o600}
     assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
     ledger.close()
+
+
+def test_checkpoints_run_off_the_agents_loop_and_stop_with_the_ledger(tmp_path: Path) -> None:
+    """A batch's commits never checkpoint (the fsyncs would stall the agent's loop); a thread of
+    the ledger copies them into the database file, and closing the ledger stops it."""
+    before = set(threading.enumerate())
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    (checkpointer,) = [t for t in threading.enumerate() if t not in before and t.name == "orrery-sqlite-checkpoint"]
+    assert ledger.receive(batch("b1", 1)) is Receipt.NEW
+
+    def in_database_file() -> bool:  # immutable=1 reads the database file alone, not the WAL
+        with contextlib.closing(sqlite3.connect(f"file:{tmp_path / 'l.db'}?immutable=1", uri=True)) as db:
+            try:
+                return bool(db.execute("SELECT count(*) FROM batches WHERE batch_id = 'b1'").fetchone()[0] == 1)
+            except sqlite3.OperationalError:  # not even the schema has been copied yet
+                return False
+
+    deadline = time.monotonic() + 30
+    while not in_database_file():
+        assert time.monotonic() < deadline, "the received batch never reached the database file"
+        time.sleep(0.05)
+    ledger.close()
+    assert not checkpointer.is_alive()
