@@ -181,13 +181,17 @@ class Fleet:
         """A replica's periodic account of its links: the liveness view, acceptances and busy
         states are re-derived from it, so a lost notification costs one report interval."""
         actions: list[Action] = []
+        replica = report.replica or None
         for link in report.links:
             dev = self.devices.get(link.device_id)
             if dev is None or link.epoch < dev.epoch:
                 continue  # not its newest connection
-            actions += self.liveness(link.device_id, link.liveness, now, link.epoch, report.replica)
+            if link.liveness is not dev.liveness or link.epoch != dev.epoch or dev.replica != replica or dev.recovering:
+                actions += self.liveness(link.device_id, link.liveness, now, link.epoch, report.replica)
+            # else: the usual case at scale (nothing changed), without the general path's work
             dev.heard_at = now - max(0.0, link.silent_s)
-            self._reconcile_batch(dev, link.batch_id, now)
+            if link.batch_id is not None or dev.current_batch is not None:  # an idle device has nothing to reconcile
+                self._reconcile_batch(dev, link.batch_id, now)
         return actions
 
     def _reconcile_batch(self, dev: DeviceRun, running: str | None, now: float) -> None:
@@ -243,8 +247,11 @@ class Fleet:
         this is the backstop that needs no message to arrive."""
         timeout = self.settings.heartbeat_timeout_s
         actions: list[Action] = []
+        cutoff = now - timeout
         for dev in list(self.devices.values()):
-            if dev.liveness not in (Liveness.ONLINE, Liveness.SUSPECT) or dev.heard_at is None:
+            if dev.heard_at is None or dev.heard_at >= cutoff:
+                continue  # heard from lately (most devices: checked first, it is the cheapest test)
+            if dev.liveness not in (Liveness.ONLINE, Liveness.SUSPECT):
                 continue
             if self.deaf and dev.replica != self.replica_id:
                 continue
