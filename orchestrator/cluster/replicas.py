@@ -215,15 +215,21 @@ class RedisCluster:
                 if self._leader:  # we became the leader meanwhile (the old one may have taken it)
                     if isinstance(item, SubmitTask):
                         item.asked_before = True
-                    fut.set_result(await asyncio.wait_for(self.engine.submit(item), left))
+                    try:
+                        fut.set_result(await asyncio.wait_for(self.engine.submit(item), left))
+                    except TimeoutError:  # our new engine (still recovering, or busy) did not answer in time
+                        raise ClusterUnavailable(f"no engine leader answered within {limit:g}s; retry later") from None
                     return
                 answer = await self._ask(body, min(RPC_ATTEMPT_S, left))
                 if answer is None:
                     continue  # no leader answered (a failover, Redis away, or we lead now): ask again
                 if answer.get("ok"):
                     fut.set_result(answer.get("value"))
-                else:
-                    fut.set_exception(RuntimeError(answer.get("error") or "the engine refused the input"))
+                else:  # the leader's engine failed on it (e.g. it lost the lease mid-commit): try again later
+                    why = str(answer.get("error") or "the engine refused the input")[:200]
+                    fut.set_exception(
+                        ClusterUnavailable(f"the engine leader could not take this now ({why}); retry later")
+                    )
                 return
         except Exception as exc:
             if not fut.done():
