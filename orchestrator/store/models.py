@@ -136,7 +136,6 @@ class Attempt(Base):
     __tablename__ = "attempts"
     __table_args__ = (
         Index("ix_attempts_node", "task_id", "node_id"),
-        Index("ix_attempts_open", "device_id", "ended_at"),
         Index("ix_attempts_device", "device_id", "started_at"),
     )
 
