@@ -30,7 +30,7 @@ from device_agent.ledger import (
 from device_agent.reconnect import Backoff
 from device_agent.router import CallLimit, Router
 from device_agent.transport import Closed, Refused, Transport
-from protocol.codec import encode
+from protocol.codec import encode, utf8_len
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
     SUPPORTED_VERSIONS,
@@ -476,7 +476,7 @@ def fit_to_frame(results: list[Result], batch: CommandBatch, limit: int) -> tupl
     budget = int(limit * 0.9)  # room for the envelope and the ack/seq fields
     payload = results_json(results)
     envelope = encode(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=[]))
-    if len(envelope) - 2 + _utf8_len(payload) <= budget:  # "[]" in the envelope becomes the payload
+    if len(envelope) - 2 + utf8_len(payload) <= budget:  # "[]" in the envelope becomes the payload
         return results, payload
     out = list(results)
     for _ in range(len(out)):
@@ -492,7 +492,3 @@ def fit_to_frame(results: list[Result], batch: CommandBatch, limit: int) -> tupl
             update={"result": {"truncated": True, "original_bytes": len(text), "preview": text[:keep]}}
         )
     return out, results_json(out)
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

@@ -21,7 +21,7 @@ _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 def decode(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message:
     """Parse one frame. Raises `FrameTooLarge` (4413), `MalformedFrame` (4400) or
     `NoCommonVersion` (4426, a frame written in a protocol version this side does not speak)."""
-    size = len(data) if isinstance(data, bytes) else _utf8_len(data)
+    size = len(data) if isinstance(data, bytes) else utf8_len(data)
     if size > max_bytes:
         raise FrameTooLarge(f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
     if not isinstance(data, str):
@@ -67,7 +67,8 @@ def _check_version(v: object) -> None:
         raise NoCommonVersion(f"frame is written in protocol version {v}; this side speaks {list(SUPPORTED_VERSIONS)}")
 
 
-def _utf8_len(text: str) -> int:
+def utf8_len(text: str) -> int:
+    """The UTF-8 byte length of `text` (what a frame limit counts)."""
     # ASCII fast path: most frames are pure ASCII and len() is then the byte length.
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 

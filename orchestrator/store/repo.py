@@ -314,27 +314,26 @@ class Store:
             value = await s.scalar(q)
         return str(value) if value is not None else None
 
-    async def _nth_newest_history_id(self, device_id: str, n: int) -> int | None:
+    async def _oldest_kept_history(self, device_ids: Sequence[str], keep: int) -> list[tuple[str, int]]:
+        """(device, id of its `keep`-th newest history row) for each device that has that many."""
+        found: list[tuple[str, Any]] = []
         if self._sqlite is not None:
-            rows = self._sqlite.read(
-                "SELECT id FROM device_history WHERE device_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?",
-                (device_id, n - 1),
-            )
-            return int(rows[0][0]) if rows else None
-        history = _table(DeviceHistory)
-        q = select(history.c.id).where(history.c.device_id == device_id).order_by(history.c.id.desc()).offset(n - 1)
-        async with self.sessions() as s:
-            found = await s.scalar(q.limit(1))
-        return int(found) if found is not None else None
+            sql = "SELECT id FROM device_history WHERE device_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?"
+            for device_id in device_ids:
+                rows = self._sqlite.read(sql, (device_id, keep - 1))
+                found.append((device_id, rows[0][0] if rows else None))
+        else:
+            history = _table(DeviceHistory)
+            async with self.sessions() as s:  # one session for them all
+                for device_id in device_ids:
+                    q = select(history.c.id).where(history.c.device_id == device_id).order_by(history.c.id.desc())
+                    found.append((device_id, await s.scalar(q.offset(keep - 1).limit(1))))
+        return [(device_id, int(oldest)) for device_id, oldest in found if oldest is not None]
 
     async def prune_device_history(self, device_ids: Sequence[str], keep: int) -> int:
         """Delete all but the newest `keep` history rows of each device; how many went."""
         history = _table(DeviceHistory)
-        cut: list[tuple[str, int]] = []
-        for device_id in device_ids:
-            oldest_kept = await self._nth_newest_history_id(device_id, keep)
-            if oldest_kept is not None:
-                cut.append((device_id, oldest_kept))
+        cut = await self._oldest_kept_history(device_ids, keep)
         removed = 0
         for device_id, oldest_kept in cut:
             if self._sqlite is not None:
