@@ -75,6 +75,9 @@ log = logging.getLogger("orrery.engine")
 
 RECONCILE_LOOKBACK_S = 3600.0  # tasks created this long before the engine started are adopted too
 DEVICE_RECONCILE_EVERY = 5  # device rows are compared every this many task reconciles
+# A pass over the device rows reads this many per step: a step stays short at 10,000 devices
+# (the loop also answers heartbeats), and the pass ends a few steps later.
+DEVICE_PAGE = 500
 
 Handler = Callable[[Any, float], Awaitable[Any]]
 
@@ -140,6 +143,7 @@ class Engine:
         self.recovered_at: float | None = None
         self._next_reconcile: float | None = None
         self._reconciles = 0
+        self._device_pass: str | None = None  # the last device id of a pass under way
         self._handlers: dict[type[Input], Handler] = {
             FrameIn: self._on_frame,
             SubmitTask: self._on_submit,
@@ -378,17 +382,21 @@ class Engine:
     async def _reconcile_if_due(self, now: float) -> None:
         """Adopt what the store has and memory lacks (SPEC section 7: the store is the only
         truth): `TaskCreated` and `DeviceChanged` from other replicas are hints that may be lost."""
-        due = self._next_reconcile
-        if due is None or now < due:
-            return
-        self._next_reconcile = now + self.settings.reconcile_interval_s
-        self.timers.add(self._next_reconcile, timers.Wake())
-        self._reconciles += 1
         try:
+            if self._device_pass is not None:
+                await self._adopt_device_page(now)
+            due = self._next_reconcile
+            if due is None or now < due:
+                return
+            self._next_reconcile = now + self.settings.reconcile_interval_s
+            self.timers.add(self._next_reconcile, timers.Wake())
+            self._reconciles += 1
             await self._adopt_tasks(now)
-            if self._reconciles % DEVICE_RECONCILE_EVERY == 0:
-                await self._adopt_device_changes(now)
+            if self._reconciles % DEVICE_RECONCILE_EVERY == 0 and self._device_pass is None:
+                self._device_pass = ""
+                await self._adopt_device_page(now)
         except Exception as exc:  # the next round tries again; commits would fail loudly anyway
+            self._device_pass = None
             log.warning("could not reconcile with the store: %s", exc)
 
     async def _adopt_tasks(self, now: float) -> None:
@@ -398,8 +406,13 @@ class Engine:
                 log.info("adopting task %s found in the store (state %s)", task_id, state)
                 await self._on_task_created(TaskCreated(task_id), now)
 
-    async def _adopt_device_changes(self, now: float) -> None:
-        for device_id, name, admin, labels, token_hash in await self.store.device_admin():
+    async def _adopt_device_page(self, now: float) -> None:
+        """One page of a pass over the device rows: adopt what operators changed that memory
+        missed. The next page is read in the next step, so no step holds the loop for the whole
+        fleet; at the end of the pass, old device history is pruned."""
+        after = self._device_pass or ""
+        rows = await self.store.device_admin(after, DEVICE_PAGE)
+        for device_id, name, admin, labels, token_hash in rows:
             dev = self.fleet.devices.get(device_id)
             if (
                 dev is None
@@ -410,6 +423,11 @@ class Engine:
             ):
                 log.info("adopting a change of device %s found in the store", device_id)
                 await self._on_device_changed(DeviceChanged(device_id), now)
+        if len(rows) == DEVICE_PAGE:
+            self._device_pass = rows[-1][0]
+            self.timers.add(now, timers.Wake())  # the next page, in the next step
+            return
+        self._device_pass = None
         written = self.fleet.take_history_written()
         removed = await self.store.prune_device_history(written, self.settings.device_history_kept)
         if removed:

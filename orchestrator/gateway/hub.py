@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from protocol.messages import SUPPORTED_VERSIONS, BatchAccepted, Error, Heartbea
 from protocol.session import AckPolicy, Channel, Role, Session, negotiate_version
 
 log = logging.getLogger("orrery.gateway")
+LINK_REPORT_CHUNK = 500  # links per periodic report (see Gateway._report_links)
 
 
 @dataclass
@@ -150,8 +152,8 @@ class Gateway:
         if link and link.conn:
             link.conn.close(code, reason)
 
-    def link_report(self) -> LinkReport:
-        """Every link here as the engine should know it (re-announced periodically)."""
+    def link_report(self, links: Iterable[Link] | None = None) -> LinkReport:
+        """Every link here (or those of `links`) as the engine should know it."""
         now = time.monotonic()
         return LinkReport(
             self.cluster.replica_id,
@@ -163,17 +165,26 @@ class Gateway:
                     0.0 if link.waiting else max(0.0, now - link.last_frame),
                     link.batch_id,
                 )
-                for link in self.links.values()
+                for link in (self.links.values() if links is None else links)
             ],
         )
 
     async def _report_links(self) -> None:
+        """Re-announce every link once per report interval, in parts of at most
+        LINK_REPORT_CHUNK links spread over the interval: one report of 10,000 links held the
+        loop (and so every heartbeat answer) for ~60 ms. A report never implies that a link
+        missing from it is gone, so the parts are as good as the whole; a link replaced or
+        dropped since the interval began is left out (its successor is in a later part)."""
+        interval = self.settings.link_report_interval_s
         while True:
-            await asyncio.sleep(self.settings.link_report_interval_s)
-            try:
-                self.cluster.report(self.link_report())
-            except Exception:  # a report is a periodic hint; the next one will do
-                log.exception("could not report device links")
+            links = list(self.links.values())
+            parts = [links[i : i + LINK_REPORT_CHUNK] for i in range(0, len(links), LINK_REPORT_CHUNK)] or [[]]
+            for part in parts:
+                await asyncio.sleep(interval / len(parts))
+                try:
+                    self.cluster.report(self.link_report(x for x in part if self.links.get(x.device_id) is x))
+                except Exception:  # a report is a periodic hint; the next one will do
+                    log.exception("could not report device links")
 
     def is_connected(self, device_id: str) -> bool:
         link = self.links.get(device_id)

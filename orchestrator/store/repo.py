@@ -178,12 +178,23 @@ class Store:
         async with self.sessions() as s:
             return [(str(i), str(st)) for i, st in (await s.execute(q)).all()]
 
-    async def device_admin(self) -> list[tuple[str, str, str, dict[str, Any], str]]:
-        """(id, name, admin state, enrollment labels, token hash) of every device: what operators change."""
+    async def device_admin(
+        self, after: str = "", limit: int = 1_000_000
+    ) -> list[tuple[str, str, str, dict[str, Any], str]]:
+        """(id, name, admin state, enrollment labels, token hash) of the devices after id `after`,
+        at most `limit`, in id order: what operators change."""
         if self._sqlite is not None:
-            rows = self._sqlite.read("SELECT id, name, admin_state, labels, token_hash FROM devices", ())
+            rows = self._sqlite.read(
+                "SELECT id, name, admin_state, labels, token_hash FROM devices WHERE id > ? ORDER BY id LIMIT ?",
+                (after, limit),
+            )
             return [(str(i), str(n), str(a), _json_object(lb), str(t)) for i, n, a, lb, t in rows]
-        q = select(Device.id, Device.name, Device.admin_state, Device.labels, Device.token_hash)
+        q = (
+            select(Device.id, Device.name, Device.admin_state, Device.labels, Device.token_hash)
+            .where(Device.id > after)
+            .order_by(Device.id)
+            .limit(limit)
+        )
         async with self.sessions() as s:
             return [(str(i), str(n), str(a), dict(lb or {}), str(t)) for i, n, a, lb, t in (await s.execute(q)).all()]
 

@@ -199,11 +199,15 @@ class MemStore:
     async def get_device(self, device_id: str) -> Device | None:
         return self.table(Device).get((device_id,))
 
-    async def device_admin(self) -> list[tuple[str, str, str, dict[str, Any], str]]:
-        return [
+    async def device_admin(
+        self, after: str = "", limit: int = 1_000_000
+    ) -> list[tuple[str, str, str, dict[str, Any], str]]:
+        rows = [
             (d.id, d.name, d.admin_state, dict(d.labels or {}), d.token_hash)
             for _, d in sorted(self.table(Device).items())
+            if d.id > after
         ]
+        return rows[:limit]
 
     async def last_device_state(self, device_id: str) -> str | None:
         rows = [h for h in self.table(DeviceHistory).values() if h.device_id == device_id]

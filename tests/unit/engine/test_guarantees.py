@@ -283,6 +283,40 @@ async def test_an_operator_change_whose_notice_was_lost_is_adopted_from_the_stor
     assert h.batches(dev) == []
 
 
+async def test_a_fleet_larger_than_a_page_is_compared_a_page_per_step(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device rows are compared with memory a page per step (a step over 10,000 rows held
+    the loop, and so every heartbeat answer, for ~80 ms): a change on the last page is still
+    adopted, a few steps after the pass began, and no step reads more than a page."""
+    from orchestrator.engine import core
+    from orchestrator.store.models import Device
+
+    monkeypatch.setattr(core, "DEVICE_PAGE", 2)
+    devices = [await h.enroll(f"fleet{i}") for i in range(5)]
+    last = max(devices)
+    await h.store.update(Device, (last,), admin_state="cordoned")
+    reads: list[tuple[str, int, int]] = []
+    real = h.store.device_admin
+
+    async def counted(after: str = "", limit: int = 1_000_000) -> list[tuple[str, str, str, dict[str, object], str]]:
+        rows = await real(after, limit)
+        reads.append((after, limit, len(rows)))
+        return rows
+
+    monkeypatch.setattr(h.store, "device_admin", counted)
+    for _ in range(core.DEVICE_RECONCILE_EVERY):
+        await h.advance(h.settings.reconcile_interval_s)
+    assert h.engine.devices[last].admin.value == "active"  # one page read so far: not there yet
+    assert reads == [("", 2, 2)]
+    for _ in range(3):
+        await h.advance(0)
+    assert h.engine.devices[last].admin.value == "cordoned"
+    assert [(after, n) for after, _, n in reads] == [("", 2), (sorted(devices)[1], 2), (sorted(devices)[3], 1)]
+    await h.advance(0)
+    assert len(reads) == 3  # the pass ended with the short page
+
+
 async def test_a_device_still_marked_busy_with_a_closed_batch_is_freed_by_its_next_idle_heartbeat(h: Harness) -> None:
     """Defect 7, re-derived: whatever left `current_batch` pointing at a batch the engine closed,
     the device's own heartbeat (it runs nothing) frees it."""

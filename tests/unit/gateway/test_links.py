@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -58,3 +59,34 @@ def test_the_link_report_names_each_link_with_its_epoch_and_the_batch_its_device
     by_id = {s.device_id: s for s in report.links}
     assert (by_id["d"].epoch, by_id["d"].batch_id, by_id["d"].liveness) == (7, "b9", Liveness.ONLINE)
     assert by_id["waiting"].silent_s == 0.0  # its frames wait on the engine: silence is not its fault
+
+
+async def test_links_are_reported_in_parts_spread_over_the_interval_and_a_dropped_link_is_left_out(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 10,000 devices one report of every link held the loop (and every heartbeat answer)
+    for ~60 ms: the periodic report goes out in parts. A link dropped or replaced after the
+    pass began is not reported from the stale copy (it would say a gone device is online)."""
+    from orchestrator.engine.records import LinkReport
+    from orchestrator.gateway import hub
+
+    monkeypatch.setattr(hub, "LINK_REPORT_CHUNK", 2)
+    gateway.settings = gateway.settings.model_copy(update={"heartbeat_interval_s": 0.2})  # a 0.1 s interval
+    for i in range(5):
+        gateway.links[f"d{i}"] = Link(f"d{i}", Session(f"s{i}"), conn=None, epoch=1)
+    parts: asyncio.Queue[LinkReport] = asyncio.Queue()
+    monkeypatch.setattr(gateway.cluster, "report", parts.put_nowait)
+    reporter = asyncio.create_task(gateway._report_links())
+    try:
+        first = await asyncio.wait_for(parts.get(), 10)
+        del gateway.links["d3"]  # dropped
+        gateway.links["d4"] = Link("d4", Session("s9"), conn=None, epoch=9)  # replaced
+        second, third = [await asyncio.wait_for(parts.get(), 10) for _ in range(2)]
+        assert [[s.device_id for s in p.links] for p in (first, second, third)] == [["d0", "d1"], ["d2"], []]
+        next_pass = [await asyncio.wait_for(parts.get(), 10) for _ in range(2)]
+        reported = {s.device_id: s.epoch for p in next_pass for s in p.links}
+        assert reported == {"d0": 1, "d1": 1, "d2": 1, "d4": 9}
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
