@@ -13,7 +13,7 @@ from orchestrator.api.schemas import AttemptOut, DeviceOut, EdgeOut, NodeOut, Ta
 from orchestrator.domain.lifecycle import device_state
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.store.models import Device, Task
-from orchestrator.store.repo import TaskBundle
+from orchestrator.store.repo import VIEW_ATTEMPT_COLUMNS, VIEW_NODE_COLUMNS, TaskBundle, TaskRows
 
 
 def task_out(task: Task, counts: dict[str, int] | None = None) -> TaskOut:
@@ -44,37 +44,41 @@ class NewTask:
     edges: list[dict[str, Any]]
 
 
-_NODE_FIELDS = ("id", "kind", "state", "spec", "queued_on", "output", "error", "started_at", "finished_at")
 _NODES = TypeAdapter(list[NodeOut])
 _EDGES = TypeAdapter(list[EdgeOut])
 
 
-def task_detail(bundle: TaskBundle | NewTask) -> TaskOut:
+def task_detail(bundle: TaskBundle | TaskRows | NewTask) -> TaskOut:
+    attempts: list[dict[str, Any]]
     if isinstance(bundle, NewTask):
         task = Task(**bundle.task)
         rows, edges, attempts = bundle.nodes, bundle.edges, []
+    elif isinstance(bundle, TaskRows):
+        task, rows, attempts = Task(**bundle.task), bundle.nodes, bundle.attempts
+        edges = [{"source": e["source"], "target": e["target"], "on": e["on"]} for e in bundle.edges]
     else:
-        task, attempts = bundle.task, bundle.attempts
-        rows = [{f: getattr(n, f) for f in _NODE_FIELDS} for n in bundle.nodes]
+        task = bundle.task
+        rows = [{f: getattr(n, f) for f in VIEW_NODE_COLUMNS} for n in bundle.nodes]
         edges = [{"source": e.source, "target": e.target, "on": e.on} for e in bundle.edges]
+        attempts = [{f: getattr(a, f) for f in VIEW_ATTEMPT_COLUMNS} for a in bundle.attempts]
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     out = task_out(task, counts)
     by_node: dict[str, list[AttemptOut]] = {}
     for a in attempts:
-        by_node.setdefault(a.node_id, []).append(
+        by_node.setdefault(a["node_id"], []).append(
             AttemptOut(
-                n=a.n,
-                device_id=a.device_id,
-                batch_id=a.batch_id,
-                status=a.status,
-                started_at=a.started_at,
-                accepted_at=a.accepted_at,
-                ended_at=a.ended_at,
-                commands=a.commands or [],
-                results=a.results or [],
-                error=a.error,
+                n=a["n"],
+                device_id=a["device_id"],
+                batch_id=a["batch_id"],
+                status=a["status"],
+                started_at=a["started_at"],
+                accepted_at=a["accepted_at"],
+                ended_at=a["ended_at"],
+                commands=a["commands"] or [],
+                results=a["results"] or [],
+                error=a["error"],
             )
         )
     nodes = []

@@ -325,7 +325,7 @@ def _cursor(name: str, value: str | None) -> int:
 
 
 async def _detail(comp: Any, task_id: str) -> TaskOut:
-    bundle = await comp.store.get_task((await find_task(comp.store, task_id)).id)
+    bundle = await comp.store.task_view((await find_task(comp.store, task_id)).id)
     if bundle is None:
         raise ApiError(404, "not_found", f"no task '{task_id}'")
     return task_detail(bundle)

@@ -113,6 +113,35 @@ class TaskBundle:
     attempts: list[Attempt]
 
 
+# The columns of a task's nodes and attempts that its view shows.
+VIEW_NODE_COLUMNS = ("id", "kind", "state", "spec", "queued_on", "output", "error", "started_at", "finished_at")
+VIEW_ATTEMPT_COLUMNS = (
+    "node_id",
+    "n",
+    "device_id",
+    "batch_id",
+    "status",
+    "started_at",
+    "accepted_at",
+    "ended_at",
+    "commands",
+    "results",
+    "error",
+)
+
+
+@dataclass
+class TaskRows:
+    """A task as plain rows (column name -> value, as the ORM would load it), for reading only:
+    the API renders a task of thousands of nodes from these without building ORM objects. The
+    task row is whole; nodes and attempts have the VIEW_*_COLUMNS."""
+
+    task: dict[str, Any]
+    nodes: list[dict[str, Any]]
+    edges: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+
+
 @dataclass
 class RuntimeSnapshot:
     devices: list[Device]
@@ -420,6 +449,23 @@ class Store:
             ).scalars()
             return TaskBundle(task, list(nodes), list(edges), list(attempts))
 
+    async def task_view(self, task_id: str) -> TaskBundle | TaskRows | None:
+        """The task with its nodes, edges and attempts, to show. On SQLite as plain rows read on
+        this thread (a 2,000-node task took ~0.3 s through the ORM and its thread, and is read in
+        a tenth of that); on Postgres through the ORM."""
+        if self._sqlite is None:
+            return await self.get_task(task_id)
+        read = self._sqlite.read_rows
+        tasks = read(_table(Task), "id = ?", (task_id,))
+        if not tasks:
+            return None
+        return TaskRows(
+            tasks[0],
+            read(_table(Node), "task_id = ?", (task_id,), "position", VIEW_NODE_COLUMNS),
+            read(_table(Edge), "task_id = ?", (task_id,)),
+            read(_table(Attempt), "task_id = ?", (task_id,), "n", VIEW_ATTEMPT_COLUMNS),
+        )
+
     async def resolve_task(self, ref: str) -> tuple[Task | None, list[Task]]:
         """The task `ref` names: its id, its name (the newest task of that name) or a unique id
         prefix of at least `MIN_PREFIX` characters; see `resolve_device`."""
@@ -497,7 +543,8 @@ class Store:
                 (task_id, after, limit),
             )
             return [
-                StoredEvent(int(i), str(t), n, (orjson.loads(d) if d is not None else None) or {})
+                # json, not orjson: orjson reads an int over 64 bits as a float
+                StoredEvent(int(i), str(t), n, (json.loads(d) if d is not None else None) or {})
                 for i, t, n, d in rows
             ]
         events = _table(Event)
