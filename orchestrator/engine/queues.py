@@ -156,16 +156,21 @@ class Queues:
     def _best(capable: list[DeviceRun], failed_on: Collection[str]) -> DeviceRun | None:
         """The capable device in service that `placement.preference` ranks first. `capable` is in
         id order, so the first free device the node has not failed on is that device (the common
-        case, found without ranking them all)."""
+        case, found without ranking them all). Called for every node placed while the whole
+        fleet is busy, so `takes_work`, `occupied` and `preference` are written out inline here
+        (the same tests, in the same order; `test_placement` holds them to `placement.choose`)."""
         best: DeviceRun | None = None
         best_key: tuple[bool, bool, int, str] | None = None
+        active, online = AdminState.ACTIVE, Liveness.ONLINE
         for d in capable:
-            if not takes_work(d):
+            if d.admin is not active or d.liveness is not online:
                 continue
-            busy = occupied(d)
-            if not busy and d.id not in failed_on:
+            waiting = len(d.queue)
+            busy = d.current_batch is not None or waiting > 0
+            failed = d.id in failed_on if failed_on else False
+            if not busy and not failed:
                 return d
-            key = placement.preference(d.id, failed_on, busy, len(d.queue))
+            key = (failed, busy, waiting, d.id)
             if best_key is None or key < best_key:
                 best, best_key = d, key
         return best

@@ -101,3 +101,27 @@ def test_a_deep_queue_gives_what_ranking_it_whole_would(seed: int) -> None:
         dev.current_batch = f"b{picked}"
         picked += 1
     assert picked and not q.queued_at
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_device_picked_for_a_node_is_the_one_placement_ranks_first(seed: int) -> None:
+    """`Queues._best` writes out `takes_work`, `occupied` and `placement.preference` inline for
+    speed: over seeded fleets (cordoned, offline, busy, queued, failed-on devices) it must pick
+    exactly what `placement.choose_queue` picks from the same devices."""
+    from orchestrator.domain import placement
+    from orchestrator.domain.model import AdminState
+
+    rng = random.Random(seed)
+    fleet = []
+    for i in range(rng.randrange(1, 9)):
+        dev = device(f"d{i}", liveness=rng.choice([Liveness.ONLINE] * 3 + [Liveness.SUSPECT, Liveness.OFFLINE]))
+        dev.admin = rng.choice([AdminState.ACTIVE] * 3 + [AdminState.CORDONED])
+        dev.current_batch = "b" if rng.random() < 0.5 else None
+        for n in range(rng.choice([0, 0, 1, 3])):
+            dev.queue[(f"q{i}", f"n{n}")] = None
+        fleet.append(dev)
+    failed_on = {d.id for d in fleet if rng.random() < 0.3}
+    node = task("t", "sim.act").nodes["n1"].spec
+    expected = placement.choose_queue(node, [d.view() for d in fleet], frozenset(failed_on))
+    picked = Queues._best(fleet, failed_on)
+    assert (picked.id if picked else None) == (expected.id if expected else None)
