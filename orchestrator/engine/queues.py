@@ -158,7 +158,8 @@ class Queues:
         id order, so the first free device the node has not failed on is that device (the common
         case, found without ranking them all). Called for every node placed while the whole
         fleet is busy, so `takes_work`, `occupied` and `preference` are written out inline here
-        (the same tests, in the same order; `test_placement` holds them to `placement.choose`)."""
+        (the same tests, in the same order; a seeded test in `tests/unit/engine/test_queues.py`
+        holds it to `placement.choose_queue`)."""
         best: DeviceRun | None = None
         best_key: tuple[bool, bool, int, str] | None = None
         active, online = AdminState.ACTIVE, Liveness.ONLINE
