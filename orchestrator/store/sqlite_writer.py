@@ -9,10 +9,11 @@ read back through the ORM look exactly as if SQLAlchemy had written them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -32,6 +33,7 @@ class SqliteWriter:
     def __init__(self, url: str) -> None:
         self._dialect = sqlite.dialect()
         path = make_url(url).database or ":memory:"
+        self._path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         # WAL, synchronous=NORMAL and checkpoints on a thread of their own: what that survives is
         # written at `orrery.checkpoints`.
@@ -112,13 +114,39 @@ class SqliteWriter:
         """A read of committed rows on this connection (between transactions: never inside one)."""
         return self._db.execute(sql, params).fetchall()
 
+    @property
+    def in_memory(self) -> bool:
+        """An in-memory database: only the writer's connection sees it (so only its thread)."""
+        return self._path == ":memory:"
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A connection of its own holding one read transaction: its reads agree with each other
+        and may run on another thread (a large read there leaves the loop free, where a read on
+        the writer's connection would hold it). An in-memory database has only the writer's."""
+        if self.in_memory:
+            yield self._db
+            return
+        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=30)
+        try:
+            db.execute("BEGIN")
+            yield db
+        finally:
+            db.close()  # a read transaction has nothing to commit
+
     def read_rows(
-        self, table: Table, where: str, params: tuple[Any, ...], order_by: str = "", columns: tuple[str, ...] = ()
+        self,
+        table: Table,
+        where: str,
+        params: tuple[Any, ...],
+        order_by: str = "",
+        columns: tuple[str, ...] = (),
+        db: sqlite3.Connection | None = None,
     ) -> list[dict[str, Any]]:
         """Rows of `table` (column name -> value; every column, or those named) as the ORM would
         load them: each column's own result converter is applied (JSON parsed, UTC datetimes),
         without building ORM objects. `where` and `order_by` are SQL over the table's columns,
-        with `?` for `params`."""
+        with `?` for `params`; `db` is a `snapshot` to read in (else the writer's connection)."""
         names = columns or tuple(c.name for c in table.columns)
         plan = self._readers.get((table.name, names))
         if plan is None:
@@ -139,7 +167,7 @@ class SqliteWriter:
                 name: value if convert is None or value is None else convert(value)
                 for (name, convert), value in zip(converters, row, strict=True)
             }
-            for row in self._db.execute(sql, params)
+            for row in (db or self._db).execute(sql, params)
         ]
 
     def _q(self, name: str) -> str:

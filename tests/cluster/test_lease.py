@@ -8,14 +8,11 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from orchestrator.bus.local import LocalBus
-from orchestrator.cluster.replicas import LEASE, RedisCluster
+from orchestrator.cluster.replicas import LEASE
 from orchestrator.config import Settings
-from orchestrator.engine.core import Engine
-from orchestrator.gateway.hub import Gateway
-from orchestrator.security import Hasher
 from orchestrator.store.migrate import upgrade
 from orchestrator.store.repo import Store
+from tests.cluster.inprocess import replica
 
 
 async def test_a_replica_that_lost_the_lease_never_leads_again_even_when_it_is_free(
@@ -27,14 +24,10 @@ async def test_a_replica_that_lost_the_lease_never_leads_again_even_when_it_is_f
     settings = Settings(data_dir=tmp_path, database_url=postgres_db, redis_url=redis_db, lease_ttl_s=0.6)
     store = Store(postgres_db)
     redis = Redis.from_url(redis_db)
-    engine = Engine(settings, store, LocalBus())
+    engine, gateway, cluster = replica(settings, store, redis)
     stopped = asyncio.Event()
     fatal: list[BaseException] = []
     engine.on_fatal = lambda exc: (fatal.append(exc), stopped.set())
-    gateway = Gateway(settings, store, Hasher(b"k" * 32), engine.metrics)
-    cluster = RedisCluster(settings, store, engine, gateway, redis)
-    gateway.bind(cluster)
-    engine.links = cluster
     await gateway.start()
     await cluster.start()
     try:

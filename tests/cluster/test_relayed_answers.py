@@ -12,17 +12,15 @@ from typing import Any
 
 import pytest
 
-from orchestrator.bus.local import LocalBus
 from orchestrator.cluster.replicas import ClusterUnavailable, RedisCluster
 from orchestrator.config import Settings
 from orchestrator.domain.model import DagSpec
 from orchestrator.engine.core import Engine
 from orchestrator.engine.intake import Submission
 from orchestrator.engine.records import SubmitTask
-from orchestrator.gateway.hub import Gateway
-from orchestrator.security import Hasher
 from orchestrator.store.migrate import upgrade
 from orchestrator.store.repo import Store
+from tests.cluster.inprocess import replica
 
 
 def submission(task_id: str) -> SubmitTask:
@@ -47,11 +45,7 @@ class Replicas:
         )
         store = Store(self.postgres_db)
         redis = Redis.from_url(self.redis_db)
-        engine = Engine(settings, store, LocalBus())
-        gateway = Gateway(settings, store, Hasher(b"k" * 32), engine.metrics)
-        cluster = RedisCluster(settings, store, engine, gateway, redis)
-        gateway.bind(cluster)
-        engine.links = cluster
+        engine, gateway, cluster = replica(settings, store, redis)
         await gateway.start()
         await cluster.start()
         self.stops += [cluster.stop, gateway.stop, engine.stop, redis.aclose, store.close]

@@ -17,6 +17,7 @@ import pytest
 from device_agent import ledger as ledger_module
 from device_agent.ledger import Ledger, LedgerOwned, Receipt, results_json
 from protocol.messages import Command, CommandBatch, Result
+from tests.support import wait_until
 
 DEVICE = "dev_1"
 
@@ -278,9 +279,6 @@ def test_checkpoints_run_off_the_agents_loop_and_stop_with_the_ledger(tmp_path: 
             except sqlite3.OperationalError:  # not even the schema has been copied yet
                 return False
 
-    deadline = time.monotonic() + 30
-    while not in_database_file():
-        assert time.monotonic() < deadline, "the received batch never reached the database file"
-        time.sleep(0.05)
+    wait_until(in_database_file, 30, "the received batch to reach the database file")
     ledger.close()
     assert not checkpointer.is_alive()
