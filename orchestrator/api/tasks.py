@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from orchestrator.api.deps import Comp, Operator, Viewer
 from orchestrator.api.errors import COMMON, LISTING, ApiError, problems
 from orchestrator.api.lookup import find_task
-from orchestrator.api.render import task_detail, task_out
+from orchestrator.api.render import json_answer, task_detail, task_out
 from orchestrator.api.schemas import DryRunOut, Page, TaskCreate, TaskOut, TaskRerun, WarningOut
 from orchestrator.api.submission import Rerun, create_task
 from orchestrator.api.submission import dry_run as check_only
@@ -89,7 +89,7 @@ async def submit(
     else:
         out = task_detail(created)
     out.warnings = [WarningOut.model_validate(w) for w in warnings]
-    return out
+    return json_answer(out, response.status_code or 201)
 
 
 @router.get("", response_model=Page, responses=LISTING)
@@ -106,8 +106,8 @@ async def list_tasks(
 
 
 @router.get("/{task_id}", response_model=TaskOut)
-async def get_task(task_id: str, comp: Comp, _p: Viewer) -> TaskOut:
-    return await _detail(comp, task_id)
+async def get_task(task_id: str, comp: Comp, _p: Viewer) -> Response:
+    return json_answer(await _detail(comp, task_id))
 
 
 @router.get("/{task_id}/llm", response_model=Page)

@@ -90,3 +90,34 @@ def test_a_nul_is_found_past_the_shortcut_and_its_escaped_text_is_no_nul() -> No
         {"nodes": [{"id": "a", "commands": [{"tool": "x.y", "arguments": {"p": "\x00"}}]}]}
     )
     assert nul_problems(in_arguments) == []  # left to the tool's schema
+
+
+def test_a_task_answered_in_one_pass_is_the_answer_fastapi_renders_from_the_model() -> None:
+    """`json_answer` skips FastAPI's dump, validate and serialize of a returned model; the bytes must
+    be the ones FastAPI sends for that model under `response_model` (aliases such as an edge's
+    `from`/`to`, defaults, non-ASCII text, warnings), so a FastAPI upgrade that changes them fails here."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from orchestrator.api.render import json_answer
+    from orchestrator.api.schemas import TaskOut, WarningOut
+
+    sub = submission()
+    nodes, edges = sub.graph_rows()
+    out = task_detail(NewTask(sub.task_row(), nodes, edges))
+    out.warnings = [WarningOut.model_validate({"code": "retry_not_safe", "message": "é", "node_id": "a"})]
+    app = FastAPI()
+
+    @app.get("/model", response_model=TaskOut)
+    async def as_model() -> TaskOut:
+        return out
+
+    @app.get("/one-pass", response_model=TaskOut)
+    async def one_pass() -> Any:
+        return json_answer(out, 201)
+
+    with TestClient(app) as client:
+        rendered, ours = client.get("/model"), client.get("/one-pass")
+    assert ours.status_code == 201 and ours.headers["content-type"] == rendered.headers["content-type"]
+    assert b'"from":"a"' in ours.content and "é".encode() in ours.content
+    assert ours.content == rendered.content
