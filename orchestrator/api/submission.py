@@ -62,7 +62,9 @@ async def create_task(
     should warn about (also for the task an earlier request with the same key created)."""
     if body.dag is not None and (refused := nul_problems(body.dag)):
         raise DomainError(refused)  # before anything is looked up or handed over
-    digest = body_hash(body)
+    # Only a key's reuse compares bodies; without a key there is nothing to compare with, so the
+    # hash (a third of a large POST's time) is not made and the row keeps none.
+    digest = body_hash(body) if idempotency_key else ""
     if idempotency_key:  # the common retry is answered here, without the engine
         existing = await store.find_task_by_idempotency_key(idempotency_key)
         if existing is not None:
@@ -94,7 +96,7 @@ async def create_task(
     sub = Submission(
         task_id=task_id,
         name=body.name or f"task-{task_id[-6:]}",
-        body_hash=digest,
+        body_hash=digest or None,
         created=time.time(),
         spec=spec,
         request=rerun.request if rerun is not None else body.request,

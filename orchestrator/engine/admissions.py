@@ -41,7 +41,7 @@ class Admissions:
             row = await self.store.find_admitted(sub.task_id, sub.idempotency_key)
             if row is not None:
                 return {"task_id": row.id, "created": row.id == sub.task_id, "body_hash": row.body_hash or ""}, False
-        admitted: Admission = {"task_id": sub.task_id, "created": True, "body_hash": sub.body_hash}
+        admitted: Admission = {"task_id": sub.task_id, "created": True, "body_hash": sub.body_hash or ""}
         for mark in marks:
             self._admitted[mark] = admitted
         while len(self._admitted) > ADMITTED_KEPT:

@@ -35,7 +35,7 @@ class KeptNode:
 class Submission:
     task_id: str
     name: str
-    body_hash: str
+    body_hash: str | None  # None when no Idempotency-Key came with it (nothing to compare)
     created: float  # when the API accepted it (the task's created_at and started_at)
     spec: DagSpec | None  # None: planned from `request` by the LLM planner
     request: str | None = None
@@ -133,7 +133,7 @@ class Submission:
         return cls(
             task_id=str(data["task_id"]),
             name=str(data["name"]),
-            body_hash=str(data["body_hash"]),
+            body_hash=data.get("body_hash"),
             created=float(data["created"]),
             spec=DagSpec.model_validate(spec) if spec is not None else None,
             request=data.get("request"),
