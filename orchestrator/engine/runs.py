@@ -11,7 +11,8 @@ from typing import Any
 
 from orchestrator.config import Settings
 from orchestrator.domain import templates
-from orchestrator.domain.model import Liveness, NodeKind, NodeState, TaskState
+from orchestrator.domain.checks import schema_errors
+from orchestrator.domain.model import CommandSpec, Liveness, NodeKind, NodeState, TaskState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
 from orchestrator.engine.attempts import Attempts, attempt_row, ended_row, unanswered
@@ -166,6 +167,10 @@ class Runs:
             ]
         except templates.TemplateError as exc:
             self.apply(run, run.fail(key[1], ErrorCode.TEMPLATE_ERROR, str(exc), now), now)
+            return
+        misfit = _misfit(rec.spec.commands, commands, dev)
+        if misfit is not None:
+            self.apply(run, run.fail(key[1], ErrorCode.INVALID_ARGUMENTS, misfit, now), now)
             return
         att = self._open_attempt(dev, key, commands, now, AttemptKind.TOOL)
         self.timers.add(now + self.settings.batch_accept_timeout_s, AcceptDeadline(att.batch_id))
@@ -345,3 +350,20 @@ class Runs:
         run = self.tasks.pop(task_id, None)
         if run is not None:
             self.queues.forget(task_id, list(run.nodes))
+
+
+def _misfit(specs: list[CommandSpec], commands: list[Command], dev: DeviceRun) -> str | None:
+    """Why a command whose references took their values no longer fits its tool's input schema on
+    `dev` (the first such command), or None. The API checked the arguments as written at
+    submission, where a reference's type is not known yet; this is the same check once it is, so
+    the node fails here with the schema's own words instead of on the device with the tool's
+    validation dump. Arguments no reference changed are not checked again."""
+    for index, (spec, command) in enumerate(zip(specs, commands, strict=True)):
+        if command.arguments == spec.arguments:
+            continue
+        schema = (dev.tools.get(command.tool) or {}).get("input_schema") or {}
+        errors = schema_errors(command.tool, command.arguments, schema)
+        if errors:
+            found = "; ".join(message for _, message in errors)
+            return f"command {index} ({command.tool}), with its references resolved: {found}"
+    return None

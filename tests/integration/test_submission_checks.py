@@ -131,6 +131,34 @@ def test_a_reference_where_a_list_is_wanted_is_not_judged_at_submission(fleet: F
     assert post(fleet, {"dag": dag}, params={"dry_run": "true"}).json()["valid"] is True
 
 
+def test_a_reference_whose_value_does_not_fit_fails_the_node_in_plain_words_before_dispatch(fleet: Fleet) -> None:
+    """A whole reference keeps its value's type; an object where the tool takes a string is caught
+    once the value is known, with the schema's words, and the command never reaches the device."""
+
+    def echo(node_id: str, text: str) -> dict[str, Any]:
+        return {"id": node_id, "placement": PLACED, "commands": [{"tool": "system.echo", "arguments": {"text": text}}]}
+
+    dag = {
+        "nodes": [
+            {"id": "up", "placement": PLACED, "commands": [shell(["echo", "hi"])]},
+            echo("whole", "${nodes.up.output}"),
+            echo("field", "${nodes.up.output.stdout}"),
+        ],
+        "edges": [{"from": "up", "to": "whole"}, {"from": "up", "to": "field"}],
+    }
+    r = post(fleet, {"dag": dag})
+    assert r.status_code == 201, r.text
+    task = fleet.wait_task(r.json()["id"])
+    nodes = {n["id"]: n for n in task["nodes"]}
+    assert nodes["field"]["state"] == "succeeded" and nodes["field"]["output"] == {"text": "hi\n"}
+    whole = nodes["whole"]
+    assert whole["state"] == "failed" and whole["attempts"] == []  # never dispatched
+    assert whole["error"]["code"] == "invalid_arguments"
+    message = whole["error"]["message"]
+    assert "command 0 (system.echo)" in message and "argument 'text'" in message and "'string'" in message
+    assert "pydantic" not in message and "validation error" not in message
+
+
 # ---------------------------------------------------------------- dry run
 
 

@@ -1,13 +1,16 @@
 """Issue 14 item 1: a NUL byte (U+0000) in a tool argument is refused with `invalid_arguments`
-before anything runs, on the device itself and (where the schema says so) at submission.
+before anything runs: at submission (where the schema says so), by the engine before dispatch
+once a reference's value is known, and on the device itself.
 
 The attack: under uvloop (the agent's loop when installed) a subprocess spawn cuts every string at
 its first NUL, where stdlib asyncio raises. `argv[0] = "rm\\u0000x"` passed the shell deny list
 (`rm\\u0000x` is not `rm`) and then ran `rm`; `"keep\\u0000DROPPED"` arrived as `keep`.
 
-A device cannot trust the orchestrator, so the device tests get the NUL past the submission checks
-the way a real submitter can: a `${nodes...}` reference, filled in at run time with the output of
-an upstream `system.echo` (whose text may hold any character: it never reaches a syscall).
+A real submitter gets a NUL past the submission checks with a `${nodes...}` reference, filled in at
+run time with the output of an upstream `system.echo` (whose text may hold any character: it never
+reaches a syscall); the engine refuses it before dispatch. A device cannot trust the orchestrator,
+so the device's own check is tested with the scripted orchestrator sending the NUL anyway, to a
+real agent process.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.support import Agent, Fleet, shell
+from tests.unit.device_agent.scripted import scripted
 
 VICTIM = "victim.txt"
 POOL = {"labels": {"pool": "nul"}}
@@ -57,34 +61,79 @@ def smuggled(f: Fleet, text: str, command: dict[str, Any]) -> dict[str, Any]:
 REF = "${nodes.src.output.text}"
 
 
-@pytest.mark.parametrize(
-    ("text", "command", "field", "not_created"),
-    [
-        # the deny-list bypass: 'rm\0x' is not 'rm' to the policy, but uvloop spawned 'rm'
-        ("rm\x00x", shell([REF, VICTIM]), "argv[0]", None),
-        # silent truncation of an argument: 'keep\0DROPPED' would have arrived as 'keep'
-        ("keep\x00DROPPED", shell(["touch", REF]), "argv[1]", "keep"),
-        ("sub\x00x", shell(["touch", "made-in-cwd"], cwd=REF), "cwd", "sub/made-in-cwd"),
-        ("keep\x00DROPPED", {"tool": "files.write", "arguments": {"path": REF, "content": "x"}}, "path", "keep"),
-        ("keep\x00DROPPED", {"tool": "files.append", "arguments": {"path": REF, "content": "x"}}, "path", "keep"),
-        (f"{VICTIM}\x00x", {"tool": "files.read", "arguments": {"path": REF}}, "path", None),
-        (f"{VICTIM}\x00x", {"tool": "files.delete", "arguments": {"path": REF}}, "path", None),
-        ("sub\x00x", {"tool": "files.list", "arguments": {"path": REF}}, "path", None),
-        (".\x00x", {"tool": "system.disk", "arguments": {"path": REF}}, "path", None),
-    ],
-    ids=["argv0-deny-bypass", "argv-truncation", "cwd", "write", "append", "read", "delete", "list", "disk"],
-)
-def test_a_nul_reaching_the_device_is_refused_before_anything_runs(
-    env: tuple[Fleet, Agent], victim: Path, text: str, command: dict[str, Any], field: str, not_created: str | None
+# (text standing for REF, the command, the field as the device names it, as the orchestrator
+# names it, a file the command would have made from a cut string)
+CASES = [
+    # the deny-list bypass: 'rm\0x' is not 'rm' to the policy, but uvloop spawned 'rm'
+    ("rm\x00x", shell([REF, VICTIM]), "argv[0]", "argv.0", None),
+    # silent truncation of an argument: 'keep\0DROPPED' would have arrived as 'keep'
+    ("keep\x00DROPPED", shell(["touch", REF]), "argv[1]", "argv.1", "keep"),
+    ("sub\x00x", shell(["touch", "made-in-cwd"], cwd=REF), "cwd", "cwd", "sub/made-in-cwd"),
+    ("keep\x00DROPPED", {"tool": "files.write", "arguments": {"path": REF, "content": "x"}}, "path", "path", "keep"),
+    ("keep\x00DROPPED", {"tool": "files.append", "arguments": {"path": REF, "content": "x"}}, "path", "path", "keep"),
+    (f"{VICTIM}\x00x", {"tool": "files.read", "arguments": {"path": REF}}, "path", "path", None),
+    (f"{VICTIM}\x00x", {"tool": "files.delete", "arguments": {"path": REF}}, "path", "path", None),
+    ("sub\x00x", {"tool": "files.list", "arguments": {"path": REF}}, "path", "path", None),
+    (".\x00x", {"tool": "system.disk", "arguments": {"path": REF}}, "path", "path", None),
+]
+IDS = ["argv0-deny-bypass", "argv-truncation", "cwd", "write", "append", "read", "delete", "list", "disk"]
+
+
+def filled(value: Any, text: str) -> Any:
+    """`value` with REF replaced by `text`, as a run-time reference would fill it in."""
+    if isinstance(value, str):
+        return text if value == REF else value
+    if isinstance(value, list):
+        return [filled(v, text) for v in value]
+    if isinstance(value, dict):
+        return {k: filled(v, text) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize(("text", "command", "device_field", "field", "not_created"), CASES, ids=IDS)
+def test_a_nul_filled_in_by_a_reference_is_refused_by_the_orchestrator_before_dispatch(
+    env: tuple[Fleet, Agent],
+    victim: Path,
+    text: str,
+    command: dict[str, Any],
+    device_field: str,
+    field: str,
+    not_created: str | None,
 ) -> None:
+    """The submission check cannot see a reference's value; the engine checks it against the
+    device's schema once it is known, so the command never reaches the device."""
     f, agent = env
     node = smuggled(f, text, command)
     assert node["state"] == "failed"
     assert node["error"]["code"] == "invalid_arguments", node["error"]
-    assert f"argument {field} contains a NUL byte" in node["error"]["message"]
+    assert f"argument '{field}' contains a NUL byte" in node["error"]["message"]
+    assert node["attempts"] == []  # never dispatched
     assert victim.read_text() == "still here\n"
     if not_created:
         assert not (agent.workspace / not_created).exists()
+
+
+@pytest.mark.parametrize(("text", "command", "device_field", "field", "not_created"), CASES, ids=IDS)
+async def test_a_nul_reaching_the_device_is_refused_before_anything_runs(
+    tmp_path: Path, text: str, command: dict[str, Any], device_field: str, field: str, not_created: str | None
+) -> None:
+    """A device cannot trust the orchestrator: one that sends a NUL anyway (the scripted one here;
+    a real one refuses first, above) meets the agent's own check, in a real agent process."""
+    async with scripted(tmp_path, ORRERY_AGENT_SHELL_DENY='["rm"]') as (server, device):
+        device.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        await conn.recv("heartbeat")  # the agent is up, its workspace made
+        (device.workspace / "sub").mkdir(exist_ok=True)
+        victim = device.workspace / VICTIM
+        victim.write_text("still here\n")
+        done = await conn.result_for(await conn.batch(filled(command, text), fence=1))
+        (result,) = done["results"]
+        assert result["status"] == "failure" and result["error"]["code"] == "invalid_arguments", result
+        assert f"argument {device_field} contains a NUL byte" in result["error"]["message"]
+        assert victim.read_text() == "still here\n"
+        if not_created:
+            assert not (device.workspace / not_created).exists()
 
 
 def test_the_denied_program_still_runs_as_denied_without_a_nul(env: tuple[Fleet, Agent], victim: Path) -> None:
