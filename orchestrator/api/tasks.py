@@ -7,7 +7,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -22,6 +21,7 @@ from orchestrator.domain.dag import Graph
 from orchestrator.domain.model import DagSpec, EdgeSpec, NodeSpec, NodeState, TaskState
 from orchestrator.domain.rerun import kept_nodes
 from orchestrator.engine.records import CancelTask
+from orrery.jsontext import json_text
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **problems(404, 409)})
 
@@ -295,7 +295,7 @@ async def _stream(comp: Any, task_id: str, after: int, key_id: str | None = None
 
 
 def _frame(event_id: int, type_: str, data: dict[str, Any]) -> str:
-    return f"id: {event_id}\nevent: {type_}\ndata: {orjson.dumps(data).decode()}\n\n"
+    return f"id: {event_id}\nevent: {type_}\ndata: {json_text(data)}\n\n"
 
 
 def _ends(type_: str, data: dict[str, Any]) -> bool:
@@ -305,7 +305,7 @@ def _ends(type_: str, data: dict[str, Any]) -> bool:
 def _closing(task_id: str, code: str, detail: str) -> str:
     """The last frame of a stream the server ends early: `event: error`, no `id` (a client's
     resume point stays the last real event)."""
-    return f"event: error\ndata: {orjson.dumps({'task_id': task_id, 'code': code, 'detail': detail}).decode()}\n\n"
+    return f"event: error\ndata: {json_text({'task_id': task_id, 'code': code, 'detail': detail})}\n\n"
 
 
 def _over(state: str | None) -> bool:

@@ -18,13 +18,13 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-import orjson
 from sqlalchemy import JSON, Table
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
 
 from orchestrator.store.models import UTCDateTime
 from orrery.checkpoints import Checkpoints
+from orrery.jsontext import json_text
 
 Processor = Callable[[Any], Any] | None
 
@@ -225,7 +225,7 @@ def _fast_processor(type_: Any) -> Processor:
     """Faster equivalents of SQLAlchemy's converters for the two hot column types; each writes
     exactly the text SQLAlchemy would (checked by the store tests), ~5x quicker."""
     if isinstance(type_, JSON):
-        return _dump_json
+        return json_text
     if isinstance(type_, UTCDateTime):
         return sqlite_datetime
     return None
@@ -244,13 +244,6 @@ def _fast_reader(type_: Any) -> Processor:
 @lru_cache(maxsize=1024)  # a step writes its one clock reading into many rows
 def _load_datetime(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
-
-
-def _dump_json(value: Any) -> str:
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:  # something orjson will not take (e.g. a huge int): the standard library will
-        return json.dumps(value)
 
 
 @lru_cache(maxsize=256)  # a step writes the same few times (its clock) into many rows

@@ -41,6 +41,24 @@ async def test_a_reader_whose_wake_up_never_comes_finds_the_events_in_the_store(
         await h.close()
 
 
+async def test_an_event_holding_an_int_over_64_bits_is_sent_as_stored(tmp_path: Path) -> None:
+    """The store keeps such an int (it reads JSON with the standard library); the stream must
+    write it out again, where orjson alone raised and ended the stream."""
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open()
+    try:
+        task = await h.submit(one_node(), notify=False)
+        changes = ChangeSet()
+        data = {"state": "running", "n": 2**70}
+        changes.event({"task_id": task, "type": "node.state", "node_id": "n", "data": data, "at": utc(h.clock.now)})
+        await h.store.write(changes)
+        stream = _stream(SimpleNamespace(store=h.store, bus=LocalBus()), task, 0)
+        async with asyncio.timeout(SSE_POLL_S * 3):
+            frame = await anext(stream)
+        assert f"{2**70}" in frame and '"state"' in frame
+    finally:
+        await h.close()
+
+
 async def test_a_wake_up_makes_the_reader_look_at_once(tmp_path: Path) -> None:
     h = await (await asyncio.to_thread(Harness, tmp_path)).open()
     try:

@@ -84,7 +84,8 @@ def test_the_fast_converters_write_exactly_what_sqlalchemy_would() -> None:
     from sqlalchemy.dialects import sqlite
 
     from orchestrator.store.models import Event
-    from orchestrator.store.sqlite_writer import _dump_json, sqlite_datetime
+    from orchestrator.store.sqlite_writer import sqlite_datetime
+    from orrery.jsontext import json_text
 
     dialect = sqlite.dialect()
     slow_dt = Event.__table__.c.at.type._cached_bind_processor(dialect)
@@ -93,7 +94,7 @@ def test_the_fast_converters_write_exactly_what_sqlalchemy_would() -> None:
     value = {"a": [1, 2.5, None, True], "b": {"c": "é"}}
     import json
 
-    assert json.loads(_dump_json(value)) == value
+    assert json.loads(json_text(value)) == value
 
 
 async def test_soft_changes_absorbing_later_ones_keep_their_deletes_updates_and_events(store: Store) -> None:
