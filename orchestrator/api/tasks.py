@@ -21,7 +21,7 @@ from orchestrator.domain.dag import Graph
 from orchestrator.domain.model import DagSpec, EdgeSpec, NodeSpec, NodeState, TaskState
 from orchestrator.domain.rerun import kept_nodes
 from orchestrator.engine.records import CancelTask
-from orrery.jsontext import json_text
+from orchestrator.store.jsontext import json_text
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **problems(404, 409)})
 

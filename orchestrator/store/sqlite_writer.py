@@ -22,9 +22,9 @@ from sqlalchemy import JSON, Table
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
 
+from orchestrator.store.jsontext import json_text
 from orchestrator.store.models import UTCDateTime
 from orrery.checkpoints import Checkpoints
-from orrery.jsontext import json_text
 
 Processor = Callable[[Any], Any] | None
 

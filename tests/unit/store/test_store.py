@@ -83,9 +83,9 @@ def test_the_fast_converters_write_exactly_what_sqlalchemy_would() -> None:
 
     from sqlalchemy.dialects import sqlite
 
+    from orchestrator.store.jsontext import json_text
     from orchestrator.store.models import Event
     from orchestrator.store.sqlite_writer import sqlite_datetime
-    from orrery.jsontext import json_text
 
     dialect = sqlite.dialect()
     slow_dt = Event.__table__.c.at.type._cached_bind_processor(dialect)
