@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from orchestrator.api.deps import Comp, Operator, Viewer
 from orchestrator.api.errors import COMMON, LISTING, ApiError, problems
 from orchestrator.api.lookup import find_task
-from orchestrator.api.render import json_answer, task_detail, task_out
+from orchestrator.api.render import task_detail, task_json, task_out
 from orchestrator.api.schemas import DryRunOut, Page, TaskCreate, TaskOut, TaskRerun, WarningOut
 from orchestrator.api.submission import Rerun, create_task
 from orchestrator.api.submission import dry_run as check_only
@@ -22,6 +22,7 @@ from orchestrator.domain.model import DagSpec, EdgeSpec, NodeSpec, NodeState, Ta
 from orchestrator.domain.rerun import kept_nodes
 from orchestrator.engine.records import CancelTask
 from orchestrator.store.jsontext import json_text
+from orchestrator.store.repo import TaskBundle, TaskRows
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **problems(404, 409)})
 
@@ -79,17 +80,15 @@ async def submit(
     ] = False,
 ) -> Any:
     if dry_run:
-        answer = DryRunOut.model_validate(await check_only(comp.store, comp.cluster, comp.settings, body))
-        return JSONResponse(answer.model_dump(mode="json"), 200)
+        checked = DryRunOut.model_validate(await check_only(comp.store, comp.cluster, comp.settings, body))
+        return JSONResponse(checked.model_dump(mode="json"), 200)
     warnings: list[dict[str, str]] = []
     task_id, created = await create_task(comp.store, comp.cluster, comp.settings, body, idempotency_key, warnings)
     if created is None:
         response.status_code = 200  # the same Idempotency-Key and body: the task made before
-        out = await _detail(comp, task_id)
-    else:
-        out = task_detail(created)
-    out.warnings = [WarningOut.model_validate(w) for w in warnings]
-    return json_answer(out, response.status_code or 201)
+    shown = [WarningOut.model_validate(w).model_dump() for w in warnings]
+    body_json = task_json(await _view(comp, task_id) if created is None else created, shown)
+    return Response(body_json, response.status_code or 201, media_type="application/json")
 
 
 @router.get("", response_model=Page, responses=LISTING)
@@ -107,7 +106,7 @@ async def list_tasks(
 
 @router.get("/{task_id}", response_model=TaskOut)
 async def get_task(task_id: str, comp: Comp, _p: Viewer) -> Response:
-    return json_answer(await _detail(comp, task_id))
+    return Response(task_json(await _view(comp, task_id)), media_type="application/json")
 
 
 @router.get("/{task_id}/llm", response_model=Page)
@@ -324,8 +323,12 @@ def _cursor(name: str, value: str | None) -> int:
     return int(value)
 
 
-async def _detail(comp: Any, task_id: str) -> TaskOut:
-    bundle = await comp.store.task_view((await find_task(comp.store, task_id)).id)
+async def _view(comp: Any, task_id: str) -> TaskBundle | TaskRows:
+    bundle: TaskBundle | TaskRows | None = await comp.store.task_view((await find_task(comp.store, task_id)).id)
     if bundle is None:
         raise ApiError(404, "not_found", f"no task '{task_id}'")
-    return task_detail(bundle)
+    return bundle
+
+
+async def _detail(comp: Any, task_id: str) -> TaskOut:
+    return task_detail(await _view(comp, task_id))

@@ -10,7 +10,6 @@ read back through the ORM look exactly as if SQLAlchemy had written them.
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from sqlalchemy import JSON, Table
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
 
-from orchestrator.store.jsontext import json_text
+from orchestrator.store.jsontext import json_text, json_value
 from orchestrator.store.models import UTCDateTime
 from orrery.checkpoints import Checkpoints
 
@@ -232,10 +231,10 @@ def _fast_processor(type_: Any) -> Processor:
 
 
 def _fast_reader(type_: Any) -> Processor:
-    """A faster equivalent of SQLAlchemy's result converter for UTC datetimes (JSON keeps the
-    standard library's loads, as SQLAlchemy has it: orjson reads an int over 64 bits as a float)."""
+    """Faster equivalents of SQLAlchemy's result converters: UTC datetimes, and JSON read as the
+    standard library's loads reads it (SQLAlchemy's own), with orjson where the two agree."""
     if isinstance(type_, JSON):
-        return json.loads
+        return json_value
     if isinstance(type_, UTCDateTime):
         return _load_datetime
     return None

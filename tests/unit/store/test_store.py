@@ -97,6 +97,29 @@ def test_the_fast_converters_write_exactly_what_sqlalchemy_would() -> None:
     assert json.loads(json_text(value)) == value
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": [1, 2.5, null, true, -0.0, 1e-7, 0.30000000000000004], "b": {"c": "\\u00e9\\n"}}',
+        "[18446744073709551615, 18446744073709551616, -9223372036854775809, 99999999999999999999999]",
+        '{"id": "1234567890123456789012"}',  # a long digit run in a string only: read the slow way, same value
+        "[NaN, Infinity, -Infinity]",  # the standard library's extension, which orjson refuses
+        '"\\ud800"',  # a lone surrogate, likewise
+        '{"k": 1, "k": 2}',
+    ],
+)
+def test_json_columns_read_back_as_the_standard_library_reads_them(text: str) -> None:
+    """`json_value` takes orjson's speed only where it reads what `json.loads` reads: an int over
+    64 bits stays an int (orjson would make it a float), NaN and lone surrogates still load."""
+    import json
+
+    from orchestrator.store.jsontext import json_value
+
+    expected = repr(json.loads(text))  # repr: an int and a float of one value differ, NaN equals NaN
+    assert repr(json_value(text)) == expected
+    assert repr(json_value(text.encode())) == expected
+
+
 async def test_soft_changes_absorbing_later_ones_keep_their_deletes_updates_and_events(store: Store) -> None:
     """Issue 12, defect 5: the engine merges pending soft updates with a step's changes; a DAG
     edit's deletes (a node, an edge) and an edge whose `on` changed must all reach the store."""
