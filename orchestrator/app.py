@@ -131,6 +131,7 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         )
     bus = RedisBus(redis) if redis is not None else LocalBus()
     engine = Engine(settings, store, bus)
+    engine.metrics.stop_gc_watch = engine.metrics.gc_pauses.watch()
     auth_failures = RateLimiter(settings.auth_failures_per_minute, 60.0)
     gateway = Gateway(settings, store, hasher, engine.metrics, auth_failures)
     planner = None
@@ -169,6 +170,7 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
 
 
 async def stop_components(comp: Components) -> None:
+    comp.engine.metrics.stop_gc_watch()
     if comp.planner is not None:
         await comp.planner.close()
     await comp.gateway.stop()

@@ -3,12 +3,16 @@ bounded (states, outcomes, error codes, purposes), never per task or per device.
 
 from __future__ import annotations
 
+import bisect
+import gc
+import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 
@@ -70,6 +74,9 @@ class Metrics:
         )
         self.read_engine: Callable[[], EngineGauges | None] = lambda: None
         r.register(_EngineCollector(self))
+        self.gc_pauses = GcPauses()
+        r.register(self.gc_pauses)
+        self.stop_gc_watch: Callable[[], None] = lambda: None  # set by whoever starts the watch
 
     def watch(self, read: Callable[[], EngineGauges | None]) -> None:
         """Read the engine's gauges with `read` at scrape time (None: not ready, none shown)."""
@@ -96,3 +103,50 @@ class _EngineCollector(Collector):
         yield devices
         yield nodes
         yield queue
+
+
+class GcPauses(Collector):
+    """`orrery_gc_pause_seconds`: how long each pass of Python's cyclic garbage collector held the
+    process, by generation. A pass stops the event loop, and with it every heartbeat answer and
+    dispatch, for its whole length; at 10,000 device connections a young pass takes tens of
+    milliseconds and an older one about a second (`bench/devices.py`), which is what the tail of
+    `orrery_heartbeat_lag_seconds` shows. Counted in plain ints from `gc.callbacks` (no lock is
+    taken inside a collection) and turned into a histogram at scrape time; `watch` starts counting,
+    its return value stops."""
+
+    def __init__(self) -> None:
+        self._buckets = [[0] * (len(LATENCY_BUCKETS) + 1) for _ in range(3)]
+        self._sums = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def watch(self) -> Callable[[], None]:
+        gc.callbacks.append(self._on_pass)
+
+        def stop() -> None:
+            if self._on_pass in gc.callbacks:
+                gc.callbacks.remove(self._on_pass)
+
+        return stop
+
+    def _on_pass(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = min(int(info.get("generation", 2)), 2)
+        took = time.perf_counter() - self._started
+        self._buckets[generation][bisect.bisect_left(LATENCY_BUCKETS, took)] += 1
+        self._sums[generation] += took
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            "orrery_gc_pause_seconds",
+            "Garbage-collector passes, by generation, and how long each held the process",
+            labels=["generation"],
+        )
+        for generation in range(3):
+            counts, total, buckets = self._buckets[generation], 0, []
+            for bound, n in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
+                total += n
+                buckets.append((str(bound) if bound != float("inf") else "+Inf", total))
+            family.add_metric([str(generation)], buckets, self._sums[generation])
+        yield family

@@ -47,6 +47,8 @@ def test_metrics_parse_and_move_when_a_dag_runs(tmp_path: Path) -> None:
         assert after["orrery_devices{state=idle}"] == 1
         assert after["orrery_websocket_connections_open{}"] == 1
         assert after["orrery_errors_total{code=not_found}"] >= 1
+        # the garbage collector's pauses, exposed for each generation
+        assert {f"orrery_gc_pause_seconds_count{{generation={g}}}" for g in "012"} <= after.keys()
         assert not any("task_" in key or "dev_" in key for key in after)  # bounded label sets
 
 
