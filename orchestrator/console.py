@@ -287,7 +287,7 @@ def outputs_view(task: dict[str, Any]) -> Table:
         else:
             if isinstance(out, dict) and "stdout" in out:
                 out = out["stdout"]
-            shown = out if isinstance(out, str) else json.dumps(out, indent=1)
+            shown = out if isinstance(out, str) else json.dumps(out, indent=1, ensure_ascii=False)
             text = Text((shown or "").strip()[:1500])
         table.add_row(n["id"], text)
     return table

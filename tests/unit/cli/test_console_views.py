@@ -97,3 +97,14 @@ def test_task_view_names_the_device_and_counts_attempts() -> None:
     assert "web-2" in text and "dev_2" not in text
     assert "attempt 2/3" in text
     assert "boom [index]" in text and "not retried: x" in text
+
+
+def test_outputs_show_text_as_written_not_as_json_escapes() -> None:
+    """An output that is not plain stdout is shown as JSON, with its non-ASCII text as the tool
+    wrote it (a user reading "h\\u00e9llo" has to decode it)."""
+    from orchestrator.console import outputs_view
+
+    task = {"nodes": [{"id": "b", "output": {"text": "héllo ✓"}, "error": None}]}
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(outputs_view(task))
+    assert '"text": "héllo ✓"' in out.getvalue() and "\\u00e9" not in out.getvalue()
