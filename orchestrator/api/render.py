@@ -64,6 +64,22 @@ def _parts(
     return bundle.task, rows, edges, attempts
 
 
+def _attempt_fields(a: dict[str, Any]) -> dict[str, Any]:
+    """An attempt row as `AttemptOut`'s fields, in its order."""
+    return {
+        "n": a["n"],
+        "device_id": a["device_id"],
+        "batch_id": a["batch_id"],
+        "status": a["status"],
+        "started_at": a["started_at"],
+        "accepted_at": a["accepted_at"],
+        "ended_at": a["ended_at"],
+        "commands": a["commands"] or [],
+        "results": a["results"] or [],
+        "error": a["error"],
+    }
+
+
 def _node_dicts(rows: list[dict[str, Any]], by_node: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """Each node row as `NodeOut`'s fields, in its order; `by_node`: the node's attempts."""
     nodes = []
@@ -104,20 +120,7 @@ def task_detail(bundle: TaskBundle | TaskRows | NewTask) -> TaskOut:
     out = task_out(Task(**task) if isinstance(task, dict) else task, _counts(rows))
     by_node: dict[str, list[Any]] = {}
     for a in attempts:
-        by_node.setdefault(a["node_id"], []).append(
-            AttemptOut(
-                n=a["n"],
-                device_id=a["device_id"],
-                batch_id=a["batch_id"],
-                status=a["status"],
-                started_at=a["started_at"],
-                accepted_at=a["accepted_at"],
-                ended_at=a["ended_at"],
-                commands=a["commands"] or [],
-                results=a["results"] or [],
-                error=a["error"],
-            )
-        )
+        by_node.setdefault(a["node_id"], []).append(AttemptOut(**_attempt_fields(a)))
     out.nodes = _NODES.validate_python(_node_dicts(rows, by_node))  # one validation of the list
     out.edges = _EDGES.validate_python(edges)
     return out
@@ -160,20 +163,11 @@ def task_json(bundle: TaskBundle | TaskRows | NewTask, warnings: list[dict[str, 
     try:
         by_node: dict[str, list[Any]] = {}
         for a in attempts:
-            by_node.setdefault(a["node_id"], []).append(
-                {
-                    "n": _whole(a["n"]),
-                    "device_id": a["device_id"],
-                    "batch_id": a["batch_id"],
-                    "status": a["status"],
-                    "started_at": _when(a["started_at"]),
-                    "accepted_at": _when(a["accepted_at"]),
-                    "ended_at": _when(a["ended_at"]),
-                    "commands": a["commands"] or [],
-                    "results": a["results"] or [],
-                    "error": a["error"],
-                }
-            )
+            fields = _attempt_fields(a)
+            _whole(fields["n"])  # checks only: an int and a datetime are written as they are
+            for name in ("started_at", "accepted_at", "ended_at"):
+                _when(fields[name])
+            by_node.setdefault(a["node_id"], []).append(fields)
         nodes = _node_dicts(rows, by_node)
         for n in nodes:
             n["priority"] = _whole(n["priority"])
