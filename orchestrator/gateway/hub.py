@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.records import DeviceHello, FrameIn, Input, LinkReport, LinkState, LivenessChanged
 from orchestrator.engine.times import utc
 from orchestrator.gateway.limits import RateLimiter
+from orchestrator.gateway.websocket import FRAMES_EXTENSION, FrameFlow, FrameSink
 from orchestrator.ids import new_id
 from orchestrator.metrics import Metrics
 from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
@@ -46,19 +48,50 @@ LINK_REPORT_CHUNK = 500  # links per periodic report (see Gateway._report_links)
 
 @dataclass
 class Connection:
+    """One device socket. Frames to send wait in `outbox`, in order; a writer task runs only while
+    there is something to write (an idle connection keeps no task waiting)."""
+
     ws: WebSocket
     channel: Channel
-    outbox: asyncio.Queue[str | tuple[int, str]] = field(default_factory=asyncio.Queue)
+    outbox: deque[str | tuple[int, str]] = field(default_factory=deque)
     closed: bool = False
+    writer: asyncio.Task[None] | None = None
 
     def push(self, text: str) -> None:
         if not self.closed:
-            self.outbox.put_nowait(text)
+            self.outbox.append(text)
+            self._write_soon()
 
     def close(self, code: int, reason: str) -> None:
         if not self.closed:
             self.closed = True
-            self.outbox.put_nowait((code, reason))
+            self.outbox.append((code, reason))
+            self._write_soon()
+
+    def _write_soon(self) -> None:
+        if self.writer is None:
+            self.writer = asyncio.get_running_loop().create_task(self._write())
+
+    async def _write(self) -> None:
+        try:
+            while self.outbox:
+                item = self.outbox.popleft()
+                if isinstance(item, tuple):
+                    code, reason = item
+                    if self.ws.application_state == WebSocketState.CONNECTED:
+                        await self.ws.close(code, reason)
+                    return
+                await self.ws.send_text(item)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            self.closed = True
+        finally:
+            self.writer = None
+
+    async def flush(self, timeout: float) -> None:
+        """Wait (at most `timeout`) for what is queued to be written."""
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self.writer), timeout)
 
 
 @dataclass
@@ -217,11 +250,14 @@ class Gateway:
         metrics.websockets.inc()
         channel = Channel(Role.SERVER, self.settings.max_frame_bytes)
         conn = Connection(ws, channel)
-        writer = asyncio.create_task(self._write(conn), name=f"ws-writer-{device.id}")
         try:
             hello = await self._handshake(conn, device.id)
             if hello is not None:
-                await self._read(conn, device.id)
+                attach = ws.scope.get("extensions", {}).get(FRAMES_EXTENSION)
+                if attach is not None:
+                    await _Pump(self, conn, device.id).run(attach)
+                else:
+                    await self._read(conn, device.id)
         except ProtocolError as exc:
             metrics.errors.labels(exc.code.value).inc()
             conn.push(encode(Error(code=exc.code, message=exc.message)))
@@ -243,8 +279,7 @@ class Gateway:
         finally:
             metrics.websockets.dec()
             conn.close(CloseCode.NORMAL, "")
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer, 5)
+            await conn.flush(5)
             link = self.links.get(device.id)
             if link is not None and link.conn is conn:
                 link.conn = None
@@ -307,39 +342,53 @@ class Gateway:
         return hello
 
     async def _read(self, conn: Connection, device_id: str) -> None:
+        """Frames through ASGI `receive()`, for a server without the `orrery.frames` extension."""
         while not conn.closed:
             data = await _receive(conn.ws)
             if data is None:
                 return
-            link = self.links.get(device_id)
-            if link is None or link.conn is not conn:
-                return  # superseded or revoked while we waited
-            silence = time.monotonic() - link.last_frame
-            msg = conn.channel.receive(data)
-            self._touch(link)
-            if msg is None:
-                continue
-            if isinstance(msg, Heartbeat):
-                link.batch_id = msg.batch_id
-                self.metrics.heartbeat_lag.observe(max(0.0, silence - self.settings.heartbeat_interval_s))
-                self._heartbeat_reply(conn)
-                continue
-            if isinstance(msg, Error):
-                # Device-chosen text: quoted and cut, so it cannot forge or flood log lines.
-                log.warning("device %s reported %r: %r", device_id, msg.code[:64], msg.message[:500])
-                continue
-            if isinstance(msg, BatchAccepted):
-                # Nothing durable hangs on an acceptance: do not hold the reader for it.
-                self.cluster.notify(FrameIn(device_id, msg))
-                link.session.confirm(msg.seq)
-            elif is_reliable(msg):
-                await self._engine(link, FrameIn(device_id, msg))
-                link.session.confirm(msg.seq)
-                # Acknowledge soon, so the agent's outbox can let go of what is now durable here
-                # (the session's ack policy says when; usually a command batch carries it first).
-                due = link.acks.confirmed(time.monotonic())
-                if due is not None:
-                    self._ack_at(due, link, conn)
+            step = self._frame(conn, device_id, data)
+            if isinstance(step, _Stop):
+                return
+            if step is not None:
+                await step
+
+    def _frame(self, conn: Connection, device_id: str, data: str | bytes) -> Awaitable[None] | _Stop | None:
+        """Take one frame from the device: _STOP if this connection is done with, an awaitable if
+        the frame must be durable in the engine before the next frame is taken, else None."""
+        if conn.closed:
+            return _STOP
+        link = self.links.get(device_id)
+        if link is None or link.conn is not conn:
+            return _STOP  # superseded or revoked while we waited
+        silence = time.monotonic() - link.last_frame
+        msg = conn.channel.receive(data)
+        self._touch(link)
+        if msg is None:
+            return None
+        if isinstance(msg, Heartbeat):
+            link.batch_id = msg.batch_id
+            self.metrics.heartbeat_lag.observe(max(0.0, silence - self.settings.heartbeat_interval_s))
+            self._heartbeat_reply(conn)
+        elif isinstance(msg, Error):
+            # Device-chosen text: quoted and cut, so it cannot forge or flood log lines.
+            log.warning("device %s reported %r: %r", device_id, msg.code[:64], msg.message[:500])
+        elif isinstance(msg, BatchAccepted):
+            # Nothing durable hangs on an acceptance: do not hold the reader for it.
+            self.cluster.notify(FrameIn(device_id, msg))
+            link.session.confirm(msg.seq)
+        elif is_reliable(msg):
+            return self._durable(link, conn, msg)
+        return None
+
+    async def _durable(self, link: Link, conn: Connection, msg: Message) -> None:
+        await self._engine(link, FrameIn(link.device_id, msg))
+        link.session.confirm(msg.seq)
+        # Acknowledge soon, so the agent's outbox can let go of what is now durable here (the
+        # session's ack policy says when; usually a command batch carries it first).
+        due = link.acks.confirmed(time.monotonic())
+        if due is not None:
+            self._ack_at(due, link, conn)
 
     async def _engine(self, link: Link, item: Input) -> Any:
         """Hand an input to the engine and wait for it to be durable; its answer. Meanwhile
@@ -369,19 +418,6 @@ class Gateway:
         session = conn.channel.session
         if session is not None:
             conn.push(conn.channel.send(session.heartbeat_reply()))
-
-    async def _write(self, conn: Connection) -> None:
-        try:
-            while True:
-                item = await conn.outbox.get()
-                if isinstance(item, tuple):
-                    code, reason = item
-                    if conn.ws.application_state == WebSocketState.CONNECTED:
-                        await conn.ws.close(code, reason)
-                    return
-                await conn.ws.send_text(item)
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            conn.closed = True
 
     # ================================================================ liveness
 
@@ -421,6 +457,93 @@ class Gateway:
         link.liveness = Liveness.OFFLINE
         self.cluster.device_gone(link.device_id, link.epoch)
         self._liveness(link)
+
+
+class _Stop:
+    """`Gateway._frame`: this connection takes no more frames."""
+
+
+_STOP = _Stop()
+
+
+class _Pump(FrameSink):
+    """Frames of one connection as the protocol hands them over (`orrery.frames`), taken in order
+    by `Gateway._frame`. While a frame waits for the engine, reading is held and frames already
+    read wait in `backlog`; a task runs only then, so an idle connection keeps nothing waiting
+    but `ended`. `run` returns (or raises) as the ASGI reader loop would."""
+
+    def __init__(self, gateway: Gateway, conn: Connection, device_id: str) -> None:
+        self.gateway, self.conn, self.device_id = gateway, conn, device_id
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.backlog: deque[str | bytes | None] | None = None  # not None while busy; None item: gone
+        self.busy: asyncio.Task[None] | None = None
+        self.flow: FrameFlow | None = None
+
+    async def run(self, attach: Callable[[FrameSink], FrameFlow]) -> None:
+        self.flow = attach(self)
+        try:
+            await self.ended
+        finally:
+            if self.busy is not None:
+                self.busy.cancel()
+
+    def frame(self, data: str | bytes) -> None:
+        if self.ended.done():
+            return
+        if self.backlog is not None:
+            self.backlog.append(data)
+            return
+        try:
+            step = self.gateway._frame(self.conn, self.device_id, data)
+        except BaseException as exc:
+            self._end(exc)
+            return
+        if isinstance(step, _Stop):
+            self._end(None)
+        elif step is not None:
+            self.backlog = deque()
+            if self.flow is not None:
+                self.flow.hold()
+            self.busy = asyncio.get_running_loop().create_task(self._finish(step))
+
+    def gone(self) -> None:
+        if self.backlog is not None:
+            self.backlog.append(None)  # after the frames read before it
+        else:
+            self._end(None)
+
+    async def _finish(self, first: Awaitable[None]) -> None:
+        assert self.backlog is not None
+        try:
+            await first
+            while self.backlog:
+                data = self.backlog.popleft()
+                if data is None:
+                    self._end(None)
+                    return
+                step = self.gateway._frame(self.conn, self.device_id, data)
+                if isinstance(step, _Stop):
+                    self._end(None)
+                    return
+                if step is not None:
+                    await step
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._end(exc)
+            return
+        finally:
+            self.busy = None
+        self.backlog = None
+        if self.flow is not None:
+            self.flow.release()
+
+    def _end(self, exc: BaseException | None) -> None:
+        if not self.ended.done():
+            if exc is None:
+                self.ended.set_result(None)
+            else:
+                self.ended.set_exception(exc)
 
 
 async def _receive(ws: WebSocket) -> str | bytes | None:
