@@ -347,13 +347,13 @@ class Gateway:
             data = await _receive(conn.ws)
             if data is None:
                 return
-            step = self._frame(conn, device_id, data)
+            step = self.take_frame(conn, device_id, data)
             if isinstance(step, _Stop):
                 return
             if step is not None:
                 await step
 
-    def _frame(self, conn: Connection, device_id: str, data: str | bytes) -> Awaitable[None] | _Stop | None:
+    def take_frame(self, conn: Connection, device_id: str, data: str | bytes) -> Awaitable[None] | _Stop | None:
         """Take one frame from the device: _STOP if this connection is done with, an awaitable if
         the frame must be durable in the engine before the next frame is taken, else None."""
         if conn.closed:
@@ -460,7 +460,7 @@ class Gateway:
 
 
 class _Stop:
-    """`Gateway._frame`: this connection takes no more frames."""
+    """`Gateway.take_frame`: this connection takes no more frames."""
 
 
 _STOP = _Stop()
@@ -468,7 +468,7 @@ _STOP = _Stop()
 
 class _Pump(FrameSink):
     """Frames of one connection as the protocol hands them over (`orrery.frames`), taken in order
-    by `Gateway._frame`. While a frame waits for the engine, reading is held and frames already
+    by `Gateway.take_frame`. While a frame waits for the engine, reading is held and frames already
     read wait in `backlog`; a task runs only then, so an idle connection keeps nothing waiting
     but `ended`. `run` returns (or raises) as the ASGI reader loop would."""
 
@@ -494,7 +494,7 @@ class _Pump(FrameSink):
             self.backlog.append(data)
             return
         try:
-            step = self.gateway._frame(self.conn, self.device_id, data)
+            step = self.gateway.take_frame(self.conn, self.device_id, data)
         except BaseException as exc:
             self._end(exc)
             return
@@ -521,7 +521,7 @@ class _Pump(FrameSink):
                 if data is None:
                     self._end(None)
                     return
-                step = self.gateway._frame(self.conn, self.device_id, data)
+                step = self.gateway.take_frame(self.conn, self.device_id, data)
                 if isinstance(step, _Stop):
                     self._end(None)
                     return
