@@ -10,6 +10,13 @@
 # ORRERY_AGENT_TOKEN (an enrolled device: no enrollment, no admin key needed) or ORRERY_ADMIN_KEY.
 # ENROLL_NAME names the device (default: the host name), ENROLL_TRIES bounds the wait for the
 # orchestrator (default 60, two seconds apart). Arguments are passed on to `orrery agent`.
+#
+# A device of that name already enrolled, and no token here (the data volume was lost): the agent
+# takes that device over by giving it a new token (`orrery devices rotate-token`), so the old
+# token stops working and a connection still open with it is closed (4401); the device keeps its
+# id, labels and history. Its ledger went with the volume, so a batch it held when the volume was
+# lost ends as the orchestrator decides for a device that lost its ledger (never run twice).
+# ENROLL_ON_CONFLICT=fail stops instead, at once.
 set -eu
 
 : "${ORRERY_AGENT_SERVER:?set ORRERY_AGENT_SERVER to the orchestrator URL, e.g. http://lb:8765}"
@@ -23,9 +30,14 @@ enroll() {
     name="${ENROLL_NAME:-$(uname -n)}"
     tries="${ENROLL_TRIES:-60}"
     n=1
+    done_as=enrolled
     # The key goes through the environment, not argv, so it does not show in the process list.
-    until ORRERY_URL="$ORRERY_AGENT_SERVER" ORRERY_API_KEY="$ORRERY_ADMIN_KEY" \
-        orrery devices enroll "$name" --json >"$data_dir/enroll.json" 2>"$data_dir/enroll.err"; do
+    until api devices enroll "$name" --json; do
+        if grep -q '^error conflict:' "$data_dir/enroll.err"; then
+            take_over "$name"
+            done_as="took over"
+            break
+        fi
         if [ "$n" -ge "$tries" ]; then
             echo "orrery-agent-entrypoint: enrollment failed after $n tries:" >&2
             cat "$data_dir/enroll.err" >&2
@@ -42,7 +54,29 @@ enroll() {
     fi
     printf '%s\n' "$token" >"$token_file.tmp"
     mv "$token_file.tmp" "$token_file"
-    echo "orrery-agent-entrypoint: enrolled device '$name'; its token is kept in $token_file"
+    echo "orrery-agent-entrypoint: $done_as device '$name'; its token is kept in $token_file"
+}
+
+# `orrery ARGS` against the orchestrator with the admin key; the answer in enroll.json, errors in enroll.err.
+api() {
+    ORRERY_URL="$ORRERY_AGENT_SERVER" ORRERY_API_KEY="$ORRERY_ADMIN_KEY" \
+        orrery "$@" >"$data_dir/enroll.json" 2>"$data_dir/enroll.err"
+}
+
+take_over() {
+    if [ "${ENROLL_ON_CONFLICT:-takeover}" = fail ]; then
+        echo "orrery-agent-entrypoint: a device named '$1' is already enrolled and there is no token for it" \
+            "in $data_dir (ENROLL_ON_CONFLICT=fail):" >&2
+        cat "$data_dir/enroll.err" >&2
+        exit 1
+    fi
+    echo "orrery-agent-entrypoint: a device named '$1' is already enrolled and there is no token for it in" \
+        "$data_dir (a lost volume?): taking it over with a new token; its old token stops working"
+    if ! api devices rotate-token "$1" --json; then
+        echo "orrery-agent-entrypoint: could not give device '$1' a new token:" >&2
+        cat "$data_dir/enroll.err" >&2
+        exit 1
+    fi
 }
 
 if [ -z "${ORRERY_AGENT_TOKEN:-}" ]; then

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,3 +97,72 @@ def test_agent_gives_up_enrolling_after_its_tries_with_the_last_error(tmp_path: 
     assert b"enrollment failed after 1 tries" in done.stderr
     assert b"unreachable" in done.stderr
     assert not (tmp_path / "agent-data" / "device.token").exists()
+
+
+def test_agent_whose_volume_was_lost_takes_its_device_over_with_a_new_token(tmp_path: Path) -> None:
+    """The name is enrolled but the token went with the volume: the same device, a new token, and
+    the old token refused; no second device, no 60 tries of a name conflict."""
+    data_dir = tmp_path / "agent-data"
+    log = tmp_path / "agent.log"
+    with Fleet(tmp_path, admin_key=ADMIN_KEY, heartbeat_interval_s="1") as f:
+        env = script_env(f.server.url, data_dir, ORRERY_ADMIN_KEY=ADMIN_KEY, ENROLL_TRIES="3")
+        proc = start(env, log)
+        try:
+            (device,) = wait_until(
+                lambda: [d for d in sample_devices(f) if d["state"] == "idle"], 60, "sample agent idle"
+            )
+        finally:
+            stop(proc)
+        old_token = (data_dir / "device.token").read_text().strip()
+        wait_until(lambda: sample_devices(f)[0]["state"] != "idle", 30, "the stopped agent to be seen gone")
+
+        shutil.rmtree(data_dir)  # the volume is lost
+        proc = start(env, log)
+        try:
+            wait_until(lambda: [d for d in sample_devices(f) if d["state"] == "idle"], 60, "the device idle again")
+        finally:
+            stop(proc)
+        text = log.read_text()
+        assert "is already enrolled and there is no token for it" in text
+        assert "took over device 'sample-agent'" in text
+        assert [d["id"] for d in sample_devices(f)] == [device["id"]], "the same device, not a second one"
+        new_token = (data_dir / "device.token").read_text().strip()
+        assert new_token.startswith(f"orrd_{device['id']}.") and new_token != old_token
+        with f.server.client(ADMIN_KEY) as c:
+            kinds = [h["state"] for h in c.get(f"/v1/devices/{device['id']}/history").json()["items"]]
+        assert kinds.count("enrolled") == 1, kinds
+
+        # The old token is refused at the handshake.
+        old = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "device_agent",
+                "--server",
+                f.server.url,
+                "--token",
+                old_token,
+                "--data-dir",
+                str(tmp_path / "old-agent"),
+            ],
+            env=child_env(),
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        assert old.returncode != 0
+        assert b"401" in old.stderr or b"unauthorized" in old.stderr.lower(), old.stderr[-2000:]
+
+
+def test_agent_told_to_fail_on_a_name_conflict_stops_at_once(tmp_path: Path) -> None:
+    with Fleet(tmp_path, admin_key=ADMIN_KEY) as f:
+        f.enroll("sample-agent")
+        env = script_env(f.server.url, tmp_path / "agent-data", ORRERY_ADMIN_KEY=ADMIN_KEY, ENROLL_ON_CONFLICT="fail")
+        done = subprocess.run([str(SCRIPT)], env=env, capture_output=True, timeout=60, check=False)
+        assert done.returncode == 1
+        assert b"already enrolled and there is no token for it" in done.stderr
+        assert b"conflict" in done.stderr
+        assert b"failed after" not in done.stderr, "a conflict is not retried"
+        assert not (tmp_path / "agent-data" / "device.token").exists()
+        assert len(sample_devices(f)) == 1

@@ -22,7 +22,14 @@ ENV_EXAMPLE = ROOT / "deploy" / "env.example"
 LINE = re.compile(r"^#?\s*([A-Z][A-Z0-9_]*)=(.*)$")
 CLASSES: list[tuple[type[BaseSettings], str]] = [(Settings, "ORRERY_"), (AgentConfig, "ORRERY_AGENT_")]
 # Read by docker-compose.yml or deploy/agent-entrypoint.sh, not by the settings classes.
-COMPOSE_ONLY = {"POSTGRES_PASSWORD", "POSTGRES_USER", "POSTGRES_DB", "ENROLL_NAME", "ENROLL_TRIES"}
+COMPOSE_ONLY = {
+    "POSTGRES_PASSWORD",
+    "POSTGRES_USER",
+    "POSTGRES_DB",
+    "ENROLL_NAME",
+    "ENROLL_TRIES",
+    "ENROLL_ON_CONFLICT",
+}
 
 
 def documented() -> dict[str, list[str]]:
