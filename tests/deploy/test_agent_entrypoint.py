@@ -51,6 +51,18 @@ def sample_devices(f: Fleet) -> list[dict[str, object]]:
         return [d for d in c.get("/v1/devices").json()["items"] if d["name"] == "sample-agent"]
 
 
+def run_until_idle(f: Fleet, env: dict[str, str], log: Path, what: str) -> dict[str, object]:
+    """Start the entrypoint, wait for the one sample device to be idle, stop it; that device."""
+    proc = start(env, log)
+    try:
+        (device,) = wait_until(lambda: [d for d in sample_devices(f) if d["state"] == "idle"], 60, what)
+    finally:
+        stop(proc)
+    # The stopped agent is seen gone (suspect after two 1 s heartbeats) before the next start.
+    wait_until(lambda: sample_devices(f)[0]["state"] != "idle", 30, "the stopped agent to be seen gone")
+    return device
+
+
 def test_agent_enrolls_on_first_start_and_is_the_same_device_after_a_restart(tmp_path: Path) -> None:
     data_dir = tmp_path / "agent-data"
     log = tmp_path / "agent.log"
@@ -106,22 +118,10 @@ def test_agent_whose_volume_was_lost_takes_its_device_over_with_a_new_token(tmp_
     log = tmp_path / "agent.log"
     with Fleet(tmp_path, admin_key=ADMIN_KEY, heartbeat_interval_s="1") as f:
         env = script_env(f.server.url, data_dir, ORRERY_ADMIN_KEY=ADMIN_KEY, ENROLL_TRIES="3")
-        proc = start(env, log)
-        try:
-            (device,) = wait_until(
-                lambda: [d for d in sample_devices(f) if d["state"] == "idle"], 60, "sample agent idle"
-            )
-        finally:
-            stop(proc)
+        device = run_until_idle(f, env, log, "sample agent idle")
         old_token = (data_dir / "device.token").read_text().strip()
-        wait_until(lambda: sample_devices(f)[0]["state"] != "idle", 30, "the stopped agent to be seen gone")
-
         shutil.rmtree(data_dir)  # the volume is lost
-        proc = start(env, log)
-        try:
-            wait_until(lambda: [d for d in sample_devices(f) if d["state"] == "idle"], 60, "the device idle again")
-        finally:
-            stop(proc)
+        run_until_idle(f, env, log, "the device idle again")
         text = log.read_text()
         assert "is already enrolled and there is no token for it" in text
         assert "took over device 'sample-agent'" in text
