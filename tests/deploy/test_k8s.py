@@ -145,3 +145,37 @@ def test_pods_run_as_non_root_without_privilege() -> None:
         assert c["securityContext"]["allowPrivilegeEscalation"] is False
         assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
         assert c["image"] == container(objects("Deployment")["orrery-orchestrator"])["image"]
+
+
+# The Kubernetes versions the manifests are checked against: the oldest still in wide use and the
+# newest whose OpenAPI schemas the `kubernetes-validate` package ships (no network needed).
+K8S_VERSIONS = ["1.28.0", "1.37.0"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_manifest_is_valid_against_the_kubernetes_openapi_schemas(version: str) -> None:
+    import kubernetes_validate
+
+    for path, doc in documents():
+        try:  # strict: a field the API does not know (a typo it would drop or refuse) fails too
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{path.name}: {doc['kind']} {doc['metadata']['name']}: {exc}")
+
+
+def test_the_schema_check_refuses_what_the_api_server_would() -> None:
+    """The check above can fail: a wrong type, a missing required field and an unknown field."""
+    import copy
+
+    import kubernetes_validate
+
+    deployment = objects("Deployment")["orrery-orchestrator"]
+    wrong_type = copy.deepcopy(deployment)
+    wrong_type["spec"]["replicas"] = "three"
+    missing = copy.deepcopy(deployment)
+    del container(missing)["name"]
+    unknown = copy.deepcopy(deployment)
+    container(unknown)["imagePullPolicyy"] = "Always"
+    for doc in (wrong_type, missing, unknown):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(doc, K8S_VERSIONS[-1], strict=True)
