@@ -28,6 +28,7 @@ import httpx
 import pytest
 import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as connect_sync
 
 from orchestrator.api.deps import Components
@@ -195,6 +196,32 @@ async def test_a_disconnect_read_while_a_frame_waits_ends_the_connection_after_t
         assert door.taken == [1, 2], "the frame read before the disconnect was not taken"
         await until(lambda: link.conn is None, "the link let go of the connection")
         assert link.session.confirmed_seq == 2
+
+
+async def test_a_malformed_frame_read_while_a_frame_waits_is_refused_after_it_with_4400(tmp_path: Path) -> None:
+    """The frame before it still becomes durable and is confirmed; then the device gets the
+    `malformed_frame` error and close 4400, and nothing after it is taken."""
+    async with served(tmp_path) as srv:
+        door = EngineDoor(srv.components)
+        device = await srv.enroll("d1")
+        async with connect(srv.ws_url, additional_headers={"Authorization": f"Bearer {device['token']}"}) as ws:
+            await hello(ws, device["id"])
+            link = srv.components.gateway.links[device["id"]]
+            [pump] = srv.pumps()
+            await ws.send(frame("tools_changed", 1, tools=[TOOL]))
+            await ws.send('{"v": 1, "type": "tools_changed", "seq": 2')  # cut short
+            await ws.send(frame("tools_changed", 3, tools=[TOOL]))
+            await until(lambda: len(pump.backlog or []) == 2, "both later frames read")
+            door.opened.set()
+            frames = []
+            with contextlib.suppress(ConnectionClosed):
+                async with asyncio.timeout(20):
+                    while True:
+                        frames.append(json.loads(await ws.recv()))
+            assert ws.close_code == 4400
+            assert frames[-1]["type"] == "error" and frames[-1]["code"] == "malformed_frame", frames
+            assert door.taken == [1], "a frame after the malformed one was taken"
+            assert link.session.confirmed_seq == 1
 
 
 def _waiting_objects() -> list[Any]:
