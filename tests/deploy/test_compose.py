@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 from device_agent.config import AgentConfig
 from orchestrator.config import Settings
 from tests.deploy import compose_env
+from tests.services import unavailable
 
 ROOT = compose_env.ROOT
 SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
@@ -38,6 +42,29 @@ def test_compose_file_is_still_valid_after_interpolation(compose: dict[str, Any]
     schema = json.loads(SCHEMA.read_text())
     interpolated = compose_env._interpolate_tree(compose, REQUIRED)
     jsonschema.validate(interpolated, schema, cls=jsonschema.Draft7Validator)
+
+
+def test_compose_v1_29_accepts_the_file_as_it_is(tmp_path: Path) -> None:
+    """Compose v1.29 (Debian's `docker-compose`) validates with its own schema, which is older than
+    the Compose Specification: no top-level `name`, `env_file` entries only as paths. Its
+    `config` needs no Docker engine. v2 is covered by the Compose Specification schema above."""
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        unavailable("docker-compose (Compose v1.29) is not installed (apt: docker-compose)")
+    (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in REQUIRED.items()))
+    done = subprocess.run(
+        [binary, "--project-directory", str(tmp_path), "-f", str(ROOT / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    rendered = yaml.safe_load(done.stdout)
+    assert set(rendered["services"]) == {"postgres", "redis", "migrate", "orchestrator", "lb", "agent"}
+    assert rendered["services"]["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert rendered["services"]["orchestrator"]["environment"]["ORRERY_ADMIN_KEY"] == REQUIRED["ORRERY_ADMIN_KEY"]
 
 
 def test_it_has_the_services_of_spec_section_7(compose: dict[str, Any]) -> None:
