@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from device_agent import __version__
+from device_agent import __version__, health
 from device_agent.config import AgentConfig
 from device_agent.faults import CrashPoints
 from device_agent.ledger import (
@@ -237,8 +237,9 @@ class Agent:
                     await t.send(frame)
             self.sessions_opened += 1
             self.connected.set()
+            self._healthy(url)
             log.info("connected to %s (session %s, resumed=%s)", url, first.session_id, first.resumed)
-            beat = asyncio.create_task(self._heartbeats(t), name="agent-heartbeat")
+            beat = asyncio.create_task(self._heartbeats(t, url), name="agent-heartbeat")
             try:
                 await self._read(t, channel)
             except Closed as exc:
@@ -247,6 +248,7 @@ class Agent:
                 log.warning("%s; reconnecting", exc)
             finally:
                 self.connected.clear()
+                self._healthy(None)
                 self.transport = None
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -301,7 +303,7 @@ class Agent:
             elif isinstance(msg, Error):
                 log.warning("server says %s: %s", msg.code, msg.message)
 
-    async def _heartbeats(self, t: Transport) -> None:
+    async def _heartbeats(self, t: Transport, url: str) -> None:
         """Heartbeat every interval; a server silent past the timeout is treated as gone."""
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
@@ -309,8 +311,23 @@ class Agent:
                 log.warning("no frame from the server for %.0fs; reconnecting", self.heartbeat_timeout_s)
                 await t.close(1001, "server silent")
                 return
+            self._healthy(url)
             batch = self.current.batch_id if self.current else None
             await self._send(Heartbeat(state="busy" if batch else "idle", batch_id=batch))
+
+    def _healthy(self, url: str | None) -> None:
+        """Keep (or, with None, remove) the session file `python3 -m device_agent.health` reads.
+        Best effort: a health file that cannot be written never stops the agent."""
+        data_dir = self.config.resolved_data_dir
+        try:
+            if url is None or self.session is None:
+                health.clear(data_dir)
+            else:
+                health.write(
+                    data_dir, url, self.session.session_id, self.heartbeat_timeout_s + self.heartbeat_interval_s
+                )
+        except OSError as exc:
+            log.warning("could not update %s: %s", data_dir / health.FILE, exc)
 
     def _settle_acks(self) -> list[str]:
         """The outbox entries the server acknowledged (durable there), for the caller to let go."""

@@ -4,7 +4,8 @@ through nginx as a user would, under faults, then taken down. Run by `scripts/co
 
 Checks, in order:
   1. `up --scale orchestrator=3` becomes healthy; the migration ran once, in one container, exit 0.
-  2. The sample agent container enrolled itself and is idle; an agent on the host enrolls too.
+  2. The sample agent container enrolled itself, is idle and healthy (the image's HEALTHCHECK:
+     connected); an agent on the host enrolls too.
   3. A DAG across both devices succeeds.
   4. `docker kill` of one orchestrator mid-run: the task finishes, 0 lost, 0 run twice.
   5. `restart` of the Postgres container mid-run, then of the Redis container: the same.
@@ -285,12 +286,9 @@ def host_agent(dep: Deployment, workdir: Path) -> Iterator[Path]:
 def check(dep: Deployment, workdir: Path) -> None:
     started = time.monotonic()
     dep.compose("build")
-    size = json.loads(
-        subprocess.run(
-            ["docker", "image", "inspect", "orrery:local"], capture_output=True, text=True, check=True
-        ).stdout
-    )[0]["Size"]
-    say(f"image orrery:local: {size / 1e6:.0f} MB")
+    for image in ("orrery:local", "orrery-agent:local"):
+        inspected = subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True, check=True)
+        say(f"image {image}: {json.loads(inspected.stdout)[0]['Size'] / 1e6:.0f} MB")
     dep.compose("up", "-d", "--scale", "orchestrator=3")
     wait(lambda: dep.healthy("orchestrator", 3), 240, "3 healthy orchestrators")
     wait(lambda: dep.get("/readyz") is not None, 60, "/readyz through nginx")
@@ -303,8 +301,9 @@ def check(dep: Deployment, workdir: Path) -> None:
     say("1. the migration ran once, exit 0")
 
     wait(lambda: dep.idle("sample-agent"), 120, "the sample agent container to be idle")
+    wait(lambda: dep.healthy("agent", 1), 120, "the sample agent container to be healthy (its HEALTHCHECK)")
     with host_agent(dep, workdir) as host_workspace:
-        say("2. the sample agent container and an agent on the host are idle")
+        say("2. the sample agent container (healthy) and an agent on the host are idle")
 
         nodes = [node("hello-a", SAMPLE), node("hello-b", HOST), node("hello-c", SAMPLE)]
         task_id = dep.submit(

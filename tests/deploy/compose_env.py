@@ -122,11 +122,31 @@ class Image:
     programs: dict[str, Path]  # program name on the image's PATH -> the repository file it is
 
     @classmethod
-    def from_dockerfile(cls, dockerfile: Path, context: Path) -> Image:
+    def from_dockerfile(cls, dockerfile: Path, context: Path, target: str | None = None) -> Image:
+        """The image of stage `target` (default: the last stage), with what it inherits from the
+        stages it is built `FROM`."""
+        stages: list[tuple[str, str, list[str]]] = []  # (name, the image or stage it is FROM, instructions)
+        for instruction in _instructions(dockerfile.read_text()):
+            keyword, _, args = instruction.partition(" ")
+            if keyword.upper() == "FROM":
+                words = args.split()
+                name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(stages))
+                stages.append((name, words[0], []))
+            elif stages:
+                stages[-1][2].append(instruction)
+        by_name = {name: (parent, body) for name, parent, body in stages}
+        if target is not None and target not in by_name:
+            raise ValueError(f"{dockerfile} has no stage {target!r}")
+        chain: list[list[str]] = []
+        stage = target if target is not None else stages[-1][0]
+        while stage in by_name:
+            parent, body = by_name[stage]
+            chain.insert(0, body)
+            stage = parent
         entrypoint: list[str] = []
         cmd: list[str] = []
         programs: dict[str, Path] = {}
-        for instruction in _instructions(dockerfile.read_text()):
+        for instruction in (i for body in chain for i in body):
             keyword, _, args = instruction.partition(" ")
             keyword = keyword.upper()
             if keyword == "ENTRYPOINT":
@@ -254,7 +274,7 @@ def _built_image(svc: Mapping[str, Any], base: Path) -> Image | None:
         build = {"context": build}
     context = (base / build.get("context", ".")).resolve()
     dockerfile = context / build.get("dockerfile", "Dockerfile")
-    return Image.from_dockerfile(dockerfile, context)
+    return Image.from_dockerfile(dockerfile, context, build.get("target"))
 
 
 def _words(value: str | list[Any] | None) -> list[str]:

@@ -168,11 +168,16 @@ def test_dockerfile_runs_as_a_non_root_user_with_orrery_as_entrypoint() -> None:
     dockerfile = ROOT / "deploy" / "Dockerfile"
     text = dockerfile.read_text()
     assert text.startswith("#") and "FROM python:3.11-slim" in text
+    stages = [line.split()[-1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert stages == ["base", "agent", "orrery"]  # the default image (the last stage) is the server's
     users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
-    assert users and users[-1].split(":")[0] not in ("root", "0")
-    image = compose_env.Image.from_dockerfile(dockerfile, ROOT)
-    assert image.entrypoint == ["orrery"]
-    assert image.programs == {"orrery-agent-entrypoint": ROOT / "deploy" / "agent-entrypoint.sh"}
+    assert len(users) == 2 and all(u.split(":")[0] not in ("root", "0") for u in users)  # one per image
+    server = compose_env.Image.from_dockerfile(dockerfile, ROOT)
+    assert server.entrypoint == ["orrery"] and server.cmd == ["serve", "--host", "0.0.0.0"]
+    assert server == compose_env.Image.from_dockerfile(dockerfile, ROOT, "orrery")
+    agent = compose_env.Image.from_dockerfile(dockerfile, ROOT, "agent")
+    assert agent.entrypoint == ["orrery-agent-entrypoint"]
+    assert agent.programs == {"orrery-agent-entrypoint": ROOT / "deploy" / "agent-entrypoint.sh"}
 
 
 def test_files_the_dockerfile_copies_exist() -> None:

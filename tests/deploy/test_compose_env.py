@@ -121,3 +121,26 @@ def test_dockerfile_entrypoint_and_cmd_are_the_image_defaults(tmp_path: Path) ->
     assert image.entrypoint == ["tool"]
     assert image.cmd == ["/bin/sh", "-c", "serve --fast"]
     assert image.programs == {"run": tmp_path / "run.sh"}
+
+
+def test_a_multi_stage_dockerfile_gives_the_chosen_stage_with_what_it_inherits(tmp_path: Path) -> None:
+    (tmp_path / "a.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM debian AS base\n"
+        'CMD ["base"]\n'
+        "FROM base AS agent\n"
+        "COPY a.sh /usr/local/bin/a\n"
+        'ENTRYPOINT ["a"]\n'
+        "FROM base AS server\n"
+        'ENTRYPOINT ["server"]\n'
+        'CMD ["serve"]\n'
+    )
+    dockerfile = tmp_path / "Dockerfile"
+    server = compose_env.Image.from_dockerfile(dockerfile, tmp_path)  # the last stage
+    assert (server.entrypoint, server.cmd, server.programs) == (["server"], ["serve"], {})
+    agent = compose_env.Image.from_dockerfile(dockerfile, tmp_path, "agent")
+    assert (agent.entrypoint, agent.cmd, agent.programs) == (["a"], [], {"a": tmp_path / "a.sh"})
+    base = compose_env.Image.from_dockerfile(dockerfile, tmp_path, "base")
+    assert (base.entrypoint, base.cmd) == ([], ["base"])
+    with pytest.raises(ValueError, match="no stage 'nope'"):
+        compose_env.Image.from_dockerfile(dockerfile, tmp_path, "nope")
