@@ -34,7 +34,13 @@ LOCK_NAME = "agent.lock"
 AUDIT_NAME = "audit.jsonl"
 LEDGER_NAME = "ledger.sqlite3"
 # What the agent keeps in its data dir: these, and nothing else, `make_private` tightens.
-OWN_FILES = (LOCK_NAME, AUDIT_NAME, *(LEDGER_NAME + suffix for suffix in ("", "-wal", "-shm", "-journal")))
+SESSION_NAME = "session.json"  # device_agent/health.py
+OWN_FILES = (
+    LOCK_NAME,
+    AUDIT_NAME,
+    SESSION_NAME,
+    *(LEDGER_NAME + suffix for suffix in ("", "-wal", "-shm", "-journal")),
+)
 SCREENSHOTS_NAME = "screenshots"  # gui.observe's PNG files
 OWN_DIRS = (SCREENSHOTS_NAME,)
 PRIVATE_DIR = 0o700

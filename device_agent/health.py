@@ -18,13 +18,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-FILE = "session.json"
+from device_agent.datadir import PRIVATE_FILE, SESSION_NAME
+
+FILE = SESSION_NAME
 
 
 def write(data_dir: Path, url: str, session_id: str, stale_after_s: float) -> None:
+    """Replace the session file (0600, like everything the agent keeps in its data dir)."""
     state = {"server": url, "session": session_id, "at": time.time(), "stale_after_s": stale_after_s}
     tmp = data_dir / f".{FILE}.tmp"
-    tmp.write_text(json.dumps(state))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, PRIVATE_FILE)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), PRIVATE_FILE)  # whatever the umask, and if a wider one was there
+        out.write(json.dumps(state))
     os.replace(tmp, data_dir / FILE)
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -74,6 +75,10 @@ def test_a_data_dir_reused_by_a_new_enrollment_runs_the_new_devices_batches(tmp_
         for i in range(3):
             task = f.submit({"nodes": [{"id": "n", "placement": {"device": old.device_id}, "commands": [echo(i)]}]})
             assert f.wait_task(task["id"])["state"] == "succeeded"
+        # The server acknowledged the old device's last results (a task is done when they are
+        # durable there; the ack reaches the agent a moment later). Stopped before it, the old
+        # ledger would still hold them, and another device may not take it over (LedgerOwned).
+        wait_until(lambda: _outbox_size(old.data_dir) == 0, 30, "the old agent's outbox to be acknowledged")
         old.stop()
         new = f.agent("after", {"slot": "one"}, start=False)
         new.data_dir = old.data_dir  # same ledger, new device
@@ -83,6 +88,13 @@ def test_a_data_dir_reused_by_a_new_enrollment_runs_the_new_devices_batches(tmp_
         done = f.wait_task(task["id"])
         assert done["state"] == "succeeded", f.node(done, "n")["attempts"]
         assert f.node(done, "n")["output"] == {"text": "new"}
+
+
+def _outbox_size(data_dir: Path) -> int:
+    """Results the agent's ledger still holds for the server (read-only; the ledger is in WAL mode)."""
+    with contextlib.closing(sqlite3.connect(f"file:{data_dir / 'ledger.sqlite3'}?mode=ro", uri=True)) as db:
+        (count,) = db.execute("SELECT COUNT(*) FROM outbox").fetchone()
+        return int(count)
 
 
 # ---------------------------------------------------------------- the agent's own disk fails
