@@ -120,6 +120,7 @@ class Image:
     entrypoint: list[str]
     cmd: list[str]
     programs: dict[str, Path]  # program name on the image's PATH -> the repository file it is
+    healthcheck: list[str] = field(default_factory=list)  # HEALTHCHECK's command, exec form
 
     @classmethod
     def from_dockerfile(cls, dockerfile: Path, context: Path, target: str | None = None) -> Image:
@@ -145,6 +146,7 @@ class Image:
             stage = parent
         entrypoint: list[str] = []
         cmd: list[str] = []
+        healthcheck: list[str] = []
         programs: dict[str, Path] = {}
         for instruction in (i for body in chain for i in body):
             keyword, _, args = instruction.partition(" ")
@@ -153,11 +155,13 @@ class Image:
                 entrypoint, cmd = _exec_form(args), []  # a new ENTRYPOINT resets CMD
             elif keyword == "CMD":
                 cmd = _exec_form(args)
+            elif keyword == "HEALTHCHECK":
+                healthcheck = _exec_form(args.split(" CMD ", 1)[1]) if " CMD " in f" {args}" else []
             elif keyword == "COPY":
                 words = [w for w in shlex.split(args) if not w.startswith("--")]
                 if len(words) == 2 and words[1].startswith("/usr/local/bin/"):
                     programs[words[1].rsplit("/", 1)[1]] = context / words[0]
-        return cls(entrypoint, cmd, programs)
+        return cls(entrypoint, cmd, programs, healthcheck)
 
 
 def _instructions(text: str) -> list[str]:

@@ -107,9 +107,17 @@ def test_orchestrator_serves_on_all_interfaces_without_migrating(procs: dict[str
 
 
 def test_orchestrator_healthcheck_probes_readyz(compose: dict[str, Any]) -> None:
-    check = compose["services"]["orchestrator"]["healthcheck"]["test"]
-    assert check[0] == "CMD"
-    assert "/readyz" in " ".join(check)
+    """The image's HEALTHCHECK, which the service keeps (it defines none of its own)."""
+    assert "healthcheck" not in compose["services"]["orchestrator"]
+    build = compose["services"]["orchestrator"]["build"]
+    image = compose_env.Image.from_dockerfile(ROOT / build["dockerfile"], ROOT, build["target"])
+    assert image.healthcheck[0] == "python"
+    assert "/readyz" in " ".join(image.healthcheck)
+    agent = compose["services"]["agent"]["build"]
+    assert compose_env.Image.from_dockerfile(ROOT / agent["dockerfile"], ROOT, agent["target"]).healthcheck == [
+        "orrery-agent-entrypoint",
+        "--healthy",
+    ]
 
 
 def test_every_replica_gets_the_shared_secrets_and_production_stores(procs: dict[str, Any]) -> None:
