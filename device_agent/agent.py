@@ -15,7 +15,9 @@ import time
 from typing import Any
 
 from device_agent import __version__, health
+from device_agent.approvals import Approvals, deadline_of, refused
 from device_agent.config import AgentConfig
+from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.faults import CrashPoints
 from device_agent.ledger import (
     Ledger,
@@ -34,6 +36,7 @@ from protocol.codec import encode, utf8_len
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
     SUPPORTED_VERSIONS,
+    ApprovalDecision,
     BatchAccepted,
     Cancel,
     CommandBatch,
@@ -116,6 +119,8 @@ class Agent:
         self._lock = asyncio.Lock()
         self._announcing: set[asyncio.Task[None]] = set()
         router.on_tools_changed = self._on_tools_changed
+        screenshots = config.resolved_data_dir / SCREENSHOTS_NAME
+        self.approvals = Approvals(ledger, self._send, screenshots, config.approvals_local_only)
 
     # ================================================================ top level
 
@@ -281,6 +286,7 @@ class Agent:
             stamped = self.session.stamp(ResultBatch(batch_id=entry.batch_id, fence=entry.fence, results=entry.results))
             self.pending_acks[stamped.seq] = entry.batch_id
             frames.append(encode(stamped))
+        frames += [encode(self.session.stamp(m)) for m in self.approvals.on_connect()]
         return frames
 
     async def _read(self, t: Transport, channel: Channel) -> None:
@@ -298,6 +304,10 @@ class Agent:
                 continue
             elif isinstance(msg, Cancel):
                 self._on_cancel(msg)
+                assert self.session is not None
+                self.session.confirm(msg.seq)
+            elif isinstance(msg, ApprovalDecision):
+                self.approvals.on_decision(msg)  # recorded in the ledger before we acknowledge it
                 assert self.session is not None
                 self.session.confirm(msg.seq)
             elif isinstance(msg, Error):
@@ -397,7 +407,8 @@ class Agent:
             self.queued.discard(batch.batch_id)
             if self.ledger.results(batch.batch_id) is not None:
                 continue  # finished meanwhile (a redelivery raced with the first copy)
-            if batch.deadline is not None and batch.deadline.timestamp() <= self.server_now():
+            waited = self.ledger.has_approval(batch.batch_id)  # an approval's wait moves the deadline on
+            if batch.deadline is not None and not waited and batch.deadline.timestamp() <= self.server_now():
                 # Too late to start: say so rather than run work nobody waits for any more.
                 log.warning("batch %s not started: its deadline passed", batch.batch_id)
                 results = deadline_passed(batch)
@@ -419,15 +430,33 @@ class Agent:
         """Commands in order; after a failure (early exit) or a cancel the rest are skipped."""
         results: list[Result] = []
         stop: str | None = None
+        # Commands that finished before the batch stopped to wait for an approval, and the agent
+        # restarted: their results stand, they do not run again.
+        done = self.ledger.done_calls(batch.batch_id) if self.ledger.has_approval(batch.batch_id) else {}
+        batch_id = batch.batch_id
         for cmd in batch.commands:
             if stop is None and batch.batch_id in self.cancelling:
                 stop = "the batch was cancelled before this command started"
             if stop is not None:
                 results.append(skipped(cmd.call_id, cmd.tool, stop))
                 continue
+            if cmd.call_id in done:
+                results.append(done[cmd.call_id])
+                continue
+            approved = False
+            if self.router.needs_approval(cmd.tool):
+                rec = await self.approvals.obtain(batch, cmd, lambda: batch_id in self.cancelling)
+                refusal = refused(cmd, rec)
+                if refusal is not None:
+                    results.append(refusal)
+                    stop = f"command {cmd.call_id} ({cmd.tool}) was not approved, so the rest of the batch was skipped"
+                    continue
+                approved = True
+                batch = batch.model_copy(update={"deadline": deadline_of(batch, rec)})
             self.ledger.start_call(batch.batch_id, cmd.call_id)
             self.crash.reach("call_started")
-            result = await self.router.call(cmd, batch.batch_id, self._timeout(cmd.timeout_s, batch))
+            limit = self._timeout(cmd.timeout_s, batch)
+            result = await self.router.call(cmd, batch.batch_id, limit, approved)
             self.crash.reach("call_done")
             if batch.batch_id in self.cancelling and result.status != "success":
                 result = Result(

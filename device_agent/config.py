@@ -111,6 +111,9 @@ class AgentConfig(BaseSettings):
         default_factory=lambda: ["gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"]
     )
     unattended: bool = False
+    # Approvals for this device are given only on the device itself (`orrery agent approve ID`);
+    # the orchestrator shows them but cannot decide them (issue 18).
+    approvals_local_only: bool = False
     kill_switch: bool = False
     max_output_bytes: int = Field(default=1_000_000, ge=1024)
     max_result_bytes: int = Field(default=256 * 1024, ge=1024)
@@ -154,6 +157,7 @@ class AgentConfig(BaseSettings):
             "shell_deny": list(self.shell_deny),
             "approval_required": list(self.approval_required),
             "unattended": self.unattended,
+            "approvals_local_only": self.approvals_local_only,
             "kill_switch": self.kill_switch,
             "sandbox": self.sandbox_report(),
         }

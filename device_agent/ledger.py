@@ -65,6 +65,23 @@ CREATE TABLE IF NOT EXISTS calls (
     result TEXT,
     PRIMARY KEY (batch_id, call_id)
 );
+CREATE TABLE IF NOT EXISTS approvals (
+    approval_id TEXT PRIMARY KEY,
+    batch_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    local_only INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    decided_by TEXT,
+    decision_reason TEXT,
+    deadline REAL,
+    reported INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    decided_at REAL,
+    UNIQUE (batch_id, call_id)
+);
 CREATE TABLE IF NOT EXISTS outbox (
     batch_id TEXT PRIMARY KEY,
     fence INTEGER NOT NULL,
@@ -302,6 +319,89 @@ class Ledger:
             self._db.execute("DELETE FROM calls WHERE batch_id=?", (batch_id,))
 
     @_durable
+    def done_calls(self, batch_id: str) -> dict[str, Result]:
+        """Results of the commands of a batch that finished before it stopped to wait for an
+        approval (and the agent restarted): they are not run again."""
+        rows = self._db.execute(
+            "SELECT call_id, result FROM calls WHERE batch_id=? AND state='done' AND result IS NOT NULL", (batch_id,)
+        ).fetchall()
+        return {r[0]: Result.model_validate_json(r[1]) for r in rows}
+
+    # ------------------------------------------------------------------ approvals
+
+    @_durable
+    def approval_for(self, batch_id: str, call_id: str) -> Approval | None:
+        row = self._db.execute(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE batch_id=? AND call_id=?", (batch_id, call_id)
+        ).fetchone()
+        return approval_from_row(row) if row else None
+
+    @_durable
+    def approval(self, approval_id: str) -> Approval | None:
+        row = self._db.execute(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id=?", (approval_id,)
+        ).fetchone()
+        return approval_from_row(row) if row else None
+
+    @_durable
+    def has_approval(self, batch_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM approvals WHERE batch_id=? LIMIT 1", (batch_id,)).fetchone() is not None
+
+    @_durable
+    def approvals(self, state: str | None = None) -> list[Approval]:
+        where, params = ("WHERE state=?", (state,)) if state else ("", ())
+        rows = self._db.execute(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals {where} ORDER BY created_at", params
+        ).fetchall()
+        return [approval_from_row(r) for r in rows]
+
+    @_durable
+    def ask_approval(self, approval: Approval) -> None:
+        """Record that a command waits for an approval, before the request goes out: a restart
+        asks again with the same id, and nothing of the command has run."""
+        with self._tx():
+            self._db.execute(
+                "INSERT INTO approvals (approval_id, batch_id, call_id, tool, arguments, reason, local_only, state, "
+                "created_at) VALUES (?,?,?,?,?,?,?,'pending',?)",
+                (
+                    approval.approval_id,
+                    approval.batch_id,
+                    approval.call_id,
+                    approval.tool,
+                    json.dumps(approval.arguments),
+                    approval.reason,
+                    int(approval.local_only),
+                    approval.created_at,
+                ),
+            )
+            self._db.execute(
+                "INSERT OR REPLACE INTO calls (batch_id, call_id, state) VALUES (?,?,'approval')",
+                (approval.batch_id, approval.call_id),
+            )
+
+    @_durable
+    def decide(
+        self,
+        approval_id: str,
+        state: str,
+        by: str,
+        reason: str = "",
+        deadline: float | None = None,
+        reported: bool = True,
+    ) -> bool:
+        """Record a decision on a pending approval; False if it was not pending (decided already)."""
+        cur = self._db.execute(
+            "UPDATE approvals SET state=?, decided_by=?, decision_reason=?, deadline=?, decided_at=?, reported=? "
+            "WHERE approval_id=? AND state='pending'",
+            (state, by, reason, deadline, time.time(), int(reported), approval_id),
+        )
+        return cur.rowcount == 1
+
+    @_durable
+    def reported(self, approval_id: str) -> None:
+        self._db.execute("UPDATE approvals SET reported=1 WHERE approval_id=?", (approval_id,))
+
+    @_durable
     def results(self, batch_id: str) -> list[Result] | None:
         row = self._db.execute("SELECT results FROM batches WHERE batch_id=? AND state='done'", (batch_id,)).fetchone()
         return _results(row[0]) if row else None
@@ -355,6 +455,9 @@ class Ledger:
                     "SELECT call_id, state, result FROM calls WHERE batch_id=?", (batch_id,)
                 ).fetchall()
             }
+            states = {state for state, _ in calls.values()}
+            if "approval" in states and "started" not in states:
+                continue  # waiting for a person's approval: nothing is running, it goes on when redelivered
             results: list[Result] = []
             for cmd in batch.commands:
                 state, raw = calls.get(cmd.call_id, (None, None))
@@ -369,7 +472,10 @@ class Ledger:
         unstarted = self._db.execute(
             "SELECT batch_id, fence, frame, received_at FROM batches WHERE state='received'"
         ).fetchall()
+        waiting = {r[0] for r in self._db.execute("SELECT DISTINCT batch_id FROM approvals").fetchall()}
         for batch_id, fence, frame, received_at in unstarted:
+            if batch_id in waiting:
+                continue  # its deadline waits with it (an approval moves the deadline on)
             batch = CommandBatch.model_validate_json(frame)
             if batch.deadline is not None and batch.deadline.timestamp() <= now:
                 self.finish_batch(batch_id, int(fence), deadline_passed(batch))
@@ -387,6 +493,10 @@ class Ledger:
 
     def _prune(self) -> None:
         self._db.execute(
+            "DELETE FROM approvals WHERE batch_id IN (SELECT batch_id FROM batches WHERE state='done') "
+            "AND state != 'pending'"
+        )
+        self._db.execute(
             "DELETE FROM batches WHERE state='done' AND batch_id NOT IN "
             "(SELECT batch_id FROM batches WHERE state='done' ORDER BY finished_at DESC LIMIT ?)",
             (KEEP_FINISHED_BATCHES,),
@@ -394,6 +504,49 @@ class Ledger:
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A command waiting for (or given) a person's approval, as this device recorded it."""
+
+    approval_id: str
+    batch_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    reason: str
+    local_only: bool
+    created_at: float
+    state: str = "pending"  # pending, approved, denied, expired, cancelled
+    decided_by: str | None = None
+    decision_reason: str | None = None
+    deadline: float | None = None  # the batch's deadline moved on by the wait (server time)
+    reported: bool = True  # a decision given on the device has been told to the server
+
+
+APPROVAL_COLUMNS = (
+    "approval_id, batch_id, call_id, tool, arguments, reason, local_only, created_at, state, decided_by, "
+    "decision_reason, deadline, reported"
+)
+
+
+def approval_from_row(row: tuple[Any, ...]) -> Approval:
+    return Approval(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        json.loads(row[4]),
+        row[5],
+        bool(row[6]),
+        float(row[7]),
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        bool(row[12]),
+    )
 
 
 class _Transaction:

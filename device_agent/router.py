@@ -40,6 +40,7 @@ from mcp.types import (
 )
 from pydantic import TypeAdapter, ValidationError
 
+from device_agent.approvals import REQUEST_TOOL
 from device_agent.audit import AuditLog
 from device_agent.mcp_client import ClientFeatures, HttpTarget, OriginBoundHeaders, describe_failure
 from device_agent.policy import Policy
@@ -390,8 +391,17 @@ class Router:
     def catalogue(self) -> list[ToolSpec]:
         return [spec for host in self.hosts.values() for spec in host.catalogue()]
 
-    async def call(self, cmd: Command, batch_id: str, limit: CallLimit | float) -> Result:
+    def needs_approval(self, tool: str) -> bool:
+        """Whether `tool` waits for a person's approval before it runs (`device_agent.approvals`):
+        `approval.request` always; a tool on `approval_required` unless the agent runs unattended."""
+        if tool == REQUEST_TOOL:
+            return True
+        return not self.policy.unattended and any(fnmatch.fnmatch(tool, p) for p in self.approval_required)
+
+    async def call(self, cmd: Command, batch_id: str, limit: CallLimit | float, approved: bool = False) -> Result:
         """Run `cmd` under `limit` (the command's timeout_s, or less if the batch deadline is nearer).
+        `approved`: the caller holds a recorded approval for it (a tool that needs one is refused
+        without it).
 
         A tool whose input schema has a `timeout_s` property runs under the limit itself: it is
         passed when the call did not give one, and an explicit one above the limit is lowered to it.
@@ -435,7 +445,7 @@ class Router:
                 "denied",
                 _error("invalid_arguments", _undeclared_message(spec, unknown)),
             )
-        denial = self._policy_denial(cmd.tool, spec)
+        denial = self._policy_denial(cmd.tool, spec, approved)
         if denial:
             return self._finish(cmd, namespace, started, audit, "denied", _error("policy_denied", denial))
         arguments, limit, enforced = with_timeout(spec, cmd.arguments, limit)
@@ -445,18 +455,15 @@ class Router:
             raw = _error("tool_error", f"{exc}; the toolset is being restarted, so the call may be retried")
         return self._finish(cmd, namespace, started, audit, "allowed", _name_limit(raw, limit))
 
-    def _policy_denial(self, tool: str, spec: ToolSpec) -> str | None:
+    def _policy_denial(self, tool: str, spec: ToolSpec, approved: bool) -> str | None:
         harmless = spec.annotations.read_only or (spec.annotations.idempotent and not spec.annotations.destructive)
         if self.policy.kill_switch and not harmless:
             return (
                 f"the device owner has switched off action tools (kill switch), so '{tool}' is refused; "
                 "only read-only tools may run"
             )
-        if not self.policy.unattended and any(fnmatch.fnmatch(tool, p) for p in self.approval_required):
-            return (
-                f"'{tool}' needs the device owner's approval, and this agent is not running unattended; "
-                "ask the owner to start it with --unattended or use another tool"
-            )
+        if not approved and self.needs_approval(tool):
+            return f"'{tool}' needs a person's approval before it runs, and none was given for this call"
         return None
 
     def _finish(

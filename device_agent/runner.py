@@ -23,7 +23,7 @@ from device_agent.ledger import Ledger, LedgerError, LedgerOwned
 from device_agent.mcp_client import ClientFeatures, HttpTarget, public_url
 from device_agent.router import Router, ToolsetHost, ToolsetUnavailable
 from device_agent.sandbox import Sandbox, SandboxUnavailable
-from device_agent.toolsets import files, gui, shell, system
+from device_agent.toolsets import approval, files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
 
 log = logging.getLogger("orrery.agent")
@@ -74,6 +74,8 @@ def build(config: AgentConfig) -> Agent:
             router,
             ToolsetHost(name, factory(ctx), on_change=router.tools_changed, strict_arguments=True, in_process=True),
         )
+    # Always there: a model's way to ask a person (issue 18); it waits in the approvals queue.
+    _add(router, ToolsetHost("approval", approval.build(ctx), strict_arguments=True, in_process=True))
     for server in config.mcp_servers:
         _add(router, mcp_host(server, ctx.workspace, router.tools_changed))
     try:

@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     hello_timeout_s: float = Field(default=10.0, gt=0)
     batch_accept_timeout_s: float = Field(default=30.0, gt=0)
     queue_timeout_s: float = Field(default=300.0, gt=0)
+    # A command waiting for a person's approval fails with `approval_timeout` after this long.
+    approval_timeout_s: float = Field(default=3600.0, gt=0)
     max_frame_bytes: int = Field(default=4 * MiB, ge=1024)
     max_request_bytes: int = Field(default=2 * MiB, ge=1024)
     max_nodes_per_task: int = Field(default=1000, ge=1)

@@ -49,6 +49,9 @@ class ErrorCode(StrEnum):
     UNCERTAIN = "uncertain"
     INTERNAL = "internal_error"
     DEVICE_ERROR = "device_error"  # a device reported a code outside RESULT_ERROR_CODES
+    # approvals (issue 18)
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_TIMEOUT = "approval_timeout"
 
 
 # Codes a device may put in a result's `error.code`: the ones above plus those the built-in

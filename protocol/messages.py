@@ -171,6 +171,42 @@ class ToolsChanged(_Frame):
     tools: list[ToolSpec]
 
 
+# ---------------------------------------------------------------- approvals (issue 18)
+
+
+class ApprovalRequest(_Frame):
+    """Agent to server: a command needs a person's approval before it runs (the tool is in the
+    agent's `approval_required`, or it is `approval.request`). Sent again, unchanged, after every
+    reconnect until a decision arrives; the server keys it by `approval_id` and answers a request
+    it has already decided with that decision. Nothing of the command has run."""
+
+    type: Literal["approval_request"] = "approval_request"
+    approval_id: Identifier
+    batch_id: Identifier
+    call_id: Identifier
+    tool: Identifier
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    reason: str = Field(default="", max_length=2000)
+    # The device owner requires that approvals for this device are given on the device itself
+    # (`orrery agent approve ID`): the orchestrator shows the request but cannot decide it.
+    local_only: bool = False
+    # For a GUI action: the screenshot of the observation it was planned on (PNG, base64).
+    screenshot_png_b64: str | None = None
+
+
+class ApprovalDecision(_Frame):
+    """Server to agent: the decision on `approval_id`, or the agent's own report (agent to
+    server) of a decision given on the device. `deadline`: the batch's deadline moved on by the
+    time it waited (server time), so the command still gets its whole timeout."""
+
+    type: Literal["approval_decision"] = "approval_decision"
+    approval_id: Identifier
+    decision: Literal["approved", "denied", "expired", "cancelled"]
+    reason: str = Field(default="", max_length=2000)
+    by: str = Field(default="", max_length=200)
+    deadline: datetime | None = None
+
+
 class Error(_Frame):
     type: Literal["error"] = "error"
     code: str
@@ -178,13 +214,44 @@ class Error(_Frame):
 
 
 Message = Annotated[
-    Hello | Welcome | Heartbeat | CommandBatch | BatchAccepted | ResultBatch | Cancel | ToolsChanged | Error,
+    Hello
+    | Welcome
+    | Heartbeat
+    | CommandBatch
+    | BatchAccepted
+    | ResultBatch
+    | Cancel
+    | ToolsChanged
+    | ApprovalRequest
+    | ApprovalDecision
+    | Error,
     Field(discriminator="type"),
 ]
 
-RELIABLE_TYPES = frozenset({"command_batch", "cancel", "batch_accepted", "result_batch", "tools_changed"})
-SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "error"})
-AGENT_TO_SERVER = frozenset({"hello", "heartbeat", "batch_accepted", "result_batch", "tools_changed", "error"})
+RELIABLE_TYPES = frozenset(
+    {
+        "command_batch",
+        "cancel",
+        "batch_accepted",
+        "result_batch",
+        "tools_changed",
+        "approval_request",
+        "approval_decision",
+    }
+)
+SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "approval_decision", "error"})
+AGENT_TO_SERVER = frozenset(
+    {
+        "hello",
+        "heartbeat",
+        "batch_accepted",
+        "result_batch",
+        "tools_changed",
+        "approval_request",
+        "approval_decision",
+        "error",
+    }
+)
 
 
 def is_reliable(message: Message) -> bool:

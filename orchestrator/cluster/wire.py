@@ -7,6 +7,7 @@ from typing import Any
 from orchestrator.domain.model import Liveness
 from orchestrator.engine.intake import Submission
 from orchestrator.engine.records import (
+    ApprovalDecided,
     CancelTask,
     DeviceChanged,
     DeviceHello,
@@ -34,6 +35,8 @@ def dump(item: Input) -> dict[str, Any]:
         return {"kind": "cancel_task", "task_id": item.task_id}
     if isinstance(item, DeviceChanged):
         return {"kind": "device_changed", "device_id": item.device_id}
+    if isinstance(item, ApprovalDecided):
+        return {"kind": "approval_decided", "approval_id": item.approval_id}
     if isinstance(item, DeviceHello):
         return {
             "kind": "hello",
@@ -69,6 +72,8 @@ def load(data: dict[str, Any]) -> Input:
         return CancelTask(data["task_id"])
     if kind == "device_changed":
         return DeviceChanged(data["device_id"])
+    if kind == "approval_decided":
+        return ApprovalDecided(data["approval_id"])
     if kind == "hello":
         return DeviceHello(
             data["device_id"], decode(data["frame"]), bool(data["resumed"]), int(data["epoch"]), str(data["replica"])

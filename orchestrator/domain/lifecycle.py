@@ -13,7 +13,13 @@ _ALLOWED: dict[NodeState, frozenset[NodeState]] = {
         {NodeState.QUEUED, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED, NodeState.SKIPPED}
     ),
     NodeState.QUEUED: frozenset({NodeState.READY, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED}),
-    NodeState.RUNNING: frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}),
+    NodeState.RUNNING: frozenset(
+        {NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED, NodeState.WAITING_APPROVAL}
+    ),
+    # Still running (its attempt is open); only a person's decision or the attempt's end moves it.
+    NodeState.WAITING_APPROVAL: frozenset(
+        {NodeState.RUNNING, NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}
+    ),
 }
 
 

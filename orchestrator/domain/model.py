@@ -35,6 +35,7 @@ class NodeState(StrEnum):
     READY = "ready"  # edges satisfied, waiting for a device to queue on
     QUEUED = "queued"  # in a device's queue
     RUNNING = "running"  # a batch is assigned to a device
+    WAITING_APPROVAL = "waiting_approval"  # running, but its device waits for a person's approval
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"

@@ -10,7 +10,16 @@ from orchestrator.domain.model import RetryPolicy
 NOT_STARTED_CODES = frozenset({"no_capable_device"})
 # Never retried: the device refused on purpose, or the input is wrong and would fail again.
 NEVER_RETRY_CODES = frozenset(
-    {"queue_timeout", "policy_denied", "template_error", "cancelled", "invalid_arguments", "unknown_tool"}
+    {
+        "queue_timeout",
+        "policy_denied",
+        "template_error",
+        "cancelled",
+        "invalid_arguments",
+        "unknown_tool",
+        "approval_denied",
+        "approval_timeout",
+    }
 )
 
 
@@ -47,6 +56,8 @@ _NEVER_RETRY_REASONS = {
     "unknown_tool": "the device does not offer the tool",
     "no_capable_device": "no device can run it any more (placement or tools)",
     "planner_unavailable": "it needs an LLM and none is configured",
+    "approval_denied": "a person denied it",
+    "approval_timeout": "nobody decided on its approval within approval_timeout_s",
 }
 
 

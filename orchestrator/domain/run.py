@@ -147,6 +147,15 @@ class TaskRun:
         rec.not_before = None
         return self._set(node_id, NodeState.RUNNING, None)
 
+    def waiting_approval(self, node_id: str, waiting: bool) -> list[Transition]:
+        """Its device waits for a person's approval (True), or the decision came (False)."""
+        rec = self.nodes[node_id]
+        if waiting and rec.state is NodeState.RUNNING:
+            return self._set(node_id, NodeState.WAITING_APPROVAL, None)
+        if not waiting and rec.state is NodeState.WAITING_APPROVAL:
+            return self._set(node_id, NodeState.RUNNING, None)
+        return []
+
     def attempt_ended(self, node_id: str, outcome: AttemptOutcome, now: float, jitter: float) -> list[Transition]:
         """Apply an attempt's end: success, a retry after backoff, or failure for good."""
         rec = self.nodes[node_id]

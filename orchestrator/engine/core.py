@@ -34,6 +34,7 @@ from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine import restore, timers
 from orchestrator.engine.admissions import Admissions
+from orchestrator.engine.approvals import ApprovalBook
 from orchestrator.engine.attempts import Applied, Attempts, Duplicate
 from orchestrator.engine.fleet import Fleet
 from orchestrator.engine.intake import Admission
@@ -43,6 +44,7 @@ from orchestrator.engine.queues import Queues
 from orchestrator.engine.records import (
     AgentDone,
     AgentStep,
+    ApprovalDecided,
     AttemptKind,
     CancelTask,
     DeviceChanged,
@@ -67,9 +69,10 @@ from orchestrator.engine.validation import validate_against
 from orchestrator.engine.writer import EventSink, StepWriter
 from orchestrator.ids import new_id
 from orchestrator.metrics import EngineGauges, Metrics
+from orchestrator.store import approvals as stored_approvals
 from orchestrator.store.repo import Store
 from protocol.errors import ErrorCode
-from protocol.messages import BatchAccepted, Error, ResultBatch, ToolsChanged
+from protocol.messages import ApprovalDecision, ApprovalRequest, BatchAccepted, Error, ResultBatch, ToolsChanged
 
 log = logging.getLogger("orrery.engine")
 
@@ -133,6 +136,19 @@ class Engine:
             self.metrics,
             rng,
         )
+        self.approvals = ApprovalBook(
+            settings,
+            store,
+            self.tasks,
+            self.writer,
+            self.timers,
+            self.attempts,
+            self.outbox,
+            self.runs.apply,
+            self.notify,
+        )
+        self.runs.on_approval_expiry = self.approvals.expire
+        self.runs.on_attempt_end = self.approvals.attempt_ended
         self.admissions = Admissions(store, self.writer)
         self.inbox: asyncio.Queue[Input] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -154,6 +170,7 @@ class Engine:
             LinkReport: self._sync(self._on_report),
             Hearing: self._sync(lambda item, now: self.fleet.hearing(item.up, now)),
             DeviceChanged: self._on_device_changed,
+            ApprovalDecided: lambda item, now: self.approvals.decided(item.approval_id, now),
             Wake: self._sync(lambda item, now: None),
             AgentStep: self._sync(self.llm.agent_step),
             AgentDone: self._sync(lambda item, now: self.runs.end_agent(self.llm.agent_done(item, now), now)),
@@ -360,6 +377,10 @@ class Engine:
                 self.fleet.accepted(att, now)
         elif isinstance(msg, ToolsChanged):
             self.fleet.tools_changed(dev, msg)
+        elif isinstance(msg, ApprovalRequest):
+            await self.approvals.requested(dev, msg, now)
+        elif isinstance(msg, ApprovalDecision):
+            await self.approvals.reported(dev, msg, now)
 
     def _schedule(self, now: float) -> None:
         self.runs.schedule(now)
@@ -392,6 +413,7 @@ class Engine:
             self.timers.add(self._next_reconcile, timers.Wake())
             self._reconciles += 1
             await self._adopt_tasks(now)
+            await self.approvals.reconcile(now)
             if self._reconciles % DEVICE_RECONCILE_EVERY == 0 and self._device_pass is None:
                 self._device_pass = ""
                 await self._adopt_device_page(now)
@@ -440,6 +462,7 @@ class Engine:
         `start` does this before looping; tests and simulations call it, then drive `step`."""
         now = self.clock()
         self._settle(restore.load(await self.store.load_runtime(), now), now)
+        self.approvals.restore(await stored_approvals.pending(self.store), now)
         self.recovered_at = now
         self._next_reconcile = now + self.settings.reconcile_interval_s
         self.timers.add(self._next_reconcile, timers.Wake())

@@ -100,6 +100,7 @@ class AttemptRun:
     tools_used: list[str] = field(default_factory=list)  # an agent attempt's tools, for retry safety
     step: str | None = None  # an agent attempt's step batch in flight
     resent_at: float = 0.0  # engine clock: when it was last sent again to a device that lacked it
+    waiting_since: float | None = None  # engine clock: its device waits for an approval since then
 
     @property
     def key(self) -> NodeKey:
@@ -135,6 +136,15 @@ class SubmitTask(Input):
 @dataclass
 class CancelTask(Input):
     task_id: str
+
+
+@dataclass
+class ApprovalDecided(Input):
+    """Approval `approval_id` was decided in the store (by an operator, the expiry, the device's
+    owner): the engine tells the device and lets its node go on. A hint: lost, the engine still
+    finds the decision when it next compares its waiting approvals with the store."""
+
+    approval_id: str
 
 
 @dataclass

@@ -21,7 +21,15 @@ from orchestrator.engine.llm_work import LlmWork
 from orchestrator.engine.outbox import Outbox
 from orchestrator.engine.queues import Assign, Enqueue, NeverRunnable, Queues
 from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceRun, NodeKey
-from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTimeout, Sweep, Timers, Wake
+from orchestrator.engine.timers import (
+    AcceptDeadline,
+    ApprovalExpiry,
+    AttemptDeadline,
+    QueueTimeout,
+    Sweep,
+    Timers,
+    Wake,
+)
 from orchestrator.engine.times import BATCH_GRACE_S, batch_deadline, utc
 from orchestrator.engine.writer import EventType, StepWriter
 from orchestrator.metrics import Metrics
@@ -59,6 +67,9 @@ class Runs:
         self.metrics = metrics
         self.rng = rng
         self._transitions: dict[NodeState, Any] = {}  # the transitions counter's child per state
+        # Set by the engine: approvals (issue 18) hear of expiries and of attempts that end.
+        self.on_approval_expiry: Callable[[ApprovalExpiry], None] = lambda timer: None
+        self.on_attempt_end: Callable[[AttemptRun], None] = lambda att: None
 
     def cancel(self, task_id: str, now: float) -> bool:
         """Cancel a task: its running batches are told to stop, its agent loops end."""
@@ -183,6 +194,8 @@ class Runs:
     def end_attempt(
         self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: list[Any] | None = None
     ) -> None:
+        if att.waiting_since is not None:
+            self.on_attempt_end(att)
         dev = self.fleet.devices.get(att.device_id)
         if dev is not None and dev.current_batch == att.batch_id:
             # The engine is done with this batch, however it ended (results, a timeout, a refusal,
@@ -249,7 +262,9 @@ class Runs:
                 self._queue_timeout(timer, now)
             elif isinstance(timer, AttemptDeadline):
                 att = self.attempts.get(timer.batch_id)
-                if att is not None and att.kind is AttemptKind.AGENT:
+                if att is not None and (att.waiting_since is not None or (att.deadline or now) > now):
+                    pass  # waiting for a person's approval, or its deadline moved on (a later timer)
+                elif att is not None and att.kind is AttemptKind.AGENT:
                     message = (
                         "the agent node did not finish within its timeout_s; "
                         "raise timeout_s or simplify the instruction"
@@ -264,6 +279,8 @@ class Runs:
                     if dev is not None and dev.liveness is Liveness.ONLINE:
                         limit = self.settings.batch_accept_timeout_s
                         self._timeout_attempt(att, f"the device did not accept the batch within {limit:g}s", now)
+            elif isinstance(timer, ApprovalExpiry):
+                self.on_approval_expiry(timer)
             elif isinstance(timer, Sweep):
                 self.carry_out(self.fleet.sweep(now), now)
                 self.timers.add(now + self.settings.link_report_interval_s, Sweep())

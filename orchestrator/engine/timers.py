@@ -31,6 +31,13 @@ class AcceptDeadline:
 
 
 @dataclass(frozen=True)
+class ApprovalExpiry:
+    """Nobody decided on approval `approval_id` within approval_timeout_s."""
+
+    approval_id: str
+
+
+@dataclass(frozen=True)
 class Sweep:
     """Look for devices nobody has reported for a heartbeat timeout (re-armed when it fires)."""
 
@@ -40,7 +47,7 @@ class Wake:
     """Only makes the loop run a step (a backoff ended, soft changes are due, a reconcile)."""
 
 
-Timer = QueueTimeout | AttemptDeadline | AcceptDeadline | Sweep | Wake
+Timer = QueueTimeout | AttemptDeadline | AcceptDeadline | ApprovalExpiry | Sweep | Wake
 
 
 class Timers:

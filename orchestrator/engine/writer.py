@@ -28,6 +28,8 @@ class EventType(StrEnum):
     NODE_STATE = "node.state"
     NODE_ATTEMPT = "node.attempt"
     DAG_EDITED = "dag.edited"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_DECIDED = "approval.decided"
 
 
 @dataclass(frozen=True)

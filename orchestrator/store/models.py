@@ -158,6 +158,33 @@ class Attempt(Base):
     cancel_reason: Mapped[str | None] = mapped_column(String(200))
 
 
+class Approval(Base):
+    """A command waiting for a person's approval, or the decision on it (issue 18). Inserted by
+    the engine when a device asks; decided by one conditional update (`state='pending'`) from
+    whoever decides first: an operator over the API, the device's owner, or the expiry."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (Index("ix_approvals_state", "state", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    node_id: Mapped[str] = mapped_column(String(64))
+    batch_id: Mapped[str] = mapped_column(String(40))
+    call_id: Mapped[str] = mapped_column(String(200))
+    device_id: Mapped[str] = mapped_column(String(40))
+    tool: Mapped[str] = mapped_column(String(200))
+    arguments: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    local_only: Mapped[bool] = mapped_column(default=False)
+    screenshot: Mapped[str | None] = mapped_column(Text)  # PNG, base64
+    state: Mapped[str] = mapped_column(String(20))  # pending approved denied expired cancelled
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    decided_at: Mapped[datetime | None]
+    decided_by: Mapped[str | None] = mapped_column(String(200))
+    decision_reason: Mapped[str | None] = mapped_column(Text)
+
+
 class Event(Base):
     __tablename__ = "events"
     __table_args__ = (Index("ix_events_task", "task_id", "id"),)

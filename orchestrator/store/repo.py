@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from orchestrator.store.db import is_sqlite, make_engine, make_sessionmaker
 from orchestrator.store.models import (
     ApiKey,
+    Approval,
     Attempt,
     Base,
     DagEdit,
@@ -103,7 +104,18 @@ class ChangeSet:
         return bool(self.inserts or self.updates or self.events or self.deletes)
 
 
-_INSERT_ORDER: tuple[type[Base], ...] = (ApiKey, Device, Task, Node, Edge, Attempt, DagEdit, LlmCall, DeviceHistory)
+_INSERT_ORDER: tuple[type[Base], ...] = (
+    ApiKey,
+    Device,
+    Task,
+    Node,
+    Edge,
+    Attempt,
+    Approval,
+    DagEdit,
+    LlmCall,
+    DeviceHistory,
+)
 
 
 @dataclass
@@ -160,6 +172,12 @@ class Store:
         self._sqlite: SqliteWriter | None = None
         if is_sqlite(url):
             self._sqlite = SqliteWriter(url)
+
+    @property
+    def sqlite(self) -> SqliteWriter | None:
+        """The SQLite writer's connection (None on Postgres): a conditional write of one row
+        goes through it, so it never waits on a second SQLite connection's lock."""
+        return self._sqlite
 
     async def close(self) -> None:
         await self.engine.dispose()

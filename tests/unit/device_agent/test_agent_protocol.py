@@ -184,6 +184,7 @@ async def test_hello_reports_the_device_policy_as_the_contract_says(tmp_path: Pa
             "shell_deny": ["rm", "shutdown"],
             "approval_required": ["gui.click"],
             "unattended": False,
+            "approvals_local_only": False,
             "kill_switch": True,
             "sandbox": {"kind": "none"},
         }

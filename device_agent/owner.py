@@ -1,0 +1,145 @@
+"""`orrery agent approvals | approve ID | deny ID`: the device owner's decisions, at the device.
+
+These run beside a running agent and talk to it through its ledger (the data dir is private to
+the owner's OS user, so being able to open it is the proof of being the owner). A decision is
+written into the ledger; the waiting agent sees it within `LOCAL_POLL_S`, tells the
+orchestrator, and runs the command (approve) or fails it with `approval_denied` (deny).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from device_agent.datadir import LEDGER_NAME
+from device_agent.ledger import APPROVAL_COLUMNS, Approval, approval_from_row
+
+app = typer.Typer(add_completion=False, no_args_is_help=True)
+COMMANDS = frozenset({"approvals", "approve", "deny"})
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option(help="the agent's data dir (default: every ./.orrery-agent/<device id> holding a ledger)"),
+]
+
+
+def _ledgers(data_dir: Path | None) -> list[Path]:
+    if data_dir is not None:
+        path = data_dir / LEDGER_NAME
+        if not path.is_file():
+            typer.echo(f"no agent ledger in {data_dir} (no {LEDGER_NAME}); pass the agent's --data-dir", err=True)
+            raise typer.Exit(2)
+        return [path]
+    found = sorted(Path(".orrery-agent").glob(f"*/{LEDGER_NAME}"))
+    if not found:
+        typer.echo("no agent ledger under ./.orrery-agent; pass the agent's --data-dir", err=True)
+        raise typer.Exit(2)
+    return found
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, timeout=10)
+    try:
+        db.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals LIMIT 0")
+    except sqlite3.OperationalError:
+        db.close()
+        typer.echo(f"{path} is from an agent without approvals; upgrade the agent", err=True)
+        raise typer.Exit(2) from None
+    return db
+
+
+def _shown(rec: Approval) -> dict[str, object]:
+    return {
+        "id": rec.approval_id,
+        "state": rec.state,
+        "tool": rec.tool,
+        "arguments": rec.arguments,
+        "reason": rec.reason,
+        "batch_id": rec.batch_id,
+        "local_only": rec.local_only,
+        "created_at": rec.created_at,
+        "decided_by": rec.decided_by,
+    }
+
+
+@app.command("approvals")
+def approvals(
+    data_dir: DataDir = None,
+    all_states: Annotated[bool, typer.Option("--all", help="decided ones too")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON array")] = False,
+) -> None:
+    """List the approvals this device's agent waits for (with --all, decided ones too)."""
+    found: list[Approval] = []
+    for path in _ledgers(data_dir):
+        db = _connect(path)
+        try:
+            where = "" if all_states else "WHERE state='pending'"
+            rows = db.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals {where} ORDER BY created_at").fetchall()
+        finally:
+            db.close()
+        found += [approval_from_row(r) for r in rows]
+    if as_json:
+        typer.echo(json.dumps([_shown(r) for r in found], indent=2))
+        return
+    if not found:
+        typer.echo("nothing waits for approval" if not all_states else "no approvals recorded")
+        return
+    for rec in found:
+        args = json.dumps(rec.arguments, ensure_ascii=False)
+        typer.echo(f"{rec.approval_id}  {rec.state:9} {rec.tool}  {args[:200]}  ({rec.reason})")
+
+
+def _decide(approval_id: str, state: str, reason: str, data_dir: Path | None) -> None:
+    by = f"device owner {getpass.getuser()}"
+    for path in _ledgers(data_dir):
+        db = _connect(path)
+        try:
+            row = db.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id=?", (approval_id,)).fetchone()
+            if row is None:
+                continue
+            rec = approval_from_row(row)
+            if rec.state != "pending":
+                typer.echo(f"approval {approval_id} is already {rec.state} (by {rec.decided_by or '?'})", err=True)
+                raise typer.Exit(1)
+            cur = db.execute(
+                "UPDATE approvals SET state=?, decided_by=?, decision_reason=?, decided_at=?, reported=0 "
+                "WHERE approval_id=? AND state='pending'",
+                (state, by, reason, time.time(), approval_id),
+            )
+            if cur.rowcount != 1:
+                typer.echo(
+                    f"approval {approval_id} was decided meanwhile; see 'orrery agent approvals --all'", err=True
+                )
+                raise typer.Exit(1)
+        finally:
+            db.close()
+        typer.echo(f"{state} {approval_id} ({rec.tool}); the agent goes on within a second")
+        return
+    typer.echo(f"no approval '{approval_id}' on this device; see 'orrery agent approvals'", err=True)
+    raise typer.Exit(1)
+
+
+@app.command("approve")
+def approve(
+    approval_id: Annotated[str, typer.Argument(help="the id 'orrery agent approvals' shows")],
+    reason: Annotated[str, typer.Option(help="why (recorded with the decision)")] = "",
+    data_dir: DataDir = None,
+) -> None:
+    """Approve a waiting command: it runs."""
+    _decide(approval_id, "approved", reason, data_dir)
+
+
+@app.command("deny")
+def deny(
+    approval_id: Annotated[str, typer.Argument(help="the id 'orrery agent approvals' shows")],
+    reason: Annotated[str, typer.Option(help="why (the model or the submitter reads it)")] = "",
+    data_dir: DataDir = None,
+) -> None:
+    """Deny a waiting command: it never runs, and its node fails with approval_denied."""
+    _decide(approval_id, "denied", reason, data_dir)
