@@ -23,7 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import __version__, web
-from orchestrator.api import devices, errors, health, keys, tasks
+from orchestrator.api import approvals, devices, errors, health, keys, tasks
 from orchestrator.api.deps import Components
 from orchestrator.api.errors import problem_response
 from orchestrator.bus.local import LocalBus
@@ -65,7 +65,7 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
         redoc_url=None,
     )
     errors.install(app)
-    for module in (health, tasks, devices, keys):
+    for module in (health, tasks, devices, keys, approvals):
         app.include_router(module.router)
     web.mount(app)
     install_docs(app)

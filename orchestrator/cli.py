@@ -34,9 +34,11 @@ app = typer.Typer(
 devices_app = typer.Typer(no_args_is_help=True, help="Enroll and manage devices.")
 tasks_app = typer.Typer(no_args_is_help=True, help="List, inspect, watch and cancel tasks.")
 keys_app = typer.Typer(no_args_is_help=True, help="Create and revoke API keys.")
+approvals_app = typer.Typer(no_args_is_help=True, help="Commands waiting for a person's approval: list, approve, deny.")
 app.add_typer(devices_app, name="devices")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(keys_app, name="api-keys")
+app.add_typer(approvals_app, name="approvals")
 
 console = Console()
 err = Console(stderr=True)
@@ -597,6 +599,71 @@ def keys_revoke(key_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -
 
 
 # ---------------------------------------------------------------- demo
+
+
+# ---------------------------------------------------------------- approvals
+
+
+@approvals_app.command("list")
+def approvals_list(
+    state: Annotated[str, typer.Option(help="pending, approved, denied, expired, cancelled, or all")] = "pending",
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Approvals, oldest first: by default the ones waiting for a decision."""
+    with _api(server, api_key) as c:
+        page = c.approvals(None if state == "all" else state)
+    if json_out:
+        _print_json(page)
+        return
+    if not page["items"]:
+        console.print("no approvals" + ("" if state == "all" else f" {state}"))
+        return
+    for a in page["items"]:
+        args = json.dumps(a["arguments"], ensure_ascii=False)
+        where = f"task {a['task_id']} node {a['node_id']} device {a['device_id']}"
+        local = " (decided only at the device)" if a["local_only"] else ""
+        line = f"{a['id']}  {a['state']:9} {a['tool']} {args[:160]}\n    {where}{local}: {a['reason']}"
+        console.print(line, markup=False, highlight=False)
+
+
+def _decide_cli(
+    approval_id: str, decision: str, reason: str, json_out: bool, server: str | None, key: str | None
+) -> None:
+    with _api(server, key) as c:
+        result = c.decide(approval_id, decision, reason)
+    if json_out:
+        _print_json(result)
+    else:
+        console.print(f"{result['id']} {result['state']} ({result['tool']})", markup=False, highlight=False)
+
+
+ReasonOpt = Annotated[str, typer.Option(help="why (recorded with the decision)")]
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    approval_id: str,
+    reason: ReasonOpt = "",
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Approve a waiting command: it runs and its node goes on."""
+    _decide_cli(approval_id, "approve", reason, json_out, server, api_key)
+
+
+@approvals_app.command("deny")
+def approvals_deny(
+    approval_id: str,
+    reason: ReasonOpt = "",
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Deny a waiting command: it never runs, and its node fails with approval_denied."""
+    _decide_cli(approval_id, "deny", reason, json_out, server, api_key)
 
 
 @app.command()

@@ -164,6 +164,20 @@ class Client:
         result: dict[str, Any] = self.request("DELETE", f"/v1/api-keys/{key_id}")
         return result
 
+    def approvals(self, state: str | None = "pending", limit: int = 100) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        result: dict[str, Any] = self.request("GET", "/v1/approvals", params=params)
+        return result
+
+    def decide(self, approval_id: str, decision: str, reason: str = "") -> dict[str, Any]:
+        """`decision`: approve or deny."""
+        result: dict[str, Any] = self.request(
+            "POST", f"/v1/approvals/{approval_id}/{decision}", json={"reason": reason}
+        )
+        return result
+
     def events(self, task_id: str, after: int = 0) -> Iterator[tuple[int, str, dict[str, Any]]]:
         """Server-sent events of a task: (id, type, data), until the task ends."""
         params = {"after": after}

@@ -1,0 +1,157 @@
+"""`/v1/approvals`: commands waiting for a person's decision (issue 18), and the decisions.
+
+A device asks before a command on its `approval_required` list runs (or when a model calls
+`approval.request`); its node shows `waiting_approval`. An operator approves (the command runs)
+or denies it (the node fails with `approval_denied`; the command never ran). Undecided after
+`approval_timeout_s`: `approval_timeout`. A device whose owner requires approvals at the device
+(`approvals_local_only`) lists them here, but only `orrery agent approve ID` there decides.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.api.deps import Comp, Operator, Principal, Viewer
+from orchestrator.api.errors import COMMON, ApiError, problems
+from orchestrator.api.lookup import check_ref
+from orchestrator.api.schemas import Page
+from orchestrator.engine.records import ApprovalDecided
+from orchestrator.engine.times import utc
+from orchestrator.store import approvals as stored
+from orchestrator.store.models import Approval
+
+router = APIRouter(prefix="/v1/approvals", tags=["approvals"], responses={**COMMON, **problems(404)})
+
+State = Literal["pending", "approved", "denied", "expired", "cancelled"]
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="", max_length=2000, description="why; recorded and shown to the node's reader")
+
+
+class ApprovalOut(BaseModel):
+    id: str
+    task_id: str
+    node_id: str
+    device_id: str
+    tool: str
+    arguments: dict[str, Any]
+    reason: str = Field(description="why it needs approval (the tool is on the device's list, or the model's words)")
+    state: State
+    local_only: bool = Field(description="only the device's owner may decide (`orrery agent approve ID` there)")
+    created_at: str
+    expires_at: str
+    decided_at: str | None = None
+    decided_by: str | None = None
+    decision_reason: str | None = None
+    screenshot_url: str | None = Field(
+        default=None, description="for a GUI action: the screenshot it was planned on (PNG)"
+    )
+
+
+def approval_out(row: Approval) -> ApprovalOut:
+    return ApprovalOut(
+        id=row.id,
+        task_id=row.task_id,
+        node_id=row.node_id,
+        device_id=row.device_id,
+        tool=row.tool,
+        arguments=row.arguments or {},
+        reason=row.reason or "",
+        state=row.state,
+        local_only=bool(row.local_only),
+        created_at=row.created_at.isoformat(),
+        expires_at=row.expires_at.isoformat(),
+        decided_at=row.decided_at.isoformat() if row.decided_at else None,
+        decided_by=row.decided_by,
+        decision_reason=row.decision_reason,
+        screenshot_url=f"/v1/approvals/{row.id}/screenshot" if row.screenshot else None,
+    )
+
+
+@router.get("", response_model=Page, responses=problems(400))
+async def list_approvals(
+    comp: Comp,
+    _p: Viewer,
+    state: Annotated[State | None, Query(description="only approvals in this state (e.g. pending)")] = None,
+    task_id: Annotated[str | None, Query(max_length=200, description="only this task's")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> Page:
+    """Approvals, oldest first (the order to decide them in); `next_cursor` pages on."""
+    if task_id is not None:
+        check_ref("task", task_id)
+    rows, nxt = await stored.page(comp.store, state, task_id, limit, cursor)
+    return Page(items=[approval_out(r) for r in rows], next_cursor=nxt)
+
+
+async def _find(comp: Comp, approval_id: str) -> Approval:
+    check_ref("approval", approval_id)
+    row = await stored.get(comp.store, approval_id)
+    if row is None:
+        raise ApiError(404, "not_found", f"no approval '{approval_id}'; list them with GET /v1/approvals")
+    return row
+
+
+@router.get("/{approval_id}", response_model=ApprovalOut)
+async def get_approval(approval_id: str, comp: Comp, _p: Viewer) -> ApprovalOut:
+    return approval_out(await _find(comp, approval_id))
+
+
+@router.get(
+    "/{approval_id}/screenshot",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}}, "description": "the screenshot the GUI action was planned on"}},
+)
+async def screenshot(approval_id: str, comp: Comp, _p: Viewer) -> Response:
+    row = await _find(comp, approval_id)
+    if not row.screenshot:
+        raise ApiError(404, "not_found", f"approval '{approval_id}' has no screenshot (only GUI actions carry one)")
+    try:
+        png = base64.b64decode(row.screenshot, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(404, "not_found", f"approval '{approval_id}' has no readable screenshot") from None
+    return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+
+
+async def _decide(comp: Comp, principal: Principal, approval_id: str, state: str, body: Decision | None) -> ApprovalOut:
+    row = await _find(comp, approval_id)
+    if row.local_only:
+        raise ApiError(
+            403,
+            "approval_local_only",
+            f"device {row.device_id}'s owner decides its approvals on the device itself: there, run "
+            f"'orrery agent approve {row.id}' or 'orrery agent deny {row.id}'",
+        )
+    who = f"api key {principal.key_id}" if principal.key_id else f"role {principal.role.value}"
+    decided = await stored.decide(comp.store, row.id, state, who, body.reason if body else "", utc(time.time()))
+    if not decided:
+        now = await _find(comp, approval_id)
+        raise ApiError(
+            409, "conflict", f"approval '{approval_id}' is already {now.state} (by {now.decided_by or 'someone'})"
+        )
+    await comp.cluster.submit(ApprovalDecided(row.id))
+    return approval_out(await _find(comp, approval_id))
+
+
+_DECIDE = problems(403, 409, 422, s403="`forbidden` (a viewer) or `approval_local_only`: only the device's owner may")
+
+
+@router.post("/{approval_id}/approve", response_model=ApprovalOut, responses=_DECIDE)
+async def approve(approval_id: str, comp: Comp, principal: Operator, body: Decision | None = None) -> ApprovalOut:
+    """Approve: the command runs and its node goes on."""
+    return await _decide(comp, principal, approval_id, "approved", body)
+
+
+@router.post("/{approval_id}/deny", response_model=ApprovalOut, responses=_DECIDE)
+async def deny(approval_id: str, comp: Comp, principal: Operator, body: Decision | None = None) -> ApprovalOut:
+    """Deny: the command never runs, and its node fails with `approval_denied`."""
+    return await _decide(comp, principal, approval_id, "denied", body)
