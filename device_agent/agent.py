@@ -447,6 +447,14 @@ class Agent:
             if self.router.needs_approval(cmd.tool):
                 rec = await self.approvals.obtain(batch, cmd, lambda: batch_id in self.cancelling)
                 refusal = refused(cmd, rec)
+                self.router.audit.record(
+                    batch_id=batch_id,
+                    call_id=cmd.call_id,
+                    tool=cmd.tool,
+                    decision="approved" if refusal is None else "denied",
+                    error_code=refusal.error.code if refusal and refusal.error else None,
+                    reason=f"approval {rec.approval_id} {rec.state} by {rec.decided_by or '?'}",
+                )
                 if refusal is not None:
                     results.append(refusal)
                     stop = f"command {cmd.call_id} ({cmd.tool}) was not approved, so the rest of the batch was skipped"

@@ -5,7 +5,6 @@ moot, and what a device's reported policy would refuse. Pure: the caller hands i
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import posixpath
 import re
@@ -310,9 +309,9 @@ def refusals(node: NodeSpec, device: CatalogDevice) -> list[dict[str, Any]]:
     """Commands of `node` that `device`'s reported policy would refuse (`policy_denied`).
 
     Mirrors the agent's checks as far as the server can see them: the shell allow and deny lists
-    by program name (the agent also resolves names on its PATH, which the server cannot), tools
-    needing the owner's approval on an agent not running unattended, and the kill switch. No
-    policy reported (an older agent): nothing is predicted."""
+    by program name (the agent also resolves names on its PATH, which the server cannot) and the
+    kill switch. A tool that needs a person's approval is not refused: it waits for one
+    (`waiting_approval`). No policy reported (an older agent): nothing is predicted."""
     policy = device.policy
     if not isinstance(policy, Mapping) or node.kind is not NodeKind.TOOL:
         return []
@@ -336,9 +335,6 @@ def refusals(node: NodeSpec, device: CatalogDevice) -> list[dict[str, Any]]:
 def _refusal(command: CommandSpec, tool: Mapping[str, Any] | None, policy: Mapping[str, Any]) -> str | None:
     if policy.get("kill_switch") and not bool(((tool or {}).get("annotations") or {}).get("read_only")):
         return "the device owner has turned on the kill switch, which refuses every tool that is not read-only"
-    approval = [p for p in policy.get("approval_required") or [] if isinstance(p, str)]
-    if not policy.get("unattended") and any(fnmatch.fnmatchcase(command.tool, p) for p in approval):
-        return "the tool needs the device owner's approval and the agent is not running unattended"
     if command.tool == "shell.run":
         return _program_refusal(command.arguments.get("argv"), policy)
     return None

@@ -180,6 +180,7 @@ def test_the_devices_policy_is_shown_by_the_rest_api(tmp_path: Path) -> None:
             "shell_deny": [],
             "approval_required": ["gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"],
             "unattended": True,
+            "approvals_local_only": False,
             "kill_switch": False,
             "sandbox": {"kind": "none"},
         }

@@ -179,7 +179,7 @@ def test_pending_approvals_survive_an_orchestrator_restart_and_an_agent_kill(tmp
         first = pending(fleet, task["id"])
         with fleet.server.client() as c:
             c.post(f"/v1/approvals/{first['id']}/approve")
-        wait_until(lambda: (agent.workspace / "first.txt").exists(), 30, "the first command to run")
+        wait_until((agent.workspace / "first.txt").exists, 30, "the first command to run")
         second = pending(fleet, task["id"])  # the batch's second command waits in turn
         assert second["id"] != first["id"] and second["arguments"]["path"] == "second.txt"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Agent, Fleet, child_env, shell
+from tests.support import Agent, Fleet, child_env, shell, wait_until
 
 SECRET = "correct-horse-battery-staple"
 
@@ -95,12 +95,31 @@ def test_a_denied_program_is_refused(env: tuple[Fleet, Agent, Path]) -> None:
     assert (agent.workspace / "keep.txt").exists()
 
 
-def test_a_tool_needing_approval_is_refused_while_attended(env: tuple[Fleet, Agent, Path]) -> None:
+def test_a_tool_needing_approval_waits_and_a_denial_keeps_the_file(env: tuple[Fleet, Agent, Path]) -> None:
+    """While attended, a tool on approval_required is not run until a person decides (issue 18);
+    denied, it never runs."""
     f, agent, _ = env
     (agent.workspace / "precious.txt").write_text("keep")
-    node = run(f, files("delete", path="precious.txt"))
-    assert node["error"]["code"] == "policy_denied"
-    assert "approval" in node["error"]["message"]
+    dag = {
+        "nodes": [
+            {
+                "id": "n",
+                "placement": {"labels": {"pool": "guarded"}},
+                "commands": [files("delete", path="precious.txt")],
+            }
+        ]
+    }
+    task_id = f.submit(dag)["id"]
+    with f.server.client() as c:
+        approval = wait_until(
+            lambda: c.get("/v1/approvals", params={"task_id": task_id, "state": "pending"}).json()["items"],
+            30,
+            "the delete to wait for approval",
+        )[0]
+        assert (agent.workspace / "precious.txt").exists()
+        assert c.post(f"/v1/approvals/{approval['id']}/deny").status_code == 200
+    node = f.wait_task(task_id)["nodes"][0]
+    assert node["error"]["code"] == "approval_denied"
     assert (agent.workspace / "precious.txt").exists()
 
 
@@ -126,7 +145,8 @@ def test_the_audit_log_records_every_call_without_arguments_or_content(env: tupl
     assert [e["tool"] for e in mine] == ["files.write", "shell.run"]
     assert all({"ts", "batch_id", "call_id", "tool", "decision", "duration_ms"} <= set(e) for e in mine)
     denied = [e for e in entries if e["decision"] == "denied"]
-    assert denied and all(e.get("error_code") == "policy_denied" for e in denied)
+    assert denied and all(e.get("error_code") in ("policy_denied", "approval_denied") for e in denied)
+    assert any(e.get("error_code") == "approval_denied" and "approval" in e["reason"] for e in denied)
     assert oct((agent.data_dir / "audit.jsonl").stat().st_mode & 0o777) == "0o600"
 
 
