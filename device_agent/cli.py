@@ -79,6 +79,9 @@ def agent(
 
     Exit status: 1 the agent failed (restart it), 2 bad settings or a data dir in use,
     3 the orchestrator refused the token (revoked or wrong: enroll again).
+
+    Beside a running agent, its owner answers approvals: 'orrery agent approvals',
+    'orrery agent approve ID', 'orrery agent deny ID' (each with --data-dir).
     """
     overrides: dict[str, Any] = {
         "server": server,

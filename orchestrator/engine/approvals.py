@@ -233,6 +233,11 @@ class ApprovalBook:
 
         self.writer.effect(lambda: self._spawn(chore()))
 
+    async def drain(self) -> None:
+        """Wait for the decisions being written (tests step the engine by hand)."""
+        while self._chores:
+            await asyncio.gather(*list(self._chores))
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._chores.add(task)
