@@ -213,3 +213,42 @@ async def test_the_commands_timeout_s_is_the_limit_the_shell_runs_under(tmp_path
         result = done["results"][0]
         assert result["error"]["code"] == "timeout", result
         assert "the batch deadline" in result["error"]["message"]
+
+
+async def test_a_local_only_agent_ignores_an_approval_from_the_orchestrator(tmp_path: Path) -> None:
+    """With approvals_local_only, only the owner at the device approves: an `approved` decision
+    from the orchestrator (a compromised or misconfigured one) is ignored; an expiry is not."""
+    env = {"ORRERY_AGENT_APPROVAL_REQUIRED": '["shell.run"]', "ORRERY_AGENT_APPROVALS_LOCAL_ONLY": "true"}
+    async with scripted(tmp_path, **env) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        batch = await conn.batch(touch("forced.txt"), fence=1)
+        asked = await conn.recv("approval_request")
+        assert asked["local_only"] is True and asked["batch_id"] == batch
+        await conn.send("approval_decision", reliable=True, approval_id=asked["approval_id"], decision="approved")
+        await conn.send("approval_decision", reliable=True, approval_id=asked["approval_id"], decision="expired")
+        result = await conn.result_for(batch)
+        assert [(r["status"], r["error"]["code"]) for r in result["results"]] == [("failure", "approval_timeout")]
+        assert not (agent.workspace / "forced.txt").exists()
+
+
+async def test_an_approval_waits_across_an_agent_restart_and_is_asked_again(tmp_path: Path) -> None:
+    env = {"ORRERY_AGENT_APPROVAL_REQUIRED": '["shell.run"]'}
+    async with scripted(tmp_path, **env) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        batch = await conn.batch(touch("later.txt"), fence=1)
+        first = await conn.recv("approval_request")
+        agent.kill()
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        again = await conn.recv("approval_request")  # from the ledger, before any batch arrives
+        assert again["approval_id"] == first["approval_id"]
+        await conn.batch(touch("later.txt"), fence=1, batch_id=batch)  # the server redelivers
+        await conn.send("approval_decision", reliable=True, approval_id=first["approval_id"], decision="approved")
+        result = await conn.result_for(batch)
+        assert result["results"][0]["status"] == "success"
+        assert (agent.workspace / "later.txt").read_text() == "ran\n"
