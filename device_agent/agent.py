@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from device_agent import __version__, health
+from device_agent.budgets import Breach
 from device_agent.config import AgentConfig
 from device_agent.faults import CrashPoints
 from device_agent.ledger import (
@@ -35,6 +36,7 @@ from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
     SUPPORTED_VERSIONS,
     BatchAccepted,
+    BudgetReset,
     Cancel,
     CommandBatch,
     DeviceInfo,
@@ -45,6 +47,7 @@ from protocol.messages import (
     Message,
     Result,
     ResultBatch,
+    SafetyBreach,
     ToolsChanged,
     Welcome,
 )
@@ -116,6 +119,7 @@ class Agent:
         self._lock = asyncio.Lock()
         self._announcing: set[asyncio.Task[None]] = set()
         router.on_tools_changed = self._on_tools_changed
+        router.guards.budgets.on_breach = self._on_breach  # issue 18: safety budgets
 
     # ================================================================ top level
 
@@ -237,6 +241,7 @@ class Agent:
                     await t.send(frame)
             self.sessions_opened += 1
             self.connected.set()
+            self._report_breach()  # until an uncordon resets the budgets (a new session may have lost it)
             self._healthy(url)
             log.info("connected to %s (session %s, resumed=%s)", url, first.session_id, first.resumed)
             beat = asyncio.create_task(self._heartbeats(t, url), name="agent-heartbeat")
@@ -298,6 +303,11 @@ class Agent:
                 continue
             elif isinstance(msg, Cancel):
                 self._on_cancel(msg)
+                assert self.session is not None
+                self.session.confirm(msg.seq)
+            elif isinstance(msg, BudgetReset):
+                log.warning("safety budgets reset by the orchestrator: %s", msg.reason or "the device was uncordoned")
+                self.router.guards.budgets.reset()
                 assert self.session is not None
                 self.session.confirm(msg.seq)
             elif isinstance(msg, Error):
@@ -465,6 +475,22 @@ class Agent:
 
     def _on_tools_changed(self) -> None:
         task = asyncio.get_running_loop().create_task(self.tools_changed())
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+
+    # ---------------------------------------------------------------- issue 18: safety budgets
+
+    def _on_breach(self, breach: Breach) -> None:
+        log.error("safety budget %s (limit %d) exceeded: %s", breach.budget, breach.limit, breach.detail)
+        self._report_breach()
+
+    def _report_breach(self) -> None:
+        """Tell the orchestrator (a reliable frame) that a budget is tripped; it cordons the device."""
+        breach = self.router.guards.budgets.tripped
+        if breach is None:
+            return
+        frame = SafetyBreach(budget=breach.budget, limit=breach.limit, detail=breach.detail[:1000])
+        task = asyncio.get_running_loop().create_task(self._send(frame))
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
 

@@ -39,9 +39,9 @@ def command() -> TyperGroup:
 
 
 def _agent(args: list[str]) -> None:
-    from device_agent.cli import app
+    from device_agent.cli import run
 
-    app(args=args, prog_name="orrery agent")
+    run(args, "orrery agent")
 
 
 def _everything(args: list[str]) -> None:

@@ -49,6 +49,10 @@ class ErrorCode(StrEnum):
     UNCERTAIN = "uncertain"
     INTERNAL = "internal_error"
     DEVICE_ERROR = "device_error"  # a device reported a code outside RESULT_ERROR_CODES
+    # ---- issue 18, safety budgets part: the agent's own refusals
+    BUDGET_EXCEEDED = "budget_exceeded"  # a per-device safety budget was breached (agent config)
+    AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit line could not be written before the action
+    APPROVAL_DENIED = "approval_denied"  # (also added by the approvals part; counted by the budgets)
 
 
 # Codes a device may put in a result's `error.code`: the ones above plus those the built-in

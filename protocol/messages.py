@@ -177,14 +177,55 @@ class Error(_Frame):
     message: str
 
 
+# ---------------------------------------------------------------- issue 18: safety budgets part
+
+SafetyBudget = Literal["destructive_per_minute", "consecutive_bad_outcomes"]
+
+
+class SafetyBreach(_Frame):
+    """Agent to server: the device refused work because one of its owner's safety budgets was
+    breached. The server cordons the device with this as the reason (idempotent: sent again on
+    every new session until a `budget_reset` arrives)."""
+
+    type: Literal["safety_breach"] = "safety_breach"
+    budget: SafetyBudget
+    limit: int = Field(ge=1)
+    detail: str = Field(default="", max_length=1000)
+
+
+class BudgetReset(_Frame):
+    """Server to agent: an operator uncordoned the device; the agent clears its safety budgets."""
+
+    type: Literal["budget_reset"] = "budget_reset"
+    reason: str = Field(default="", max_length=300)
+
+
+SAFETY_TYPES = frozenset({"safety_breach", "budget_reset"})
+
+# ---------------------------------------------------------------- the union
+
 Message = Annotated[
-    Hello | Welcome | Heartbeat | CommandBatch | BatchAccepted | ResultBatch | Cancel | ToolsChanged | Error,
+    Hello
+    | Welcome
+    | Heartbeat
+    | CommandBatch
+    | BatchAccepted
+    | ResultBatch
+    | Cancel
+    | ToolsChanged
+    | Error
+    | SafetyBreach
+    | BudgetReset,
     Field(discriminator="type"),
 ]
 
-RELIABLE_TYPES = frozenset({"command_batch", "cancel", "batch_accepted", "result_batch", "tools_changed"})
-SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "error"})
-AGENT_TO_SERVER = frozenset({"hello", "heartbeat", "batch_accepted", "result_batch", "tools_changed", "error"})
+RELIABLE_TYPES = (
+    frozenset({"command_batch", "cancel", "batch_accepted", "result_batch", "tools_changed"}) | SAFETY_TYPES
+)
+SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "error"}) | {"budget_reset"}
+AGENT_TO_SERVER = frozenset({"hello", "heartbeat", "batch_accepted", "result_batch", "tools_changed", "error"}) | {
+    "safety_breach"
+}
 
 
 def is_reliable(message: Message) -> bool:
