@@ -201,7 +201,8 @@ async def _usable(comp: Comp, device_id: str) -> Device:
 async def _set_admin(comp: Comp, device_id: str, admin: AdminState) -> DeviceOut:
     row = await _usable(comp, device_id)
     changes = ChangeSet()
-    changes.update(Device, (row.id,), admin_state=admin.value)
+    reason = _ADMIN_REASONS[admin] if admin is AdminState.CORDONED else None
+    changes.update(Device, (row.id,), admin_state=admin.value, cordon_reason=reason)
     if admin.value != row.admin_state:  # the change and its history entry in one transaction
         queued = (await comp.store.queue_lengths()).get(row.id, 0) if admin is AdminState.ACTIVE else 0
         state = history_state(admin, Liveness(row.liveness), row.current_batch_id is not None, queued)

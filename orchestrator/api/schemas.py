@@ -242,6 +242,8 @@ class DeviceOut(BaseModel):
     last_seen: datetime | None = None
     connected: bool = False
     created_at: datetime
+    # Why it is cordoned: "cordoned by an operator", or the safety budget its agent breached.
+    cordon_reason: str | None = None
 
 
 class DeviceHistoryItem(BaseModel):

@@ -69,7 +69,7 @@ from orchestrator.ids import new_id
 from orchestrator.metrics import EngineGauges, Metrics
 from orchestrator.store.repo import Store
 from protocol.errors import ErrorCode
-from protocol.messages import BatchAccepted, Error, ResultBatch, ToolsChanged
+from protocol.messages import BatchAccepted, Error, ResultBatch, SafetyBreach, ToolsChanged
 
 log = logging.getLogger("orrery.engine")
 
@@ -360,6 +360,11 @@ class Engine:
                 self.fleet.accepted(att, now)
         elif isinstance(msg, ToolsChanged):
             self.fleet.tools_changed(dev, msg)
+        elif isinstance(msg, SafetyBreach):  # issue 18: a breached safety budget cordons the device
+            news, actions = self.fleet.safety_breach(dev, msg, now)
+            if news:
+                self.metrics.safety_breaches.labels(msg.budget).inc()
+            self.runs.carry_out(actions, now)
 
     def _schedule(self, now: float) -> None:
         self.runs.schedule(now)
