@@ -186,6 +186,7 @@ async def test_hello_reports_the_device_policy_as_the_contract_says(tmp_path: Pa
             "unattended": False,
             "kill_switch": True,
             "sandbox": {"kind": "none"},
+            "safety_budgets": {"max_destructive_per_minute": 0, "max_consecutive_bad_outcomes": 0},
         }
 
 
