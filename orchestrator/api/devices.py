@@ -177,11 +177,15 @@ async def drain(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
 
 @router.post("/{device_id}/cordon", response_model=DeviceOut)
 async def cordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
+    """Take no new work; `cordon_reason` says "cordoned by an operator". (A device whose agent
+    breaches one of its safety budgets is cordoned by the engine, the breach as its reason.)"""
     return await _set_admin(comp, device_id, AdminState.CORDONED)
 
 
 @router.post("/{device_id}/uncordon", response_model=DeviceOut)
 async def uncordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
+    """Back to service; clears `cordon_reason`, and the device's agent resets its safety budgets
+    (`budget_reset`), so a device cordoned by a breach takes work again."""
     return await _set_admin(comp, device_id, AdminState.ACTIVE)
 
 
