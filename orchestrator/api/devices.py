@@ -206,6 +206,8 @@ async def _set_admin(comp: Comp, device_id: str, admin: AdminState) -> DeviceOut
     row = await _usable(comp, device_id)
     changes = ChangeSet()
     reason = _ADMIN_REASONS[admin] if admin is AdminState.CORDONED else None
+    if admin.value == row.admin_state and row.cordon_reason:
+        reason = row.cordon_reason  # cordoned again: keep why it was (a safety breach says more)
     changes.update(Device, (row.id,), admin_state=admin.value, cordon_reason=reason)
     if admin.value != row.admin_state:  # the change and its history entry in one transaction
         queued = (await comp.store.queue_lengths()).get(row.id, 0) if admin is AdminState.ACTIVE else 0

@@ -13,6 +13,10 @@ NEVER_RETRY_CODES = frozenset(
     {"queue_timeout", "policy_denied", "template_error", "cancelled", "invalid_arguments", "unknown_tool"}
 )
 
+# Issue 18, safety budgets: a device that refused work because its owner's budget was breached
+# refused on purpose; the work must not bounce on to other devices by itself.
+NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"budget_exceeded"}
+
 
 def retry_safe(error_code: str, started: bool, tool_hints: Iterable[tuple[bool, bool]]) -> bool:
     """True if running the node again cannot repeat a side effect.
@@ -48,6 +52,7 @@ _NEVER_RETRY_REASONS = {
     "no_capable_device": "no device can run it any more (placement or tools)",
     "planner_unavailable": "it needs an LLM and none is configured",
 }
+_NEVER_RETRY_REASONS["budget_exceeded"] = "the device refused it: one of its owner's safety budgets was breached"
 
 
 def declared_hints(hints: Iterable[tuple[bool, bool]], declared: Iterable[bool]) -> tuple[tuple[bool, bool], ...]:

@@ -20,9 +20,10 @@ def files(tool: str, **args: Any) -> dict[str, Any]:
     return {"tool": f"files.{tool}", "arguments": args}
 
 
-def run(f: Fleet, a: Agent, *commands: dict[str, Any]) -> dict[str, Any]:
+def run(f: Fleet, a: Agent, *commands: dict[str, Any], **node: Any) -> dict[str, Any]:
     """One node on `a` (by name), its commands in order; the finished node."""
-    task = f.submit({"nodes": [{"id": "n", "placement": {"device": a.name}, "commands": list(commands)}]})
+    spec = {"id": "n", "placement": {"device": a.name}, "commands": list(commands), **node}
+    task = f.submit({"nodes": [spec]})
     node: dict[str, Any] = f.node(f.wait_task(task["id"]), "n")
     return node
 
@@ -148,8 +149,9 @@ def test_n_plus_one_destructive_actions_in_a_minute_cordon_the_device_until_an_o
     with fleet(tmp_path) as f:
         a = f.agent("budgeted", ORRERY_AGENT_MAX_DESTRUCTIVE_PER_MINUTE="2")
         writes = [files("write", path=f"w{i}.txt", content="x") for i in range(3)]
-        node = run(f, a, *writes)
+        node = run(f, a, *writes, retry={"max_attempts": 3, "backoff_s": 0})
         assert node["state"] == "failed" and code_of(node) == "budget_exceeded", node
+        assert len(node["attempts"]) == 1, node  # refused on purpose: not retried, not re-placed
         assert "destructive_per_minute" in message_of(node) and "limit 2" in message_of(node)
         assert "uncordon" in message_of(node)
         assert (a.workspace / "w1.txt").exists() and not (a.workspace / "w2.txt").exists()
@@ -159,6 +161,8 @@ def test_n_plus_one_destructive_actions_in_a_minute_cordon_the_device_until_an_o
         assert "safety budget destructive_per_minute (limit 2) exceeded" in device["cordon_reason"], device
         assert history(f, a)[0]["reason"] == device["cordon_reason"]
         assert breaches(f, "destructive_per_minute") == 1
+        with f.server.client() as c:  # an operator's cordon on top keeps the breach as the reason
+            assert c.post(f"/v1/devices/{a.device_id}/cordon").json()["cordon_reason"] == device["cordon_reason"]
 
         # Cordoned: no new work is placed on it.
         task = f.submit({"nodes": [{"id": "n", "placement": {"device": a.name}, "commands": [shell(["true"])]}]})
