@@ -219,13 +219,13 @@ Message = Annotated[
     Field(discriminator="type"),
 ]
 
-RELIABLE_TYPES = (
-    frozenset({"command_batch", "cancel", "batch_accepted", "result_batch", "tools_changed"}) | SAFETY_TYPES
-)
-SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "error"}) | {"budget_reset"}
-AGENT_TO_SERVER = frozenset({"hello", "heartbeat", "batch_accepted", "result_batch", "tools_changed", "error"}) | {
-    "safety_breach"
-}
+RELIABLE_TYPES = frozenset({"command_batch", "cancel", "batch_accepted", "result_batch", "tools_changed"})
+SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "error"})
+AGENT_TO_SERVER = frozenset({"hello", "heartbeat", "batch_accepted", "result_batch", "tools_changed", "error"})
+# issue 18, safety budgets part
+RELIABLE_TYPES |= SAFETY_TYPES
+SERVER_TO_AGENT |= {"budget_reset"}
+AGENT_TO_SERVER |= {"safety_breach"}
 
 
 def is_reliable(message: Message) -> bool:
