@@ -16,6 +16,7 @@ from typing import Any
 
 from device_agent import __version__, health
 from device_agent.approvals import Approvals, deadline_of, refused
+from device_agent.budgets import Breach
 from device_agent.config import AgentConfig
 from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.faults import CrashPoints
@@ -38,6 +39,7 @@ from protocol.messages import (
     SUPPORTED_VERSIONS,
     ApprovalDecision,
     BatchAccepted,
+    BudgetReset,
     Cancel,
     CommandBatch,
     DeviceInfo,
@@ -48,6 +50,7 @@ from protocol.messages import (
     Message,
     Result,
     ResultBatch,
+    SafetyBreach,
     ToolsChanged,
     Welcome,
 )
@@ -121,6 +124,7 @@ class Agent:
         router.on_tools_changed = self._on_tools_changed
         screenshots = config.resolved_data_dir / SCREENSHOTS_NAME
         self.approvals = Approvals(ledger, self._send, screenshots, config.approvals_local_only)
+        router.guards.budgets.on_breach = self._on_breach  # issue 18: safety budgets
 
     # ================================================================ top level
 
@@ -242,6 +246,7 @@ class Agent:
                     await t.send(frame)
             self.sessions_opened += 1
             self.connected.set()
+            self._report_breach()  # until an uncordon resets the budgets (a new session may have lost it)
             self._healthy(url)
             log.info("connected to %s (session %s, resumed=%s)", url, first.session_id, first.resumed)
             beat = asyncio.create_task(self._heartbeats(t, url), name="agent-heartbeat")
@@ -308,6 +313,11 @@ class Agent:
                 self.session.confirm(msg.seq)
             elif isinstance(msg, ApprovalDecision):
                 self.approvals.on_decision(msg)  # recorded in the ledger before we acknowledge it
+                assert self.session is not None
+                self.session.confirm(msg.seq)
+            elif isinstance(msg, BudgetReset):
+                log.warning("safety budgets reset by the orchestrator: %s", msg.reason or "the device was uncordoned")
+                self.router.guards.budgets.reset()
                 assert self.session is not None
                 self.session.confirm(msg.seq)
             elif isinstance(msg, Error):
@@ -456,6 +466,8 @@ class Agent:
                     reason=f"approval {rec.approval_id} {rec.state} by {rec.decided_by or '?'}",
                 )
                 if refusal is not None:
+                    assert refusal.error is not None
+                    self.router.guards.budgets.outcome(refusal.status, refusal.error.code)  # a denial counts
                     results.append(refusal)
                     stop = f"command {cmd.call_id} ({cmd.tool}) was not approved, so the rest of the batch was skipped"
                     continue
@@ -502,6 +514,22 @@ class Agent:
 
     def _on_tools_changed(self) -> None:
         task = asyncio.get_running_loop().create_task(self.tools_changed())
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+
+    # ---------------------------------------------------------------- issue 18: safety budgets
+
+    def _on_breach(self, breach: Breach) -> None:
+        log.error("safety budget %s (limit %d) exceeded: %s", breach.budget, breach.limit, breach.detail)
+        self._report_breach()
+
+    def _report_breach(self) -> None:
+        """Tell the orchestrator (a reliable frame) that a budget is tripped; it cordons the device."""
+        breach = self.router.guards.budgets.tripped
+        if breach is None:
+            return
+        frame = SafetyBreach(budget=breach.budget, limit=breach.limit, detail=breach.detail[:1000])
+        task = asyncio.get_running_loop().create_task(self._send(frame))
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
 

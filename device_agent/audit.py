@@ -2,6 +2,13 @@
 
 It records who asked (batch, call id), what tool, the decision and the outcome, and never the
 arguments or results: those may hold typed text, file contents or secrets.
+
+A call that runs gets two lines: `phase: "intent"` written before the tool is called, and
+`phase: "outcome"` after it. A refused call gets one (`decision: "denied"`). Each line is one
+`write(2)` on an `O_APPEND` descriptor, unbuffered in this process: once `record` returns, the
+line is in the kernel's page cache and survives the agent crashing or being killed. With `fsync`
+(`audit_fsync = true`) each line is also `fdatasync`ed to the disk before `record` returns, so it
+survives a power loss or a kernel crash too, at the price of one disk flush per line.
 """
 
 from __future__ import annotations
@@ -15,21 +22,40 @@ from typing import Any
 from device_agent.datadir import PRIVATE_DIR, private_file
 
 ALLOWED_FIELDS = frozenset(
-    {"batch_id", "call_id", "task_id", "node_id", "tool", "decision", "status", "error_code", "duration_ms", "reason"}
+    {
+        "batch_id",
+        "call_id",
+        "task_id",
+        "node_id",
+        "tool",
+        "decision",
+        "status",
+        "error_code",
+        "duration_ms",
+        "reason",
+        "phase",
+    }
 )
 
 
 class AuditLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fsync: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
         self.path = path
+        self.fsync = fsync
         # O_APPEND: each line lands at the end even if another process appends too. 0600 even if
         # an older agent or a loose umask created it wider.
         self._fd = private_file(path, os.O_WRONLY | os.O_APPEND)
 
     def record(self, **fields: Any) -> None:
+        """Write one line; raises OSError if it could not be written (or flushed, with fsync)."""
         entry = {"ts": round(time.time(), 3), **{k: v for k, v in fields.items() if k in ALLOWED_FIELDS}}
-        os.write(self._fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
+        line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
+        written = os.write(self._fd, line)
+        if written != len(line):  # a full disk can take part of it: the line is not whole
+            raise OSError(f"only {written} of {len(line)} bytes of the audit line were written")
+        if self.fsync:
+            os.fdatasync(self._fd)
 
     def close(self) -> None:
         try:

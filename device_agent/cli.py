@@ -12,6 +12,7 @@ import typer
 from pydantic import ValidationError
 
 from device_agent import config as agent_config
+from device_agent import owner
 from orrery.logs import NOISY, setup_logging
 from orrery.options import parse_labels
 
@@ -82,6 +83,7 @@ def agent(
 
     Beside a running agent, its owner answers approvals: 'orrery agent approvals',
     'orrery agent approve ID', 'orrery agent deny ID' (each with --data-dir).
+    Also: 'orrery agent kill-switch on|off|status' flips the kill switch of a running agent.
     """
     overrides: dict[str, Any] = {
         "server": server,
@@ -141,5 +143,66 @@ def _check(cfg: agent_config.AgentConfig) -> None:
 app.command()(agent)
 
 
+# ---------------------------------------------------------------- issue 18: the kill switch at run time
+
+kill_switch_app = typer.Typer(add_completion=False)
+
+
+@kill_switch_app.command()
+def kill_switch(
+    action: Annotated[str, typer.Argument(help="on, off or status")],
+    data_dir: Annotated[Path | None, typer.Option(help="the agent's data dir (its --data-dir)")] = None,
+    config: Annotated[Path | None, typer.Option(help="the agent's TOML file (for data_dir, kill_switch_file)")] = None,
+    token: Annotated[str | None, typer.Option(help="the device token, to find the default data dir")] = None,
+) -> None:
+    """Turn the device's kill switch on or off while its agent runs (from its next command on).
+
+    On: every tool that may change the device is refused (policy_denied); read-only tools still
+    work. It is the file <data dir>/kill-switch (or kill_switch_file): present means on, so it
+    stays on across agent restarts. SIGUSR1 / SIGUSR2 to the agent do the same.
+    """
+    from device_agent.killswitch import KillSwitch
+
+    if action not in ("on", "off", "status"):
+        typer.echo(f"unknown action {action!r}: use on, off or status", err=True)
+        raise typer.Exit(EXIT_CONFIG)
+    try:
+        cfg = agent_config.load(config, {"data_dir": data_dir, "token": token})
+    except (ValidationError, OSError, ValueError) as exc:
+        typer.echo(f"cannot read the agent's settings: {exc}", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+    if cfg.data_dir is None and cfg.kill_switch_file is None and not cfg.identity():
+        typer.echo(
+            "which agent? pass --data-dir (the agent's data dir), or --config / ORRERY_AGENT_* settings naming it",
+            err=True,
+        )
+        raise typer.Exit(EXIT_CONFIG)
+    switch = KillSwitch(cfg.resolved_kill_switch_file, cfg.kill_switch)
+    if action != "status":
+        try:
+            switch.turn(action == "on")
+        except OSError as exc:
+            typer.echo(f"could not turn the kill switch {action} ({switch.path}): {exc}", err=True)
+            raise typer.Exit(1) from None
+    typer.echo(f"kill switch: {switch.status()}")
+
+
+# `orrery agent WORD ...` runs one of these instead of the agent.
+SUBCOMMANDS: dict[str, typer.Typer] = {"kill-switch": kill_switch_app}
+
+
+def run(args: list[str], prog_name: str) -> None:
+    """`orrery agent [OPTIONS]`, or `orrery agent kill-switch ...` (see SUBCOMMANDS)."""
+    sub = SUBCOMMANDS.get(args[0]) if args else None
+    if sub is not None:
+        sub(args=args[1:], prog_name=f"{prog_name} {args[0]}")
+    elif args and args[0] in owner.COMMANDS:  # the owner's approvals: approvals, approve ID, deny ID
+        owner.app(args=args, prog_name=prog_name)
+    else:
+        app(args=args, prog_name=prog_name)
+
+
 def main() -> None:
-    app()
+    import sys
+
+    run(sys.argv[1:], "python -m device_agent")

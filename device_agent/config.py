@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from device_agent.killswitch import default_path as default_kill_switch_path
 from device_agent.policy import Policy
 from device_agent.sandbox import Limits
 
@@ -115,6 +116,15 @@ class AgentConfig(BaseSettings):
     # the orchestrator shows them but cannot decide them (issue 18).
     approvals_local_only: bool = False
     kill_switch: bool = False
+    # ---- issue 18, safety budgets part
+    # The kill switch flipped at run time: on while this file exists (default <data dir>/kill-switch).
+    kill_switch_file: Path | None = None
+    # fdatasync every audit line: it then survives a power loss, not only an agent crash.
+    audit_fsync: bool = False
+    # Safety budgets, 0 = off: destructive actions per sliding minute, and consecutive outcomes
+    # that are uncertain, policy_denied or approval_denied. A breach cordons the device.
+    max_destructive_per_minute: int = Field(default=0, ge=0)
+    max_consecutive_bad_outcomes: int = Field(default=0, ge=0)
     max_output_bytes: int = Field(default=1_000_000, ge=1024)
     max_result_bytes: int = Field(default=256 * 1024, ge=1024)
     max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
@@ -133,6 +143,10 @@ class AgentConfig(BaseSettings):
         if self.data_dir is not None:
             return self.data_dir.resolve()
         return (DATA_ROOT / dir_name(self.identity() or "no-device")).resolve()
+
+    @property
+    def resolved_kill_switch_file(self) -> Path:
+        return (self.kill_switch_file or default_kill_switch_path(self.resolved_data_dir)).resolve()
 
     @property
     def resolved_workspace(self) -> Path:
@@ -160,6 +174,10 @@ class AgentConfig(BaseSettings):
             "approvals_local_only": self.approvals_local_only,
             "kill_switch": self.kill_switch,
             "sandbox": self.sandbox_report(),
+            "safety_budgets": {
+                "max_destructive_per_minute": self.max_destructive_per_minute,
+                "max_consecutive_bad_outcomes": self.max_consecutive_bad_outcomes,
+            },
         }
 
     def sandbox_limits(self) -> Limits:

@@ -42,6 +42,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from device_agent.approvals import REQUEST_TOOL
 from device_agent.audit import AuditLog
+from device_agent.guards import Guards
+from device_agent.killswitch import HOW_TO_TURN_OFF
 from device_agent.mcp_client import ClientFeatures, HttpTarget, OriginBoundHeaders, describe_failure
 from device_agent.policy import Policy
 from device_agent.toolsets.base import failure, nul_field, nul_message, without_nul
@@ -353,9 +355,12 @@ class Router:
         approval_required: list[str],
         max_result_bytes: int,
         on_kill: Callable[[], int] = lambda: 0,
+        guards: Guards | None = None,
     ) -> None:
         self.policy = policy
         self.audit = audit
+        # issue 18: run-time kill switch, safety budgets, audit line before the call
+        self.guards = guards or Guards(audit)
         self.approval_required = approval_required
         self.max_result_bytes = max_result_bytes
         self.hosts: dict[str, ToolsetHost] = {}
@@ -448,6 +453,9 @@ class Router:
         denial = self._policy_denial(cmd.tool, spec, approved)
         if denial:
             return self._finish(cmd, namespace, started, audit, "denied", _error("policy_denied", denial))
+        refused = self.guards.before(audit, spec)
+        if refused is not None:
+            return self._finish(cmd, namespace, started, audit, "denied", _error(*refused))
         arguments, limit, enforced = with_timeout(spec, cmd.arguments, limit)
         try:
             raw = await host.call(name, arguments, limit.seconds, TOOL_TIMEOUT_GRACE_S if enforced else 0.0)
@@ -457,10 +465,10 @@ class Router:
 
     def _policy_denial(self, tool: str, spec: ToolSpec, approved: bool) -> str | None:
         harmless = spec.annotations.read_only or (spec.annotations.idempotent and not spec.annotations.destructive)
-        if self.policy.kill_switch and not harmless:
+        if (self.policy.kill_switch or self.guards.kill_switch_on()) and not harmless:
             return (
                 f"the device owner has switched off action tools (kill switch), so '{tool}' is refused; "
-                "only read-only tools may run"
+                f"only read-only tools may run until {HOW_TO_TURN_OFF}"
             )
         if not approved and self.needs_approval(tool):
             return f"'{tool}' needs a person's approval before it runs, and none was given for this call"
@@ -471,13 +479,7 @@ class Router:
     ) -> Result:
         duration = round((time.monotonic() - started) * 1000, 3)
         result = self._convert(cmd.call_id, namespace, raw, duration)
-        self.audit.record(
-            **audit,
-            decision=decision,
-            status=result.status,
-            error_code=result.error.code if result.error else None,
-            duration_ms=duration,
-        )
+        self.guards.after(audit, decision, result)
         return result
 
     def _convert(self, call_id: str, namespace: str, raw: CallToolResult, duration_ms: float) -> Result:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import tempfile
@@ -16,9 +17,12 @@ from mcp import StdioServerParameters
 
 from device_agent.agent import Agent, AgentFailed, TokenRefused
 from device_agent.audit import AuditLog
+from device_agent.budgets import SafetyBudgets
 from device_agent.config import AgentConfig, McpServerConfig
 from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLock, make_private
 from device_agent.faults import CrashPoints
+from device_agent.guards import Guards
+from device_agent.killswitch import KillSwitch
 from device_agent.ledger import Ledger, LedgerError, LedgerOwned
 from device_agent.mcp_client import ClientFeatures, HttpTarget, public_url
 from device_agent.router import Router, ToolsetHost, ToolsetUnavailable
@@ -64,8 +68,15 @@ def build(config: AgentConfig) -> Agent:
     except SandboxUnavailable as exc:  # never run unconfined when the owner asked for the sandbox
         raise ConfigError(str(exc)) from None
     data_dir = config.resolved_data_dir
-    audit = AuditLog(data_dir / AUDIT_NAME)
-    router = Router(ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all)
+    audit = AuditLog(data_dir / AUDIT_NAME, fsync=config.audit_fsync)
+    guards = Guards(
+        audit,
+        KillSwitch(config.resolved_kill_switch_file, config.kill_switch),
+        SafetyBudgets(config.max_destructive_per_minute, config.max_consecutive_bad_outcomes),
+    )
+    router = Router(
+        ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all, guards
+    )
     for name in config.toolsets:
         factory = BUILTIN.get(name)
         if factory is None:
@@ -243,6 +254,9 @@ async def _serve(config: AgentConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, task.cancel)
+    for sig, on in ((signal.SIGUSR1, True), (signal.SIGUSR2, False)):  # the kill switch, at run time
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, functools.partial(_flip, agent.router.guards.kill_switch, on))
     try:
         await agent.run()
     except asyncio.CancelledError:
@@ -263,6 +277,16 @@ async def _serve(config: AgentConfig) -> None:
     finally:
         agent.ledger.close()
         agent.router.audit.close()
+
+
+def _flip(switch: KillSwitch, on: bool) -> None:
+    """SIGUSR1 / SIGUSR2: turn the kill switch on / off (its file), for the next command on."""
+    try:
+        switch.turn(on)
+    except OSError as exc:
+        log.error("could not turn the kill switch %s (%s): %s", "on" if on else "off", switch.path, exc)
+        return
+    log.warning("kill switch turned %s by a signal: %s", "on" if on else "off", switch.status())
 
 
 def main(config: AgentConfig) -> None:

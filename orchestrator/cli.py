@@ -247,7 +247,7 @@ def _device_action(action: str) -> Any:
     command.__doc__ = {
         "drain": "Finish current work, take no new work.",
         "cordon": "Take no new work.",
-        "uncordon": "Back to service.",
+        "uncordon": "Back to service (the agent's safety budgets reset after a breach).",
         "revoke": "Revoke the device's token and close its connection.",
     }[action]
     return command

@@ -72,6 +72,13 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        # issue 18: breaches of a device's safety budgets reported by its agent (each cordons it)
+        self.safety_breaches = Counter(
+            "orrery_safety_breaches_total",
+            "Safety budgets devices reported breached (each cordons the device), by budget",
+            ["budget"],
+            registry=r,
+        )
         self.read_engine: Callable[[], EngineGauges | None] = lambda: None
         r.register(_EngineCollector(self))
         self.gc_pauses = GcPauses()

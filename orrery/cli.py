@@ -18,9 +18,7 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> None:
     """The `orrery` console script (and `python -m orrery`)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if args[:1] == ["agent"] and args[1:2] and args[1] in _owner_commands():
-        guarded(lambda: _owner(args[1:]), needs_server=False)
-    elif args[:1] == ["agent"]:
+    if args[:1] == ["agent"]:
         guarded(lambda: _agent(args[1:]), needs_server=False)
     else:
         guarded(lambda: _everything(args), needs_server=True)
@@ -41,22 +39,9 @@ def command() -> TyperGroup:
 
 
 def _agent(args: list[str]) -> None:
-    from device_agent.cli import app
+    from device_agent.cli import run
 
-    app(args=args, prog_name="orrery agent")
-
-
-def _owner_commands() -> frozenset[str]:
-    from device_agent.owner import COMMANDS
-
-    return COMMANDS
-
-
-def _owner(args: list[str]) -> None:
-    """The device owner's commands beside a running agent (`orrery agent approve ID`, ...)."""
-    from device_agent.owner import app
-
-    app(args=args, prog_name="orrery agent")
+    run(args, "orrery agent")
 
 
 def _everything(args: list[str]) -> None:

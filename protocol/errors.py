@@ -49,9 +49,12 @@ class ErrorCode(StrEnum):
     UNCERTAIN = "uncertain"
     INTERNAL = "internal_error"
     DEVICE_ERROR = "device_error"  # a device reported a code outside RESULT_ERROR_CODES
-    # approvals (issue 18)
+    # ---- issue 18: approvals
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
+    # ---- issue 18, safety budgets part: the agent's own refusals
+    BUDGET_EXCEEDED = "budget_exceeded"  # a per-device safety budget was breached (agent config)
+    AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit line could not be written before the action
 
 
 # Codes a device may put in a result's `error.code`: the ones above plus those the built-in

@@ -213,6 +213,33 @@ class Error(_Frame):
     message: str
 
 
+# ---------------------------------------------------------------- issue 18: safety budgets part
+
+SafetyBudget = Literal["destructive_per_minute", "consecutive_bad_outcomes"]
+
+
+class SafetyBreach(_Frame):
+    """Agent to server: the device refused work because one of its owner's safety budgets was
+    breached. The server cordons the device with this as the reason (idempotent: sent again on
+    every new session until a `budget_reset` arrives)."""
+
+    type: Literal["safety_breach"] = "safety_breach"
+    budget: SafetyBudget
+    limit: int = Field(ge=1)
+    detail: str = Field(default="", max_length=1000)
+
+
+class BudgetReset(_Frame):
+    """Server to agent: an operator uncordoned the device; the agent clears its safety budgets."""
+
+    type: Literal["budget_reset"] = "budget_reset"
+    reason: str = Field(default="", max_length=300)
+
+
+SAFETY_TYPES = frozenset({"safety_breach", "budget_reset"})
+
+# ---------------------------------------------------------------- the union
+
 Message = Annotated[
     Hello
     | Welcome
@@ -224,7 +251,9 @@ Message = Annotated[
     | ToolsChanged
     | ApprovalRequest
     | ApprovalDecision
-    | Error,
+    | Error
+    | SafetyBreach
+    | BudgetReset,
     Field(discriminator="type"),
 ]
 
@@ -252,6 +281,10 @@ AGENT_TO_SERVER = frozenset(
         "error",
     }
 )
+# issue 18, safety budgets part
+RELIABLE_TYPES |= SAFETY_TYPES
+SERVER_TO_AGENT |= {"budget_reset"}
+AGENT_TO_SERVER |= {"safety_breach"}
 
 
 def is_reliable(message: Message) -> bool:

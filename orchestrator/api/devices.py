@@ -177,11 +177,15 @@ async def drain(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
 
 @router.post("/{device_id}/cordon", response_model=DeviceOut)
 async def cordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
+    """Take no new work; `cordon_reason` says "cordoned by an operator". (A device whose agent
+    breaches one of its safety budgets is cordoned by the engine, the breach as its reason.)"""
     return await _set_admin(comp, device_id, AdminState.CORDONED)
 
 
 @router.post("/{device_id}/uncordon", response_model=DeviceOut)
 async def uncordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
+    """Back to service; clears `cordon_reason`, and the device's agent resets its safety budgets
+    (`budget_reset`), so a device cordoned by a breach takes work again."""
     return await _set_admin(comp, device_id, AdminState.ACTIVE)
 
 
@@ -201,7 +205,10 @@ async def _usable(comp: Comp, device_id: str) -> Device:
 async def _set_admin(comp: Comp, device_id: str, admin: AdminState) -> DeviceOut:
     row = await _usable(comp, device_id)
     changes = ChangeSet()
-    changes.update(Device, (row.id,), admin_state=admin.value)
+    reason = _ADMIN_REASONS[admin] if admin is AdminState.CORDONED else None
+    if admin.value == row.admin_state and row.cordon_reason:
+        reason = row.cordon_reason  # cordoned again: keep why it was (a safety breach says more)
+    changes.update(Device, (row.id,), admin_state=admin.value, cordon_reason=reason)
     if admin.value != row.admin_state:  # the change and its history entry in one transaction
         queued = (await comp.store.queue_lengths()).get(row.id, 0) if admin is AdminState.ACTIVE else 0
         state = history_state(admin, Liveness(row.liveness), row.current_batch_id is not None, queued)

@@ -232,4 +232,5 @@ def device_out(
         last_seen=last_seen,
         connected=connected,
         created_at=row.created_at,
+        cordon_reason=row.cordon_reason if row.admin_state == AdminState.CORDONED else None,
     )

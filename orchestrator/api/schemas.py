@@ -242,6 +242,11 @@ class DeviceOut(BaseModel):
     last_seen: datetime | None = None
     connected: bool = False
     created_at: datetime
+    cordon_reason: str | None = Field(
+        default=None,
+        description='why it is cordoned: "cordoned by an operator", or the safety budget its agent breached '
+        "(null unless cordoned)",
+    )
 
 
 class DeviceHistoryItem(BaseModel):

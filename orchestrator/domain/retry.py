@@ -22,6 +22,10 @@ NEVER_RETRY_CODES = frozenset(
     }
 )
 
+# Issue 18, safety budgets: a device that refused work because its owner's budget was breached
+# refused on purpose; the work must not bounce on to other devices by itself.
+NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"budget_exceeded"}
+
 
 def retry_safe(error_code: str, started: bool, tool_hints: Iterable[tuple[bool, bool]]) -> bool:
     """True if running the node again cannot repeat a side effect.
@@ -59,6 +63,7 @@ _NEVER_RETRY_REASONS = {
     "approval_denied": "a person denied it",
     "approval_timeout": "nobody decided on its approval within approval_timeout_s",
 }
+_NEVER_RETRY_REASONS["budget_exceeded"] = "the device refused it: one of its owner's safety budgets was breached"
 
 
 def declared_hints(hints: Iterable[tuple[bool, bool]], declared: Iterable[bool]) -> tuple[tuple[bool, bool], ...]:

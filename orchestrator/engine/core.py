@@ -72,7 +72,15 @@ from orchestrator.metrics import EngineGauges, Metrics
 from orchestrator.store import approvals as stored_approvals
 from orchestrator.store.repo import Store
 from protocol.errors import ErrorCode
-from protocol.messages import ApprovalDecision, ApprovalRequest, BatchAccepted, Error, ResultBatch, ToolsChanged
+from protocol.messages import (
+    ApprovalDecision,
+    ApprovalRequest,
+    BatchAccepted,
+    Error,
+    ResultBatch,
+    SafetyBreach,
+    ToolsChanged,
+)
 
 log = logging.getLogger("orrery.engine")
 
@@ -381,6 +389,11 @@ class Engine:
             await self.approvals.requested(dev, msg, now)
         elif isinstance(msg, ApprovalDecision):
             await self.approvals.reported(dev, msg, now)
+        elif isinstance(msg, SafetyBreach):  # issue 18: a breached safety budget cordons the device
+            news, actions = self.fleet.safety_breach(dev, msg, now)
+            if news:
+                self.metrics.safety_breaches.labels(msg.budget).inc()
+            self.runs.carry_out(actions, now)
 
     def _schedule(self, now: float) -> None:
         self.runs.schedule(now)

@@ -26,7 +26,7 @@ from orchestrator.engine.validation import known_tools
 from orchestrator.engine.writer import StepWriter
 from orchestrator.store.models import Attempt, Device, DeviceHistory
 from protocol.errors import CloseCode
-from protocol.messages import Hello, ToolsChanged
+from protocol.messages import BudgetReset, Hello, SafetyBreach, ToolsChanged
 
 log = logging.getLogger("orrery.engine")
 
@@ -345,6 +345,9 @@ class Fleet:
         dev.labels = dict(row.labels or {})
         dev.name = row.name
         dev.token_hash = row.token_hash
+        dev.cordon_reason = row.cordon_reason
+        if dev.admin is AdminState.ACTIVE and old_admin is AdminState.CORDONED:
+            self._reset_budgets_after_commit(dev)
         if dev.admin is not AdminState.ACTIVE and old_admin is AdminState.ACTIVE:
             actions.append(Requeue(self.queues.unqueue_all(dev)))
         # The operator's change is in the history already (written with it); this engine now
@@ -366,3 +369,33 @@ class Fleet:
             actions += self._set_liveness(dev, Liveness.OFFLINE, now)
             actions.append(Revoked())
         return actions
+
+    # ---------------------------------------------------------------- issue 18: safety budgets
+
+    def safety_breach(self, dev: DeviceRun, msg: SafetyBreach, now: float) -> tuple[bool, list[Action]]:
+        """The device's agent breached one of its owner's safety budgets: cordon the device,
+        durably, with the breach as the reason (history and `cordon_reason`). True if this is news
+        (the agent repeats a breach on every new session until an uncordon resets its budgets)."""
+        reason = f"safety budget {msg.budget} (limit {msg.limit}) exceeded: {msg.detail}"[:300]
+        if dev.admin is AdminState.REVOKED or (dev.admin is AdminState.CORDONED and dev.cordon_reason == reason):
+            return False, []
+        log.warning("device %s breached its safety budget %s: cordoned", dev.id, msg.budget)
+        actions: list[Action] = []
+        if dev.admin is AdminState.ACTIVE:
+            actions.append(Requeue(self.queues.unqueue_all(dev)))
+        dev.admin = AdminState.CORDONED
+        dev.cordon_reason = reason
+        self.queues.devices_changed()
+        self.writer.update(Device, (dev.id,), admin_state=AdminState.CORDONED.value, cordon_reason=reason)
+        dev.recorded = None  # a breach is always an entry of its own, even on a device cordoned already
+        self._record_state(dev, reason, now)
+        return True, actions
+
+    def _reset_budgets_after_commit(self, dev: DeviceRun) -> None:
+        """An operator uncordoned the device: its agent clears its safety budgets (`budget_reset`)."""
+        frame, outbox, device_id = BudgetReset(reason="the device was uncordoned by an operator"), self.outbox, dev.id
+
+        def send() -> None:
+            outbox.send(device_id, frame)
+
+        self.writer.effect(send)

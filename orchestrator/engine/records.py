@@ -47,6 +47,7 @@ class DeviceRun:
     heard_at: float | None = None  # engine clock: the last sign of life any replica reported
     token_hash: str = ""  # of its current token: a rotation closes connections made with the old one
     recorded: str | None = None  # the state this engine last wrote to the device's history
+    cordon_reason: str | None = None  # why it is cordoned (issue 18: an operator, or a safety breach)
 
     def merged_labels(self) -> dict[str, str]:
         """SPEC section 2: enrollment labels win over what the agent reports."""

@@ -29,6 +29,7 @@ def device_from_row(row: Device) -> DeviceRun:
         current_batch=row.current_batch_id,
         epoch=row.session_epoch,
         token_hash=row.token_hash,
+        cordon_reason=row.cordon_reason,
     )
 
 

@@ -77,6 +77,8 @@ class Device(Base):
     current_batch_id: Mapped[str | None] = mapped_column(String(40))
     created_at: Mapped[datetime]
     last_seen: Mapped[datetime | None]
+    # Why it is cordoned (an operator, or a safety budget its agent reported breached); null otherwise.
+    cordon_reason: Mapped[str | None] = mapped_column(String(300), default=None)
 
 
 class Task(Base):

@@ -183,6 +183,7 @@ def test_the_devices_policy_is_shown_by_the_rest_api(tmp_path: Path) -> None:
             "approvals_local_only": False,
             "kill_switch": False,
             "sandbox": {"kind": "none"},
+            "safety_budgets": {"max_destructive_per_minute": 0, "max_consecutive_bad_outcomes": 0},
         }
 
 

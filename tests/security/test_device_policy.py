@@ -142,8 +142,16 @@ def test_the_audit_log_records_every_call_without_arguments_or_content(env: tupl
     entries = [json.loads(line) for line in text.splitlines()]
     batch = node["attempts"][0]["batch_id"]
     mine = [e for e in entries if e.get("batch_id") == batch]
-    assert [e["tool"] for e in mine] == ["files.write", "shell.run"]
-    assert all({"ts", "batch_id", "call_id", "tool", "decision", "duration_ms"} <= set(e) for e in mine)
+    # Each call: its intent line before it runs, its outcome line after (issue 18).
+    assert [(e["tool"], e["phase"]) for e in mine] == [
+        ("files.write", "intent"),
+        ("files.write", "outcome"),
+        ("shell.run", "intent"),
+        ("shell.run", "outcome"),
+    ]
+    outcomes = [e for e in mine if e["phase"] == "outcome"]
+    assert all({"ts", "batch_id", "call_id", "tool", "decision", "duration_ms", "status"} <= set(e) for e in outcomes)
+    assert all({"ts", "batch_id", "call_id", "tool", "decision"} <= set(e) for e in mine)
     denied = [e for e in entries if e["decision"] == "denied"]
     assert denied and all(e.get("error_code") in ("policy_denied", "approval_denied") for e in denied)
     assert any(e.get("error_code") == "approval_denied" and "approval" in e["reason"] for e in denied)

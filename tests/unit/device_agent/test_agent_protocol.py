@@ -187,6 +187,7 @@ async def test_hello_reports_the_device_policy_as_the_contract_says(tmp_path: Pa
             "approvals_local_only": False,
             "kill_switch": True,
             "sandbox": {"kind": "none"},
+            "safety_budgets": {"max_destructive_per_minute": 0, "max_consecutive_bad_outcomes": 0},
         }
 
 

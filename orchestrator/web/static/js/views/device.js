@@ -167,6 +167,8 @@ export function mountDevice(root, deviceId) {
         h("dd", { id: "device-current" }, currentBatch(d)),
         h("dt", {}, "Connection"),
         h("dd", {}, `${d.connected ? "connected" : "not connected"} · ${d.liveness || "—"}${d.admin_state && d.admin_state !== "active" ? ` · ${d.admin_state}` : ""}`),
+        // issue 18: why it is cordoned (an operator, or a safety budget its agent breached)
+        d.cordon_reason ? [h("dt", {}, "Cordoned"), h("dd", { id: "device-cordon-reason", class: "warn strong" }, d.cordon_reason)] : null,
       ),
       policy && typeof policy === "object" ? drawPolicy(policy) : null,
       h("h3", { class: "sub-title" }, "Info"),
@@ -181,9 +183,10 @@ export function mountDevice(root, deviceId) {
       ["Shell denied", list(p.shell_deny, "—")],
       ["Needs approval", list(p.approval_required, "—")],
       ["Unattended", p.unattended === undefined ? "—" : p.unattended ? "yes" : "no"],
-      ["Kill switch", p.kill_switch ? "ON: the agent refuses all work" : "off"],
+      ["Kill switch", p.kill_switch ? "ON: the agent refuses all work" : "off (the owner can turn it on at run time)"],
+      ["Safety budgets", budgets(p.safety_budgets)],
     ];
-    const known = new Set(["shell_allow", "shell_deny", "approval_required", "unattended", "kill_switch"]);
+    const known = new Set(["shell_allow", "shell_deny", "approval_required", "unattended", "kill_switch", "safety_budgets"]);
     const extra = Object.fromEntries(Object.entries(p).filter(([k]) => !known.has(k)));
     return h(
       "div",
@@ -196,6 +199,13 @@ export function mountDevice(root, deviceId) {
       ),
       Object.keys(extra).length ? h("pre", { class: "json" }, pretty(extra)) : null,
     );
+  }
+
+  function budgets(b) {
+    if (!b || typeof b !== "object") return "—";
+    const n = b.max_destructive_per_minute, m = b.max_consecutive_bad_outcomes;
+    const parts = [n ? `${n} destructive actions a minute` : null, m ? `${m} uncertain or refused outcomes in a row` : null].filter(Boolean);
+    return parts.length ? `at most ${parts.join("; at most ")}` : "none";
   }
 
   // ---- tools -------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ export function mountDevices(root) {
         h("a", { class: "strong device-name", href: `#/devices/${encodeURIComponent(d.id)}` }, d.name),
         h("div", { class: "mono muted small", title: d.id }, d.id),
       ),
-      h("td", {}, pill(d.state, "device")),
+      h("td", { title: d.cordon_reason || null }, pill(d.state, "device")),
       h(
         "td",
         {},
