@@ -63,11 +63,12 @@ export class Screenshots {
 /**
  * A keyed list of approval cards. `update(items)` adds, moves, redraws (when changed) and
  * removes cards. Options: role() -> the key's role (null: unknown, buttons shown and the server
- * decides), deviceName(id), showTask (link to the task and node), onDecided(approval).
+ * decides), deviceName(id), taskName(id), showTask (link to the task and node), onDecided(approval).
  */
 export class ApprovalList {
-  constructor({ role = () => null, deviceName = (id) => id, showTask = true, onDecided = () => {}, id } = {}) {
+  constructor({ role = () => null, deviceName = (id) => id, taskName = () => "", showTask = true, onDecided = () => {}, id } = {}) {
     this.role = role;
+    this.taskName = taskName;
     this.deviceName = deviceName;
     this.showTask = showTask;
     this.onDecided = onDecided;
@@ -112,7 +113,8 @@ export class ApprovalList {
 
   draw(card) {
     const a = card.approval;
-    const sig = JSON.stringify([a, this.role(), this.deviceName(a.device_id), this.busy.has(a.id), card.error]);
+    const names = [this.deviceName(a.device_id), this.showTask ? this.taskName(a.task_id) : ""];
+    const sig = JSON.stringify([a, this.role(), names, this.busy.has(a.id), card.error]);
     if (sig === card.sig) return;
     card.sig = sig;
     const typed = card.reason?.value || "";
@@ -132,7 +134,7 @@ export class ApprovalList {
       h(
         "dl",
         { class: "facts approval-facts" },
-        this.showTask ? [h("dt", {}, "Task"), h("dd", {}, taskLink(a))] : null,
+        this.showTask ? [h("dt", {}, "Task"), h("dd", {}, taskLink(a, this.taskName(a.task_id)))] : null,
         h("dt", {}, "Device"),
         h("dd", {}, this.deviceLink(a.device_id)),
         h("dt", {}, "Asked"),
@@ -268,11 +270,12 @@ export class ApprovalList {
   }
 }
 
-function taskLink(a) {
+function taskLink(a, name) {
   return h(
     "a",
     { class: "approval-task", href: `#/tasks/${encodeURIComponent(a.task_id)}?node=${encodeURIComponent(a.node_id)}`, title: a.task_id },
-    h("span", { class: "mono" }, shortId(a.task_id, 18)),
+    name ? [h("strong", {}, name), " "] : null,
+    h("span", { class: name ? "mono muted small" : "mono" }, shortId(a.task_id, 18)),
     " · node ",
     h("span", { class: "mono strong" }, a.node_id),
   );

@@ -23,12 +23,14 @@ export function mountApprovals(root, params) {
   let more = false;
   const decidedHere = new Map(); // id -> approval decided from this view (kept on the pending list)
   const devices = new Map(); // id -> name
+  const tasks = new Map(); // id -> name ("" while asked, or when it has none)
   const controller = new AbortController();
 
   const list = new ApprovalList({
     id: "approvals-list",
     role: () => role,
     deviceName: (id) => devices.get(id) || id,
+    taskName: (id) => tasks.get(id) || "",
     onDecided: (a) => {
       if (a.state !== "pending") decidedHere.set(a.id, a);
       poll();
@@ -114,6 +116,7 @@ export function mountApprovals(root, params) {
     const listed = items.map((a) => decidedHere.get(a.id) || a);
     const shown = state === "pending" ? [...listed, ...[...decidedHere.values()].filter((a) => !ids.has(a.id))] : listed;
     if (shown.some((a) => !devices.has(a.device_id))) loadDevices();
+    loadTaskNames(shown);
     moreButton.hidden = !more;
     list.update(shown);
     if (!shown.length) {
@@ -143,6 +146,21 @@ export function mountApprovals(root, params) {
   }
 
   // The first draw waits for the role, so a viewer never sees buttons flash up.
+  /** Task names for the links, each asked once (a few at a time). */
+  function loadTaskNames(shown) {
+    const missing = [...new Set(shown.map((a) => a.task_id))].filter((id) => !tasks.has(id)).slice(0, 20);
+    for (const id of missing) {
+      tasks.set(id, "");
+      api(`/v1/tasks/${encodeURIComponent(id)}`, { signal: controller.signal }).then(
+        (t) => {
+          tasks.set(id, t.name || "");
+          if (!stopped && t.name) list.refresh();
+        },
+        () => {},
+      );
+    }
+  }
+
   myRole().then((r) => {
     role = r;
     if (!stopped) poll();
