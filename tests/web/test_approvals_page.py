@@ -145,8 +145,10 @@ def test_a_decision_made_elsewhere_shows_the_servers_conflict(web_fleet: Fleet, 
     page = sign_in(watched, web_fleet, hash_="#/approvals")
     page.wait_for_selector(card(approval["id"], "pending"))
     # The list on screen is held as it is, so the page still offers a decision taken meanwhile.
-    held = page.evaluate("async () => (await fetch('/v1/approvals?state=pending', {headers: {Authorization: "
-    "`Bearer ${sessionStorage.getItem('orrery.apiKey')}`}})).text()")
+    held = page.evaluate(
+        "async () => (await fetch('/v1/approvals?state=pending', {headers: {Authorization: "
+        "`Bearer ${sessionStorage.getItem('orrery.apiKey')}`}})).text()"
+    )
     page.route(re.compile(r"/v1/approvals\?"), lambda route: route.fulfill(body=held, content_type="application/json"))
     decide(web_fleet, approval["id"], "approve")
 
