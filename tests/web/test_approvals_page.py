@@ -1,33 +1,23 @@
 """The approvals view (#/approvals), the top bar's pending count and a node waiting for approval
 on the task page (issue 18), in a real browser against a real server and real agents: `desk`
-asks before every `files.write`; `owner`'s owner decides its approvals on the device only."""
+asks before every `files.write`; `owner`'s owner decides its approvals on the device only. The
+screenshot test runs its own GUI agent under Xvfb (tests/gui/conftest.py)."""
 
 from __future__ import annotations
 
 import re
-import struct
-import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.gui.conftest import xvfb  # noqa: F401  (the X display fixture)
 from tests.support import Fleet, run_cli, wait_until
-from tests.web.conftest import Watched, shot
+from tests.web.conftest import Watched, shot, watching
 from tests.web.test_dashboard import api_key, node_sel, sign_in
 
 APPROVE_WRITES = {"ORRERY_AGENT_APPROVAL_REQUIRED": '["files.write"]'}
-
-
-def png(width: int, height: int) -> bytes:
-    """A small valid PNG (grey pixels), made here so the test needs no image library."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    rows = b"".join(b"\x00" + b"\x80\x80\x80" * width for _ in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 @pytest.fixture(scope="module")
@@ -213,42 +203,44 @@ def test_a_local_only_approval_points_to_the_device_and_the_top_bar_counts(web_f
     assert web_fleet.wait_task(at_owner["id"])["state"] == "failed"
 
 
-def test_a_gui_actions_screenshot_is_fetched_with_the_key_and_shown(web_fleet: Fleet, watched: Watched) -> None:
-    """The screenshot itself is stood in for (a real one needs the GUI toolset under Xvfb): the
-    list says the approval has one, and its URL answers with a PNG only given the key."""
-    task = write_task(web_fleet, "desk", "web-shot.txt")
-    approval = pending(web_fleet, task["id"])
-    shot_url = f"/v1/approvals/{approval['id']}/screenshot"
-    auth: list[str | None] = []
-
-    def with_screenshot(route: Any) -> None:
-        response = route.fetch()
-        body = response.json()
-        for a in body["items"]:
-            if a["id"] == approval["id"]:
-                a["screenshot_url"] = shot_url
-        route.fulfill(response=response, json=body)
-
-    def screenshot(route: Any) -> None:
-        key = route.request.headers.get("authorization")
-        auth.append(key)
-        if key == f"Bearer {web_fleet.server.api_key}":
-            route.fulfill(status=200, body=png(2, 1), content_type="image/png")
-        else:
-            route.fulfill(status=401, json={"code": "unauthorized", "detail": "no key"})
-
-    page = watched.page
-    page.route(re.compile(r"/v1/approvals\?"), with_screenshot)
-    page.route(f"**{shot_url}", screenshot)
-    try:
-        sign_in(watched, web_fleet, hash_="#/approvals")
-        img = page.wait_for_selector(f"{card(approval['id'])} img.approval-shot:not([hidden])")
-        assert img.get_attribute("src").startswith("blob:")
-        page.wait_for_function(
-            "sel => document.querySelector(sel)?.naturalWidth === 2", arg=f"{card(approval['id'])} img.approval-shot"
+def test_a_gui_actions_screenshot_is_fetched_with_the_key_and_shown(tmp_path: Path, xvfb: str, browser: Any) -> None:  # noqa: F811
+    """A real GUI agent under Xvfb: `gui.observe`, then a `gui.click` on that observation waits
+    for approval with the screenshot it was planned on; the page shows it from an object URL."""
+    with Fleet(tmp_path, heartbeat_interval_s="1") as fleet, watching(browser, fleet) as w:
+        fleet.agent(
+            "screen",
+            extra_args=["--toolset", "gui", "--toolset", "system"],
+            DISPLAY=xvfb,
+            ORRERY_AGENT_APPROVAL_REQUIRED='["gui.click"]',
         )
-        assert auth and all(a == f"Bearer {web_fleet.server.api_key}" for a in auth)
-        assert len(auth) == 1  # fetched once, not on every poll
-    finally:
-        decide(web_fleet, approval["id"])
-    web_fleet.wait_task(task["id"])
+        click = {"observation_id": "${nodes.look.output.observation_id}", "action_id": "web-click-1", "x": 5, "y": 5}
+        dag = {
+            "nodes": [
+                {
+                    "id": "look",
+                    "placement": {"device": "screen"},
+                    "commands": [{"tool": "gui.observe", "arguments": {}}],
+                },
+                {
+                    "id": "n1",
+                    "placement": {"device": "screen"},
+                    "commands": [{"tool": "gui.click", "arguments": click}],
+                },
+            ],
+            "edges": [{"from": "look", "to": "n1"}],
+        }
+        task = fleet.submit(dag)
+        approval = pending(fleet, task["id"])
+        assert approval["tool"] == "gui.click"
+        assert approval["screenshot_url"] == f"/v1/approvals/{approval['id']}/screenshot"
+        page = sign_in(w, fleet, hash_="#/approvals")
+        selector = f"{card(approval['id'])} img.approval-shot"
+        img = page.wait_for_selector(f"{selector}:not([hidden])")
+        assert img.get_attribute("src").startswith("blob:")  # an <img src> could not send the key
+        width = page.wait_for_function("sel => document.querySelector(sel)?.naturalWidth", arg=selector).json_value()
+        assert width > 100, width
+        page.wait_for_timeout(3500)  # a poll or two later, the screenshot was still fetched once
+        assert sum(u.endswith(approval["screenshot_url"]) for u in w.urls) == 1
+        page.click(f"{card(approval['id'])} button[data-decide=deny]")
+        page.wait_for_selector(card(approval["id"], "denied"))
+        assert fleet.wait_task(task["id"])["state"] == "failed"
