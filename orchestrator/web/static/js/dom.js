@@ -72,5 +72,6 @@ const ICONS = {
   chevronLeft: ["M15 6l-6 6 6 6"],
   chevronRight: ["M9 6l6 6-6 6"],
   rerun: ["M4 12a8 8 0 0 1 14-5.3", "M18 3v4h-4", "M20 12a8 8 0 0 1-14 5.3", "M6 21v-4h4"],
+  approvals: ["M12 3l7 3v5c0 4.5-3 8.2-7 10c-4-1.8-7-5.5-7-10V6z", "M8.5 12l2.5 2.5l4.5-5"],
   external: ["M14 5h5v5", "M19 5l-8 8", "M17 14v5H5V7h5"],
 };

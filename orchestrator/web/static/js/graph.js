@@ -5,6 +5,7 @@
 // come from the `deviceName` callback; ids until the names are known).
 
 import { h, icon, s } from "./dom.js";
+import { NODE_STATES } from "./ui.js";
 import { layout, pathData } from "./layout.js";
 
 const EDGE_KINDS = ["success", "failure", "always"];
@@ -328,7 +329,7 @@ function toolButton(name, label, onclick) {
 }
 
 function legend() {
-  const states = ["pending", "ready", "queued", "running", "succeeded", "failed", "skipped", "cancelled"];
+  const states = NODE_STATES;
   return h(
     "div",
     { class: "legend", "aria-label": "Legend" },

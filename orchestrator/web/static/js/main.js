@@ -1,10 +1,11 @@
 // main.js: boots the dashboard: sign-in gate, hash router (#/devices, #/devices/<id>, #/tasks,
-// #/tasks/<id>)
+// #/tasks/<id>[?node=<id>], #/approvals[?state=])
 // and view lifecycle (each view returns a cleanup that stops its timers and streams).
 
 import { clearKey, getKey, onUnauthorized } from "./api.js";
 import { createShell } from "./shell.js";
 import { startTicker } from "./ui.js";
+import { mountApprovals } from "./views/approvals.js";
 import { mountDevice } from "./views/device.js";
 import { mountDevices } from "./views/devices.js";
 import { mountSignIn } from "./views/signin.js";
@@ -22,6 +23,7 @@ function route() {
   const parts = path.split("/").filter(Boolean);
   if (parts[0] === "tasks" && parts[1]) return { name: "task", nav: "tasks", id: decodeURIComponent(parts[1]), params };
   if (parts[0] === "tasks") return { name: "tasks", nav: "tasks", params };
+  if (parts[0] === "approvals") return { name: "approvals", nav: "approvals", params };
   if (parts[0] === "devices" && parts[1]) return { name: "device", nav: "devices", id: decodeURIComponent(parts[1]), params };
   return { name: "devices", nav: "devices", params };
 }
@@ -42,16 +44,19 @@ function render() {
   const view = shell.main;
   view.replaceChildren();
   view.dataset.view = r.name;
-  if (r.name === "task") cleanup = mountTask(view, r.id);
+  if (r.name === "task") cleanup = mountTask(view, r.id, r.params);
+  else if (r.name === "approvals") cleanup = mountApprovals(view, r.params);
   else if (r.name === "tasks") cleanup = mountTasks(view, r.params);
   else if (r.name === "device") cleanup = mountDevice(view, r.id);
   else cleanup = mountDevices(view);
-  document.title = `${r.name === "task" || r.name === "device" ? r.id : r.name === "tasks" ? "Tasks" : "Devices"} · Orrery`;
+  const titles = { tasks: "Tasks", devices: "Devices", approvals: "Approvals" };
+  document.title = `${r.name === "task" || r.name === "device" ? r.id : titles[r.name]} · Orrery`;
 }
 
 function showSignIn(message) {
   cleanup();
   cleanup = () => {};
+  shell?.stop();
   shell = null;
   document.title = "Sign in · Orrery";
   const root = document.createElement("div");

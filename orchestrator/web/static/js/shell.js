@@ -1,7 +1,13 @@
 // shell.js: the page frame once signed in: header with the logo, navigation (Devices,
-// Tasks), the server this tab talks to (with its version) and sign out; views render below.
+// Tasks, Approvals with the number of pending approvals, polled), the server this tab talks
+// to (with its version) and sign out; views render below. `stop()` ends the polling.
 
+import { api } from "./api.js";
+import { onApprovalsChanged } from "./approvals.js";
 import { h, icon, s } from "./dom.js";
+
+const PENDING_POLL_MS = 4000;
+const PENDING_LIMIT = 500;
 
 export function logo(size = 26) {
   return s(
@@ -17,7 +23,10 @@ export function createShell({ onSignOut }) {
   const links = {
     devices: h("a", { href: "#/devices", class: "nav-link", dataset: { nav: "devices" } }, icon("devices"), "Devices"),
     tasks: h("a", { href: "#/tasks", class: "nav-link", dataset: { nav: "tasks" } }, icon("tasks"), "Tasks"),
+    approvals: h("a", { href: "#/approvals", class: "nav-link", dataset: { nav: "approvals" } }, icon("approvals"), "Approvals"),
   };
+  const pending = h("span", { class: "nav-count", id: "approvals-count", hidden: true, "aria-live": "polite" });
+  links.approvals.append(pending);
   const version = h("span", { class: "server-version" });
   const server = h(
     "div",
@@ -30,7 +39,7 @@ export function createShell({ onSignOut }) {
     "header",
     { class: "topbar" },
     h("a", { class: "brand", href: "#/devices" }, logo(), h("span", {}, "Orrery")),
-    h("nav", { class: "nav", "aria-label": "Main" }, links.devices, links.tasks),
+    h("nav", { class: "nav", "aria-label": "Main" }, links.devices, links.tasks, links.approvals),
     h("div", { class: "spacer" }),
     server,
     h(
@@ -50,9 +59,45 @@ export function createShell({ onSignOut }) {
     })
     .catch(() => {});
 
+  // The pending count: polled, and asked again at once after a decision made in this tab.
+  let timer = null;
+  let stopped = false;
+  let inFlight = false;
+  const controller = new AbortController();
+  async function countPending() {
+    if (stopped || inFlight) return;
+    inFlight = true;
+    clearTimeout(timer);
+    try {
+      const out = await api(`/v1/approvals?state=pending&limit=${PENDING_LIMIT}`, { signal: controller.signal });
+      const n = (out.items || []).length;
+      const text = out.next_cursor ? `${n}+` : String(n);
+      pending.hidden = n === 0;
+      pending.textContent = text;
+      pending.dataset.count = String(n);
+      links.approvals.title = n ? `${text} approval${n === 1 ? "" : "s"} pending` : "No approval pending";
+    } catch {
+      /* the count is a hint: keep the last one */
+    } finally {
+      inFlight = false;
+    }
+    if (!stopped) timer = setTimeout(countPending, PENDING_POLL_MS);
+  }
+  const unlisten = onApprovalsChanged(() => {
+    if (inFlight) return;
+    countPending();
+  });
+  countPending();
+
   return {
     root,
     main,
+    stop() {
+      stopped = true;
+      clearTimeout(timer);
+      controller.abort();
+      unlisten();
+    },
     setActive(name) {
       for (const [key, a] of Object.entries(links)) {
         a.classList.toggle("active", key === name);

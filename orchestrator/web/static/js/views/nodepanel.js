@@ -3,6 +3,7 @@
 // output; long JSON is cut with "show more". A second tab loads the task's LLM transcript
 // (GET /v1/tasks/{id}/llm: this node's calls, then planning and DAG edits; none or 404 means none).
 // Once the task has finished, "Re-run from here" runs this node and its descendants again.
+// Above the tabs: the node's approvals (pending first) with Approve / Deny (approvals.js).
 
 import { api } from "../api.js";
 import { h, icon, pill, replace } from "../dom.js";
@@ -13,7 +14,7 @@ const CUT_LINES = 18;
 const CUT_CHARS = 1400;
 
 export class NodePanel {
-  constructor({ taskId, deviceName, onClose, canRerun = () => false, onRerun = async () => {} }) {
+  constructor({ taskId, deviceName, onClose, canRerun = () => false, onRerun = async () => {}, approvals = null }) {
     this.taskId = taskId;
     this.deviceName = deviceName;
     this.canRerun = canRerun;
@@ -26,6 +27,10 @@ export class NodePanel {
       run: () => (this.node ? onRerun(this.node.id) : null),
     });
     this.actions = h("div", { class: "panel-actions" }, this.rerunButton);
+    this.approvalList = approvals;
+    this.allApprovals = [];
+    this.approvalBox = h("section", { class: "node-approvals", id: "node-approvals", hidden: true });
+    if (approvals) this.approvalBox.append(h("h3", {}, "Approval"), approvals.el);
     this.tab = "details";
     this.expanded = new Set();
     this.signature = "";
@@ -49,6 +54,7 @@ export class NodePanel {
         h("button", { class: "icon-button", type: "button", "aria-label": "Close", title: "Close (Esc)", onclick: onClose }, icon("close")),
       ),
       this.actions,
+      this.approvalBox,
       h("div", { class: "tabs", role: "tablist" }, this.tabs.details, this.tabs.llm),
       this.body,
     );
@@ -64,6 +70,7 @@ export class NodePanel {
     this.el.dataset.nodeId = node.id;
     if (changedNode) this.rerunButton.reset();
     this.refreshActions();
+    if (changedNode) this.drawApprovals();
     if (!changedNode && sig === this.signature) return;
     this.signature = sig;
     if (changedNode) this.expanded.clear();
@@ -90,6 +97,26 @@ export class NodePanel {
     this.el.hidden = true;
     this.node = null;
     this.signature = "";
+    this.drawApprovals();
+  }
+
+  /** The task's approvals; the panel shows the open node's, the pending ones first. */
+  setApprovals(items) {
+    this.allApprovals = items;
+    this.drawApprovals();
+  }
+
+  drawApprovals() {
+    if (!this.approvalList) return;
+    const mine = this.node ? this.allApprovals.filter((a) => a.node_id === this.node.id) : [];
+    mine.sort((a, b) => Number(b.state === "pending") - Number(a.state === "pending"));
+    this.approvalBox.hidden = !mine.length;
+    this.approvalBox.firstElementChild.textContent = mine.length > 1 ? `Approvals (${mine.length})` : "Approval";
+    this.approvalList.update(mine);
+  }
+
+  destroy() {
+    this.approvalList?.destroy();
   }
 
   setTab(tab) {

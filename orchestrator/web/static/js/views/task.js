@@ -3,8 +3,11 @@
 // attempt details, and redraws after `dag.edited`. Clicking a node opens its side panel.
 // A finished task can be re-run (whole, or from the selected node: POST /v1/tasks/{id}/rerun);
 // the page then moves to the new task, which says which task it re-runs.
+// A node waiting for approval (`waiting_approval`) is named in a banner under the title; its
+// panel shows its approvals with Approve / Deny (approvals.js). `?node=<id>` opens a node's panel.
 
-import { api, myRole } from "../api.js";
+import { api, myRole, query } from "../api.js";
+import { ApprovalList } from "../approvals.js";
 import { h, icon, pill, replace } from "../dom.js";
 import { labelList, shortId } from "../format.js";
 import { DagView } from "../graph.js";
@@ -14,7 +17,7 @@ import { NodePanel } from "./nodepanel.js";
 
 const REFETCH_MS = 500;
 
-export function mountTask(root, taskId) {
+export function mountTask(root, taskId, params = new URLSearchParams()) {
   const base = `/v1/tasks/${encodeURIComponent(taskId)}`;
   const controller = new AbortController();
   let task = null;
@@ -29,6 +32,8 @@ export function mountTask(root, taskId) {
   let devicesAt = 0;
   let role = null; // the key's role once known; null shows every action (the server decides)
   const taskNames = new Map(); // task id -> name, for the "re-run of" link
+  let approvals = []; // this task's approvals (all states), oldest first
+  const banner = h("div", { class: "approval-banner", id: "approval-banner", hidden: true });
 
   const head = h("div", { class: "task-head" });
   const dag = new DagView({ onSelect: (id) => select(id), deviceName: (id) => deviceName(id) });
@@ -38,6 +43,13 @@ export function mountTask(root, taskId) {
     onClose: () => select(null),
     canRerun: () => canRerun(),
     onRerun: (nodeId) => rerun(nodeId),
+    approvals: new ApprovalList({
+      id: "node-approval-list",
+      showTask: false,
+      role: () => role,
+      deviceName: (id) => deviceName(id),
+      onDecided: () => loadApprovals(),
+    }),
   });
   const graphCard = h("div", { class: "card graph-card" }, dag.el);
   const bodyEl = h("div", { class: "task-body" }, graphCard, panel.el);
@@ -117,6 +129,7 @@ export function mountTask(root, taskId) {
     if (first) {
       replace(root, page);
       startFeed();
+      loadApprovals();
     }
     drawHead();
     dag.render(task);
@@ -124,7 +137,7 @@ export function mountTask(root, taskId) {
       const node = findNode(selected);
       if (node) panel.show(task, node);
       else select(null);
-    }
+    } else if (first && params.get("node") && findNode(params.get("node"))) select(params.get("node"));
     if ([...usedDevices()].some((id) => !devices.has(id) && !askedDevices.has(id))) loadDevices();
     if (task.rerun_of && !taskNames.has(task.rerun_of)) loadTaskName(task.rerun_of);
   }
@@ -159,6 +172,7 @@ export function mountTask(root, taskId) {
       );
       if (stopped || !task) return;
       dag.render(task); // same shape: updates the device names on the nodes in place
+      panel.approvalList?.refresh();
       if (selected) {
         panel.signature = "";
         const node = findNode(selected);
@@ -176,6 +190,56 @@ export function mountTask(root, taskId) {
       for (const a of n.attempts || []) if (a.device_id) ids.add(a.device_id);
     }
     return ids;
+  }
+
+  // ---- approvals --------------------------------------------------------------------------
+
+  let approvalsBusy = false;
+  let approvalsAgain = false;
+
+  /** This task's approvals (asked again on approval events and after a decision here). */
+  async function loadApprovals() {
+    if (approvalsBusy) {
+      approvalsAgain = true;
+      return;
+    }
+    approvalsBusy = true;
+    try {
+      role = await myRole(); // before the first draw: a viewer never sees the buttons
+      const out = await api(`/v1/approvals${query({ task_id: taskId, limit: 500 })}`, { signal: controller.signal });
+      if (stopped) return;
+      approvals = out.items || [];
+      drawApprovals();
+    } catch {
+      /* the banner and panel keep what they showed; the next event asks again */
+    } finally {
+      approvalsBusy = false;
+      if (approvalsAgain && !stopped) {
+        approvalsAgain = false;
+        loadApprovals();
+      }
+    }
+  }
+
+  function drawApprovals() {
+    const waiting = approvals.filter((a) => a.state === "pending");
+    banner.hidden = !waiting.length;
+    replace(
+      banner,
+      h("strong", {}, waiting.length === 1 ? "1 command waits for approval:" : `${waiting.length} commands wait for approval:`),
+      waiting.map((a) =>
+        h(
+          "button",
+          { class: "button small", type: "button", dataset: { node: a.node_id }, onclick: () => select(a.node_id) },
+          h("span", { class: "mono" }, a.node_id),
+          " · ",
+          h("span", { class: "mono" }, a.tool),
+        ),
+      ),
+      h("span", { class: "spacer" }),
+      h("a", { href: "#/approvals" }, "All approvals"),
+    );
+    panel.setApprovals(approvals);
   }
 
   function deviceName(id) {
@@ -222,6 +286,9 @@ export function mountTask(root, taskId) {
       drawCounts();
       if (selected === node.id) panel.show(task, node);
       scheduleFetch();
+      if (data.state === "waiting_approval") loadApprovals();
+    } else if (type === "approval.requested" || type === "approval.decided") {
+      loadApprovals();
     } else if (type === "node.attempt") {
       scheduleFetch();
     } else if (type === "dag.edited") {
@@ -283,6 +350,7 @@ export function mountTask(root, taskId) {
       ),
       t.request ? h("div", { class: "task-request" }, h("span", { class: "eyebrow" }, "Request"), h("p", {}, t.request)) : null,
       t.error ? h("div", { class: "callout error" }, h("span", { class: "error-code mono" }, t.error.code || "error"), h("span", {}, t.error.message || "")) : null,
+      banner,
     );
   }
 
@@ -370,6 +438,7 @@ export function mountTask(root, taskId) {
     clearTimeout(confirmTimer);
     rerunButton.reset();
     controller.abort();
+    panel.destroy();
     document.removeEventListener("keydown", onKey);
   };
 }
