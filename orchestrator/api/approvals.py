@@ -83,13 +83,16 @@ async def list_approvals(
     _p: Viewer,
     state: Annotated[State | None, Query(description="only approvals in this state (e.g. pending)")] = None,
     task_id: Annotated[str | None, Query(max_length=200, description="only this task's")] = None,
+    order: Annotated[
+        Literal["oldest", "newest"], Query(description="oldest first (the order to decide them in) or newest first")
+    ] = "oldest",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> Page:
-    """Approvals, oldest first (the order to decide them in); `next_cursor` pages on."""
+    """Approvals, oldest first by default (the order to decide them in); `next_cursor` pages on."""
     if task_id is not None:
         check_ref("task", task_id)
-    rows, nxt = await stored.page(comp.store, state, task_id, limit, cursor)
+    rows, nxt = await stored.page(comp.store, state, task_id, limit, cursor, newest_first=order == "newest")
     return Page(items=[approval_out(r) for r in rows], next_cursor=nxt)
 
 

@@ -25,17 +25,24 @@ async def get(store: Store, approval_id: str) -> Approval | None:
 
 
 async def page(
-    store: Store, state: str | None, task_id: str | None, limit: int, cursor: str | None
+    store: Store, state: str | None, task_id: str | None, limit: int, cursor: str | None, newest_first: bool = False
 ) -> tuple[list[Approval], str | None]:
-    """Approvals oldest first (the queue's order), keyset-paginated on (created_at, id)."""
-    q = select(Approval).order_by(Approval.created_at, Approval.id).limit(limit + 1)
+    """Approvals oldest first (the queue's order) or newest first (a history), keyset-paginated
+    on (created_at, id)."""
+    if newest_first:
+        q = select(Approval).order_by(Approval.created_at.desc(), Approval.id.desc()).limit(limit + 1)
+    else:
+        q = select(Approval).order_by(Approval.created_at, Approval.id).limit(limit + 1)
     if state:
         q = q.where(Approval.state == state)
     if task_id:
         q = q.where(Approval.task_id == task_id)
     if cursor:
         at, aid = decode_cursor(cursor)
-        q = q.where((Approval.created_at > at) | ((Approval.created_at == at) & (Approval.id > aid)))
+        if newest_first:
+            q = q.where((Approval.created_at < at) | ((Approval.created_at == at) & (Approval.id < aid)))
+        else:
+            q = q.where((Approval.created_at > at) | ((Approval.created_at == at) & (Approval.id > aid)))
     async with store.sessions() as s:
         rows = list((await s.execute(q)).scalars())
     more = len(rows) > limit

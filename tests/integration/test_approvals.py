@@ -246,3 +246,22 @@ def test_an_approval_is_not_needed_when_unattended(tmp_path: Path) -> None:
 def test_the_approvals_endpoints_need_a_key(fleet: Fleet) -> None:
     r = httpx.get(f"{fleet.server.url}/v1/approvals")
     assert r.status_code == 401
+
+
+def test_a_history_pages_newest_first(fleet: Fleet) -> None:
+    for name in ("h1.txt", "h2.txt", "h3.txt"):
+        task = fleet.submit(one_node("desk", write(name)))
+        with fleet.server.client() as c:
+            c.post(f"/v1/approvals/{pending(fleet, task['id'])['id']}/deny")
+        fleet.wait_task(task["id"])
+    with fleet.server.client() as c:
+        oldest = [a["id"] for a in c.get("/v1/approvals", params={"limit": 500}).json()["items"]]
+        newest, cursor = [], None
+        while True:
+            params = {"order": "newest", "limit": 2, **({"cursor": cursor} if cursor else {})}
+            page = c.get("/v1/approvals", params=params).json()
+            newest += [a["id"] for a in page["items"]]
+            if not (cursor := page["next_cursor"]):
+                break
+        assert c.get("/v1/approvals", params={"order": "sideways"}).status_code == 422
+    assert len(oldest) >= 3 and newest == oldest[::-1]

@@ -97,7 +97,9 @@ export function mountApprovals(root, params) {
     clearTimeout(timer);
     const mine = ++generation;
     try {
-      const out = await api(`/v1/approvals${query({ state, limit })}`, { signal: controller.signal });
+      // The queue oldest first (the order to decide in); a history newest first.
+      const order = state === "pending" ? "oldest" : "newest";
+      const out = await api(`/v1/approvals${query({ state, limit, order })}`, { signal: controller.signal });
       if (mine !== generation || stopped) return;
       more = Boolean(out.next_cursor) && limit < 500;
       draw(out.items || []);
