@@ -43,6 +43,7 @@ from pydantic import TypeAdapter, ValidationError
 from device_agent.audit import AuditLog
 from device_agent.mcp_client import ClientFeatures, HttpTarget, OriginBoundHeaders, describe_failure
 from device_agent.policy import Policy
+from device_agent.stop import StopLatch
 from device_agent.toolsets.base import failure, nul_field, nul_message, without_nul
 from protocol.errors import MAX_ERROR_MESSAGE_CHARS, RESULT_ERROR_CODES
 from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolSpec
@@ -352,8 +353,10 @@ class Router:
         approval_required: list[str],
         max_result_bytes: int,
         on_kill: Callable[[], int] = lambda: 0,
+        stop_latch: StopLatch | None = None,
     ) -> None:
         self.policy = policy
+        self.stop_latch = stop_latch or StopLatch()
         self.audit = audit
         self.approval_required = approval_required
         self.max_result_bytes = max_result_bytes
@@ -389,6 +392,12 @@ class Router:
 
     def catalogue(self) -> list[ToolSpec]:
         return [spec for host in self.hosts.values() for spec in host.catalogue()]
+
+    def read_only(self, tool: str) -> bool:
+        """Whether `tool` is a read-only tool of this device (unknown tools are not)."""
+        host = self.hosts.get(tool.partition(".")[0])
+        spec = host.spec(tool) if host else None
+        return spec is not None and spec.annotations.read_only
 
     async def call(self, cmd: Command, batch_id: str, limit: CallLimit | float) -> Result:
         """Run `cmd` under `limit` (the command's timeout_s, or less if the batch deadline is nearer).
@@ -435,6 +444,9 @@ class Router:
                 "denied",
                 _error("invalid_arguments", _undeclared_message(spec, unknown)),
             )
+        if self.stop_latch.stopped and not spec.annotations.read_only:
+            refusal = _error("device_stopped", self.stop_latch.refusal(cmd.tool))
+            return self._finish(cmd, namespace, started, audit, "denied", refusal)
         denial = self._policy_denial(cmd.tool, spec)
         if denial:
             return self._finish(cmd, namespace, started, audit, "denied", _error("policy_denied", denial))

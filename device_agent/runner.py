@@ -65,7 +65,9 @@ def build(config: AgentConfig) -> Agent:
         raise ConfigError(str(exc)) from None
     data_dir = config.resolved_data_dir
     audit = AuditLog(data_dir / AUDIT_NAME)
-    router = Router(ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all)
+    router = Router(
+        ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all, ctx.stop_latch
+    )
     for name in config.toolsets:
         factory = BUILTIN.get(name)
         if factory is None:

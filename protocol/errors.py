@@ -49,6 +49,8 @@ class ErrorCode(StrEnum):
     UNCERTAIN = "uncertain"
     INTERNAL = "internal_error"
     DEVICE_ERROR = "device_error"  # a device reported a code outside RESULT_ERROR_CODES
+    # emergency stop (issue 18)
+    DEVICE_STOPPED = "device_stopped"  # an operator stopped the device; only a device resume lifts it
 
 
 # Codes a device may put in a result's `error.code`: the ones above plus those the built-in

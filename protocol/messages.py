@@ -15,6 +15,7 @@ PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
 
 Identifier = Annotated[str, Field(min_length=1, max_length=200)]
+MAX_STOP_REASON_CHARS = 200  # an operator's reason for an emergency stop (API limit)
 
 
 class _Model(BaseModel):
@@ -121,6 +122,12 @@ class Welcome(_Frame):
     # The server's clock when it sent this: batch deadlines are in the server's time, so the
     # agent measures its offset here and judges deadlines by it (device clocks drift).
     server_time: datetime | None = None
+    # Emergency stop (issue 18): an operator stopped this device (`POST /v1/devices/{id}/stop`).
+    # The `device_stop` / `device_resume` frames tell a connected agent; this tells one that was
+    # away when the operator acted, so it converges to the server's word at every welcome. None:
+    # the server does not say (an older one); the agent keeps the stop its ledger holds.
+    stopped: bool | None = None
+    stop_reason: str = Field(default="", max_length=MAX_STOP_REASON_CHARS * 2)
 
 
 class Heartbeat(_Frame):
@@ -177,13 +184,46 @@ class Error(_Frame):
     message: str
 
 
+# ---------------------------------------------------------------- emergency stop (issue 18)
+
+
+class DeviceStop(_Frame):
+    """Server to agent: an operator stopped the device. The agent kills what runs (process
+    groups, held GUI buttons and keys), ends the running batch with `device_stopped`, and refuses
+    every action tool until `device_resume`; the stop is kept in its ledger across restarts."""
+
+    type: Literal["device_stop"] = "device_stop"
+    reason: str = Field(default="", max_length=MAX_STOP_REASON_CHARS * 2)
+
+
+class DeviceResume(_Frame):
+    """Server to agent: an operator lifted the stop (the only thing that lifts it)."""
+
+    type: Literal["device_resume"] = "device_resume"
+
+
 Message = Annotated[
-    Hello | Welcome | Heartbeat | CommandBatch | BatchAccepted | ResultBatch | Cancel | ToolsChanged | Error,
+    Hello
+    | Welcome
+    | Heartbeat
+    | CommandBatch
+    | BatchAccepted
+    | ResultBatch
+    | Cancel
+    | ToolsChanged
+    | Error
+    | DeviceStop
+    | DeviceResume,
     Field(discriminator="type"),
 ]
 
-RELIABLE_TYPES = frozenset({"command_batch", "cancel", "batch_accepted", "result_batch", "tools_changed"})
-SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "error"})
+RELIABLE_TYPES = frozenset(
+    {"command_batch", "cancel", "batch_accepted", "result_batch", "tools_changed"}
+    | {"device_stop", "device_resume"}  # emergency stop (issue 18)
+)
+SERVER_TO_AGENT = frozenset(
+    {"welcome", "heartbeat", "command_batch", "cancel", "error"} | {"device_stop", "device_resume"}
+)
 AGENT_TO_SERVER = frozenset({"hello", "heartbeat", "batch_accepted", "result_batch", "tools_changed", "error"})
 
 
