@@ -5,6 +5,8 @@ it. Roles and bad input get stable codes."""
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -13,11 +15,24 @@ from typing import Any
 import httpx
 
 from device_agent.datadir import LEDGER_NAME
-from tests.support import Fleet, fleet, shell, wait_until
+from tests.fakellm import FakeLLM, call
+from tests.support import Fleet, fleet, run_cli, shell, wait_until
 
 
 def started_then_sleep(marker: str) -> dict[str, Any]:
-    return shell(["sh", "-c", f"touch {marker}; exec sleep 300"], timeout_s=600)
+    """Writes its pid to `marker`, then sleeps (the same process: exec)."""
+    return shell(["sh", "-c", f"echo $$ > {marker}.tmp && mv {marker}.tmp {marker}; exec sleep 300"], timeout_s=600)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie is dead too
+    except FileNotFoundError:
+        return True
 
 
 def node_state(f: Fleet, task_id: str, node_id: str = "a") -> dict[str, Any]:
@@ -55,6 +70,8 @@ def test_a_stop_kills_the_running_batch_takes_no_work_outlasts_restarts_and_only
             assert r.json()["state"] == "stopped" and "runaway clicks" in r.json()["stop_reason"]
         ended = f.wait_task(long["id"], timeout=30)
         assert time.monotonic() - began < 15, "the running command outlived the stop"
+        pid = int((target.workspace / "started").read_text())
+        wait_until(lambda: gone(pid), 10, "the stopped command's process to be gone")
         node = f.node(ended, "a")
         assert ended["state"] == "failed" and node["state"] == "failed", node
         assert node["error"]["code"] == "device_stopped", node
@@ -151,3 +168,52 @@ def test_stop_and_resume_roles_and_bad_input(shared_fleet: Fleet) -> None:
         for verb in ("stop", "resume"):
             r = admin.post(f"/v1/devices/{enrolled['id']}/{verb}")
             assert r.status_code == 409 and r.json()["code"] == "conflict", r.text
+
+
+def test_orrery_devices_stop_and_resume(shared_fleet: Fleet) -> None:
+    shared_fleet.enroll("es-cli")
+    stopped = run_cli(shared_fleet, "devices", "stop", "es-cli", "--reason", "checking the cabling")
+    assert stopped.returncode == 0, stopped.stderr
+    assert (
+        stopped.stdout.startswith("es-cli: stopped (stopped by an operator")
+        and "checking the cabling" in stopped.stdout
+    )
+    listed = json.loads(run_cli(shared_fleet, "devices", "list", "--json").stdout)
+    assert next(d for d in listed if d["name"] == "es-cli")["state"] == "stopped"
+    refused = run_cli(shared_fleet, "devices", "cordon", "es-cli")
+    assert refused.returncode != 0 and "orrery devices resume es-cli" in refused.stderr + refused.stdout
+    too_long = run_cli(shared_fleet, "devices", "stop", "es-cli", "--reason", "x" * 201)
+    assert too_long.returncode != 0 and "200" in too_long.stderr + too_long.stdout
+    missing = run_cli(shared_fleet, "devices", "stop", "no-such-device")
+    assert missing.returncode != 0 and "no-such-device" in missing.stderr + missing.stdout
+    resumed = run_cli(shared_fleet, "devices", "resume", "es-cli")
+    assert resumed.returncode == 0 and resumed.stdout.strip() == "es-cli: enrolled", resumed.stdout + resumed.stderr
+    help_text = run_cli(None, "devices", "stop", "--help").stdout
+    assert "--reason" in help_text and "Emergency stop" in help_text
+
+
+def test_a_stop_ends_an_agent_node_on_the_device_with_device_stopped(tmp_path: Path) -> None:
+    llm = FakeLLM()
+    try:
+        with Fleet(tmp_path, **llm.env()) as f:
+            box = f.agent("es-agent-box")
+            llm.add(call("shell__run", argv=["sh", "-c", "touch started; exec sleep 300"], timeout_s=600))
+            dag = {
+                "nodes": [
+                    {"id": "helper", "kind": "agent", "placement": {"device": "es-agent-box"}, "instruction": "work"}
+                ]
+            }
+            with f.server.client() as c:
+                task = c.post("/v1/tasks", json={"dag": dag}).json()
+                wait_until((box.workspace / "started").exists, 60, "the agent's command to start")
+                began = time.monotonic()
+                assert c.post("/v1/devices/es-agent-box/stop", json={"reason": "enough"}).status_code == 200
+            done = f.wait_task(task["id"], timeout=30)
+            assert time.monotonic() - began < 15
+            node = done["nodes"][0]
+            assert done["state"] == "failed" and node["error"]["code"] == "device_stopped", node
+            assert "enough" in node["error"]["message"]
+            assert len(llm.requests) == 1  # the model was not asked again
+            wait_until(lambda: f.device(box.device_id)["current_batch"] is None, 30, "the device to be free")
+    finally:
+        llm.close()
