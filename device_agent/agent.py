@@ -435,6 +435,8 @@ class Agent:
         self.ledger.set_stop(False)
         if self.router.stop_latch.stopped:
             log.warning("device resumed by an operator: action tools run again")
+        else:
+            log.info("device resumed by an operator (it was not stopped): a gui.stop latch, if any, is lifted")
         self.router.stop_latch.lift()
 
     async def _executor(self) -> None:

@@ -213,9 +213,11 @@ async def stop(device_id: str, comp: Comp, principal: Operator, body: DeviceStop
 async def resume(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
     """Lift an emergency stop: the device is `active` again (takes work, its agent runs action
     tools again; a GUI needs a new `gui.observe` first). The only way to lift a stop. On a
-    device that is not stopped it changes nothing."""
+    device that is not stopped its state does not change, but its agent is still told to resume:
+    that lifts a `gui.stop` a model called (no tool can lift it)."""
     row = await _usable(comp, device_id)
     if row.admin_state != AdminState.STOPPED:
+        await comp.cluster.submit(DeviceChanged(row.id, resume=True))  # lifts a model's `gui.stop`
         return await _detail(comp, row)
     why = f"resumed by an operator (key {principal.key_id})"
     return await _set_admin(comp, row.id, AdminState.ACTIVE, why, resuming=True)

@@ -33,7 +33,7 @@ def dump(item: Input) -> dict[str, Any]:
     if isinstance(item, CancelTask):
         return {"kind": "cancel_task", "task_id": item.task_id}
     if isinstance(item, DeviceChanged):
-        return {"kind": "device_changed", "device_id": item.device_id}
+        return {"kind": "device_changed", "device_id": item.device_id, **({"resume": True} if item.resume else {})}
     if isinstance(item, DeviceHello):
         return {
             "kind": "hello",
@@ -68,7 +68,7 @@ def load(data: dict[str, Any]) -> Input:
     if kind == "cancel_task":
         return CancelTask(data["task_id"])
     if kind == "device_changed":
-        return DeviceChanged(data["device_id"])
+        return DeviceChanged(data["device_id"], bool(data.get("resume", False)))
     if kind == "hello":
         return DeviceHello(
             data["device_id"], decode(data["frame"]), bool(data["resumed"]), int(data["epoch"]), str(data["replica"])

@@ -341,7 +341,9 @@ class Fleet:
 
     # ---------------------------------------------------------------- what operators change
 
-    async def changed(self, device_id: str, now: float) -> list[Action]:
+    async def changed(self, device_id: str, now: float, resume: bool = False) -> list[Action]:
+        """Adopt an operator's change of the device row; `resume`: send `device_resume` even if
+        it was not stopped (an operator's resume of an active device lifts a model's `gui.stop`)."""
         row = await self.store.get_device(device_id)
         if row is None:
             return []
@@ -363,7 +365,7 @@ class Fleet:
             reason = await self.store.stop_reason(dev.id) or "stopped by an operator"
             self.outbox.frame_after_commit(dev, DeviceStop(reason=reason[:400]))
             actions.append(Stopped(dev, f"device '{dev.name}' was stopped by an operator ({reason})"))
-        elif old_admin is AdminState.STOPPED and dev.admin is not AdminState.STOPPED:
+        elif dev.admin is not AdminState.STOPPED and (old_admin is AdminState.STOPPED or resume):
             self.outbox.frame_after_commit(dev, DeviceResume())
         # The operator's change is in the history already (written with it); this engine now
         # knows it too, and a drain that found nothing running is already drained.
