@@ -41,8 +41,11 @@ from protocol.messages import (
     BatchAccepted,
     BudgetReset,
     Cancel,
+    Command,
     CommandBatch,
     DeviceInfo,
+    DeviceResume,
+    DeviceStop,
     Error,
     ErrorInfo,
     Heartbeat,
@@ -59,6 +62,7 @@ from protocol.session import Channel, Role, Session
 log = logging.getLogger("orrery.agent")
 
 WELCOME_TIMEOUT_S = 15.0
+STOP_GRACE_S = 2.0  # after an emergency stop, a command gets this long to return before it is cancelled
 STABLE_SESSION_S = 10.0  # a session this long resets the backoff
 
 
@@ -110,6 +114,9 @@ class Agent:
         self.queued: set[str] = set()
         self.current: CommandBatch | None = None
         self.cancelling: set[str] = set()
+        # Set by an emergency stop while a command runs: it interrupts that command (see `_call`).
+        self.interrupt: asyncio.Event | None = None
+        self.stopped_batches: set[str] = set()  # batches an emergency stop ended
         self.heartbeat_interval_s = 10.0
         self.frame_limit = config.max_frame_bytes
         self.heartbeat_timeout_s = 50.0
@@ -142,6 +149,12 @@ class Agent:
         if closed:
             log.warning("closed %d batch(es) interrupted by the last stop: %s", len(closed), closed)
         await self.router.start()
+        stopped, reason = self.ledger.stop_state()
+        if stopped:
+            log.warning(
+                "this device is stopped by an operator (%s): action tools are refused until it is resumed", reason
+            )
+            await self.router.stop_latch.engage(reason)
         executor = asyncio.create_task(self._executor(), name="agent-executor")
         connector = asyncio.create_task(self._connect_forever(), name="agent-connection")
         try:
@@ -232,6 +245,12 @@ class Agent:
                 raise Closed(closes.get(first.code), f"the server refused the hello: {first.code}: {first.message}")
             assert isinstance(first, Welcome)
             self.ledger.welcomed(first.server_id)
+            if first.stopped is not None and first.stopped != self.router.stop_latch.stopped:
+                # Stopped or resumed while this agent was away: the server's word decides.
+                if first.stopped:
+                    await self._device_stop(first.stop_reason)
+                else:
+                    self._device_resume()
             if first.server_time is not None:
                 self.clock_offset_s = first.server_time.timestamp() - time.time()
             resend = self._open(channel, first)
@@ -318,6 +337,14 @@ class Agent:
             elif isinstance(msg, BudgetReset):
                 log.warning("safety budgets reset by the orchestrator: %s", msg.reason or "the device was uncordoned")
                 self.router.guards.budgets.reset()
+                assert self.session is not None
+                self.session.confirm(msg.seq)
+            elif isinstance(msg, DeviceStop):
+                await self._device_stop(msg.reason)
+                assert self.session is not None
+                self.session.confirm(msg.seq)
+            elif isinstance(msg, DeviceResume):
+                self._device_resume()
                 assert self.session is not None
                 self.session.confirm(msg.seq)
             elif isinstance(msg, Error):
@@ -411,6 +438,27 @@ class Agent:
             killed = self.router.kill_running()
             log.info("cancel %s: stopping after the current command (%d process group(s) killed)", msg.batch_id, killed)
 
+    async def _device_stop(self, reason: str) -> None:
+        """An operator's emergency stop: kept in the ledger first (an agent restart keeps it), then
+        the running command is interrupted (process groups killed, GUI input stopped and held
+        buttons and modifiers released) and every action tool refused until `device_resume`."""
+        self.ledger.set_stop(True, reason)
+        killed = self.router.kill_running()
+        if self.current is not None:
+            self.stopped_batches.add(self.current.batch_id)
+        if self.interrupt is not None:
+            self.interrupt.set()
+        await self.router.stop_latch.engage(reason)
+        log.warning("device stopped by an operator (%s); %d process group(s) killed", reason or "no reason", killed)
+
+    def _device_resume(self) -> None:
+        self.ledger.set_stop(False)
+        if self.router.stop_latch.stopped:
+            log.warning("device resumed by an operator: action tools run again")
+        else:
+            log.info("device resumed by an operator (it was not stopped): a gui.stop latch, if any, is lifted")
+        self.router.stop_latch.lift()
+
     async def _executor(self) -> None:
         while True:
             batch = await self.work.get()
@@ -432,31 +480,42 @@ class Agent:
             finally:
                 self.current = None
                 self.cancelling.discard(batch.batch_id)
+                self.stopped_batches.discard(batch.batch_id)
             self.crash.reach("finished")
             await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
             self.crash.reach("sent")
 
     async def _run(self, batch: CommandBatch) -> list[Result]:
-        """Commands in order; after a failure (early exit) or a cancel the rest are skipped."""
+        """Commands in order; after a failure (early exit), a cancel or an emergency stop the
+        rest are skipped. While the device is stopped, action commands are skipped unrun
+        (`device_stopped`); read-only ones still run."""
         results: list[Result] = []
         stop: str | None = None
         # Commands that finished before the batch stopped to wait for an approval, and the agent
         # restarted: their results stand, they do not run again.
         done = self.ledger.done_calls(batch.batch_id) if self.ledger.has_approval(batch.batch_id) else {}
         batch_id = batch.batch_id
+        stop_code = "skipped"
+        latch = self.router.stop_latch
         for cmd in batch.commands:
             if stop is None and batch.batch_id in self.cancelling:
                 stop = "the batch was cancelled before this command started"
+            if stop is None and latch.stopped and not self.router.read_only(cmd.tool):
+                stop, stop_code = f"not run: {latch.refusal(cmd.tool)}", ErrorCode.DEVICE_STOPPED.value
             if stop is not None:
-                results.append(skipped(cmd.call_id, cmd.tool, stop))
+                results.append(skipped(cmd.call_id, cmd.tool, stop, stop_code))
                 continue
             if cmd.call_id in done:
                 results.append(done[cmd.call_id])
                 continue
             approved = False
             if self.router.needs_approval(cmd.tool):
-                rec = await self.approvals.obtain(batch, cmd, lambda: batch_id in self.cancelling)
+                rec = await self.approvals.obtain(
+                    batch, cmd, lambda: batch_id in self.cancelling or batch_id in self.stopped_batches
+                )
                 refusal = refused(cmd, rec)
+                if refusal is not None and batch_id in self.stopped_batches:  # stopped while it waited
+                    refusal = skipped(cmd.call_id, cmd.tool, f"not run: {latch.refusal(cmd.tool)}", "device_stopped")
                 self.router.audit.record(
                     batch_id=batch_id,
                     call_id=cmd.call_id,
@@ -473,12 +532,17 @@ class Agent:
                     continue
                 approved = True
                 batch = batch.model_copy(update={"deadline": deadline_of(batch, rec)})
+                if latch.stopped and not self.router.read_only(cmd.tool):  # stopped as it was approved
+                    stop, stop_code = f"not run: {latch.refusal(cmd.tool)}", ErrorCode.DEVICE_STOPPED.value
+                    results.append(skipped(cmd.call_id, cmd.tool, stop, stop_code))
+                    continue
             self.ledger.start_call(batch.batch_id, cmd.call_id)
             self.crash.reach("call_started")
-            limit = self._timeout(cmd.timeout_s, batch)
-            result = await self.router.call(cmd, batch.batch_id, limit, approved)
+            result = await self._call(cmd, batch, approved)
             self.crash.reach("call_done")
-            if batch.batch_id in self.cancelling and result.status != "success":
+            if batch.batch_id in self.stopped_batches and result.status != "success":
+                result = _stopped(cmd, result, latch.reason)
+            elif batch.batch_id in self.cancelling and result.status != "success":
                 result = Result(
                     call_id=cmd.call_id,
                     status="failure",
@@ -490,11 +554,34 @@ class Agent:
             if len(results) + 1 < len(batch.commands):  # the last one is recorded with the batch
                 self.ledger.finish_call(batch.batch_id, result)
             results.append(result)
-            if batch.batch_id in self.cancelling:
+            if batch.batch_id in self.stopped_batches:
+                stop, stop_code = "not run: an operator stopped the device during this batch", "device_stopped"
+            elif batch.batch_id in self.cancelling:
                 stop = "the batch was cancelled"
             elif result.status != "success" and batch.early_exit:
                 stop = f"command {cmd.call_id} ({cmd.tool}) failed, so the rest of the batch was skipped"
         return results
+
+    async def _call(self, cmd: Command, batch: CommandBatch, approved: bool = False) -> Result:
+        """Run one command; an emergency stop meanwhile interrupts it: its processes are killed
+        already, and a call still running `STOP_GRACE_S` later is cancelled."""
+        self.interrupt = interrupt = asyncio.Event()
+        limit = self._timeout(cmd.timeout_s, batch)
+        call = asyncio.ensure_future(self.router.call(cmd, batch.batch_id, limit, approved))
+        halt = asyncio.ensure_future(interrupt.wait())
+        try:
+            await asyncio.wait({call, halt}, return_when=asyncio.FIRST_COMPLETED)
+            if not call.done():
+                done, _ = await asyncio.wait({call}, timeout=STOP_GRACE_S)
+                if not done:
+                    call.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await call
+                    return _stopped(cmd, None, self.router.stop_latch.reason)
+            return call.result()
+        finally:
+            halt.cancel()
+            self.interrupt = None
 
     def server_now(self) -> float:
         """The orchestrator's time, as far as the last welcome told us (deadlines are in it)."""
@@ -532,6 +619,23 @@ class Agent:
         task = asyncio.get_running_loop().create_task(self._send(frame))
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
+
+
+def _stopped(cmd: Command, result: Result | None, reason: str) -> Result:
+    """A command an emergency stop interrupted: `device_stopped` (it may have partly run)."""
+    why = f" ({reason})" if reason else ""
+    return Result(
+        call_id=cmd.call_id,
+        status="failure",
+        result=result.result if result else None,
+        error=ErrorInfo(
+            code=ErrorCode.DEVICE_STOPPED,
+            message=f"interrupted: an operator stopped the device{why} while this command ran, so it may "
+            "have partly taken effect; check the device's state before running it again",
+        ),
+        namespace=namespace_of(cmd.tool),
+        duration_ms=result.duration_ms if result else 0.0,
+    )
 
 
 def _log_retry(exc: Exception, delay: float) -> None:

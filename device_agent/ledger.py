@@ -247,6 +247,24 @@ class Ledger:
         ).fetchone()
         return int(row[0]) if row else 0
 
+    # ------------------------------------------------------------------ emergency stop
+
+    def stop_state(self) -> tuple[bool, str]:
+        """(stopped, reason) as an operator's last `device_stop` / `device_resume` left it."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='stop'").fetchone()
+        if row is None or not row[0]:
+            return False, ""
+        return True, str(row[0])[1:]
+
+    @_durable
+    def set_stop(self, stopped: bool, reason: str = "") -> None:
+        """Keep the stop across agent restarts: stored before the agent acts on it."""
+        value = f"!{reason}" if stopped else ""
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES ('stop', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (value,),
+        )
+
     # ------------------------------------------------------------------ batches
 
     @_durable

@@ -46,6 +46,7 @@ from device_agent.guards import Guards
 from device_agent.killswitch import HOW_TO_TURN_OFF
 from device_agent.mcp_client import ClientFeatures, HttpTarget, OriginBoundHeaders, describe_failure
 from device_agent.policy import Policy
+from device_agent.stop import StopLatch
 from device_agent.toolsets.base import failure, nul_field, nul_message, without_nul
 from protocol.errors import MAX_ERROR_MESSAGE_CHARS, RESULT_ERROR_CODES
 from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolSpec
@@ -356,8 +357,10 @@ class Router:
         max_result_bytes: int,
         on_kill: Callable[[], int] = lambda: 0,
         guards: Guards | None = None,
+        stop_latch: StopLatch | None = None,
     ) -> None:
         self.policy = policy
+        self.stop_latch = stop_latch or StopLatch()
         self.audit = audit
         # issue 18: run-time kill switch, safety budgets, audit line before the call
         self.guards = guards or Guards(audit)
@@ -402,6 +405,12 @@ class Router:
         if tool == REQUEST_TOOL:
             return True
         return not self.policy.unattended and any(fnmatch.fnmatch(tool, p) for p in self.approval_required)
+
+    def read_only(self, tool: str) -> bool:
+        """Whether `tool` is a read-only tool of this device (unknown tools are not)."""
+        host = self.hosts.get(tool.partition(".")[0])
+        spec = host.spec(tool) if host else None
+        return spec is not None and spec.annotations.read_only
 
     async def call(self, cmd: Command, batch_id: str, limit: CallLimit | float, approved: bool = False) -> Result:
         """Run `cmd` under `limit` (the command's timeout_s, or less if the batch deadline is nearer).
@@ -450,6 +459,9 @@ class Router:
                 "denied",
                 _error("invalid_arguments", _undeclared_message(spec, unknown)),
             )
+        if self.stop_latch.stopped and not spec.annotations.read_only:
+            refusal = _error("device_stopped", self.stop_latch.refusal(cmd.tool))
+            return self._finish(cmd, namespace, started, audit, "denied", refusal)
         denial = self._policy_denial(cmd.tool, spec, approved)
         if denial:
             return self._finish(cmd, namespace, started, audit, "denied", _error("policy_denied", denial))

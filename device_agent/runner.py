@@ -75,7 +75,13 @@ def build(config: AgentConfig) -> Agent:
         SafetyBudgets(config.max_destructive_per_minute, config.max_consecutive_bad_outcomes),
     )
     router = Router(
-        ctx.policy, audit, config.approval_required, config.max_result_bytes, ctx.processes.kill_all, guards
+        ctx.policy,
+        audit,
+        config.approval_required,
+        config.max_result_bytes,
+        ctx.processes.kill_all,
+        guards=guards,
+        stop_latch=ctx.stop_latch,
     )
     for name in config.toolsets:
         factory = BUILTIN.get(name)

@@ -248,13 +248,31 @@ def _device_action(action: str) -> Any:
         "drain": "Finish current work, take no new work.",
         "cordon": "Take no new work.",
         "uncordon": "Back to service (the agent's safety budgets reset after a breach).",
+        "resume": "Lift an emergency stop: the device takes work and runs action tools again.",
         "revoke": "Revoke the device's token and close its connection.",
     }[action]
     return command
 
 
-for _action in ("drain", "cordon", "uncordon", "revoke"):
+for _action in ("drain", "cordon", "uncordon", "resume", "revoke"):
     devices_app.command(_action)(_device_action(_action))
+
+
+@devices_app.command("stop")
+def devices_stop(
+    device_id: str,
+    reason: Annotated[
+        str, typer.Option("--reason", help="why (recorded in the device's history, shown to its agent)")
+    ] = "",
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Emergency stop: cancel the running batch now (processes killed, held GUI keys released),
+    take no work, and refuse every action tool on the device until `orrery devices resume`."""
+    with _api(server, api_key) as c:
+        result = c.stop_device(device_id, reason)
+    why = f" ({result['stop_reason']})" if result.get("stop_reason") else ""
+    console.print(f"{device_id}: {result.get('state')}{why}", markup=False, highlight=False)
 
 
 @devices_app.command("label")

@@ -143,6 +143,11 @@ class Client:
             result = self.request("POST", f"/v1/devices/{device_id}/{action}")
         return result
 
+    def stop_device(self, device_id: str, reason: str = "") -> dict[str, Any]:
+        """Emergency stop (see `POST /v1/devices/{id}/stop`)."""
+        result: dict[str, Any] = self.request("POST", f"/v1/devices/{device_id}/stop", json={"reason": reason})
+        return result
+
     def label(self, device_id: str, labels: dict[str, str | None]) -> dict[str, Any]:
         """Merge labels into a device's; a None value deletes that label."""
         result: dict[str, Any] = self.request("PATCH", f"/v1/devices/{device_id}", json={"labels": labels})

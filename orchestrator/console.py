@@ -34,6 +34,7 @@ DEVICE_STYLES = {
     "offline": "red",
     "draining": "magenta",
     "cordoned": "magenta",
+    "stopped": "bold red",
     "revoked": "dim",
     "enrolled": "cyan",
 }

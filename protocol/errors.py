@@ -55,6 +55,8 @@ class ErrorCode(StrEnum):
     # ---- issue 18, safety budgets part: the agent's own refusals
     BUDGET_EXCEEDED = "budget_exceeded"  # a per-device safety budget was breached (agent config)
     AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit line could not be written before the action
+    # emergency stop (issue 18)
+    DEVICE_STOPPED = "device_stopped"  # an operator stopped the device; only a device resume lifts it
 
 
 # Codes a device may put in a result's `error.code`: the ones above plus those the built-in

@@ -15,6 +15,7 @@ PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
 
 Identifier = Annotated[str, Field(min_length=1, max_length=200)]
+MAX_STOP_REASON_CHARS = 200  # an operator's reason for an emergency stop (API limit)
 
 
 class _Model(BaseModel):
@@ -121,6 +122,12 @@ class Welcome(_Frame):
     # The server's clock when it sent this: batch deadlines are in the server's time, so the
     # agent measures its offset here and judges deadlines by it (device clocks drift).
     server_time: datetime | None = None
+    # Emergency stop (issue 18): an operator stopped this device (`POST /v1/devices/{id}/stop`).
+    # The `device_stop` / `device_resume` frames tell a connected agent; this tells one that was
+    # away when the operator acted, so it converges to the server's word at every welcome. None:
+    # the server does not say (an older one); the agent keeps the stop its ledger holds.
+    stopped: bool | None = None
+    stop_reason: str = Field(default="", max_length=MAX_STOP_REASON_CHARS * 2)
 
 
 class Heartbeat(_Frame):
@@ -238,6 +245,24 @@ class BudgetReset(_Frame):
 
 SAFETY_TYPES = frozenset({"safety_breach", "budget_reset"})
 
+# ---------------------------------------------------------------- emergency stop (issue 18)
+
+
+class DeviceStop(_Frame):
+    """Server to agent: an operator stopped the device. The agent kills what runs (process
+    groups, held GUI buttons and keys), ends the running batch with `device_stopped`, and refuses
+    every action tool until `device_resume`; the stop is kept in its ledger across restarts."""
+
+    type: Literal["device_stop"] = "device_stop"
+    reason: str = Field(default="", max_length=MAX_STOP_REASON_CHARS * 2)
+
+
+class DeviceResume(_Frame):
+    """Server to agent: an operator lifted the stop (the only thing that lifts it)."""
+
+    type: Literal["device_resume"] = "device_resume"
+
+
 # ---------------------------------------------------------------- the union
 
 Message = Annotated[
@@ -253,7 +278,9 @@ Message = Annotated[
     | ApprovalDecision
     | Error
     | SafetyBreach
-    | BudgetReset,
+    | BudgetReset
+    | DeviceStop
+    | DeviceResume,
     Field(discriminator="type"),
 ]
 
@@ -285,6 +312,9 @@ AGENT_TO_SERVER = frozenset(
 RELIABLE_TYPES |= SAFETY_TYPES
 SERVER_TO_AGENT |= {"budget_reset"}
 AGENT_TO_SERVER |= {"safety_breach"}
+# emergency stop (issue 18)
+RELIABLE_TYPES |= {"device_stop", "device_resume"}
+SERVER_TO_AGENT |= {"device_stop", "device_resume"}
 
 
 def is_reliable(message: Message) -> bool:

@@ -27,6 +27,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from device_agent.policy import Policy
 from device_agent.sandbox import Sandbox
+from device_agent.stop import StopLatch
 
 
 def failure(code: str, message: str, **details: Any) -> CallToolResult:
@@ -220,3 +221,5 @@ class ToolsetContext:
     data_dir: Path | None = None
     # When set, `shell.run` runs every program inside it (device_agent/sandbox.py).
     sandbox: Sandbox | None = None
+    # The device-level emergency stop: toolsets with input of their own (gui) register with it.
+    stop_latch: StopLatch = field(default_factory=StopLatch)

@@ -1,5 +1,5 @@
-"""`/v1/devices`: enroll, list, get, label, rotate the token, drain, cordon, uncordon, revoke,
-history and recent attempts (SPEC section 3). Every `{device_id}` is an id, a unique id prefix
+"""`/v1/devices`: enroll, list, get, label, rotate the token, drain, cordon, uncordon, stop,
+resume, revoke, history and recent attempts (SPEC section 3). Every `{device_id}` is an id, a unique id prefix
 or the device's name (see `orchestrator.api.lookup`)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from orchestrator.api.schemas import (
     DeviceHistoryItem,
     DeviceOut,
     DevicePatch,
+    DeviceStopIn,
     Page,
 )
 from orchestrator.domain.lifecycle import history_state
@@ -38,6 +39,7 @@ _ADMIN_REASONS = {
     AdminState.ACTIVE: "uncordoned by an operator",
     AdminState.DRAINING: "drained by an operator",
     AdminState.CORDONED: "cordoned by an operator",
+    AdminState.STOPPED: "stopped by an operator",
     AdminState.REVOKED: "revoked by an admin",
 }
 
@@ -170,23 +172,59 @@ async def attempts(
     return Page(items=items, next_cursor=nxt)
 
 
-@router.post("/{device_id}/drain", response_model=DeviceOut)
+_STOPPED_409 = "`conflict`: the device is revoked, or (drain, cordon, uncordon) stopped: resume it first"
+
+
+@router.post("/{device_id}/drain", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
 async def drain(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
     return await _set_admin(comp, device_id, AdminState.DRAINING)
 
 
-@router.post("/{device_id}/cordon", response_model=DeviceOut)
+@router.post("/{device_id}/cordon", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
 async def cordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
     """Take no new work; `cordon_reason` says "cordoned by an operator". (A device whose agent
     breaches one of its safety budgets is cordoned by the engine, the breach as its reason.)"""
     return await _set_admin(comp, device_id, AdminState.CORDONED)
 
 
-@router.post("/{device_id}/uncordon", response_model=DeviceOut)
+@router.post("/{device_id}/uncordon", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
 async def uncordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
     """Back to service; clears `cordon_reason`, and the device's agent resets its safety budgets
     (`budget_reset`), so a device cordoned by a breach takes work again."""
     return await _set_admin(comp, device_id, AdminState.ACTIVE)
+
+
+@router.post(
+    "/{device_id}/stop", response_model=DeviceOut, responses=problems(s409="`conflict`: the device is revoked")
+)
+async def stop(device_id: str, comp: Comp, principal: Operator, body: DeviceStopIn | None = None) -> DeviceOut:
+    """Emergency stop. The device takes no new work (its queued nodes go back to be placed
+    elsewhere), its running batch is stopped at once (process groups killed, held GUI buttons
+    and modifiers released; the stopped commands end with error code `device_stopped`, and the
+    node fails or is retried by the usual retry rules), and its agent refuses every action tool
+    (read-only tools still run) until `POST /v1/devices/{id}/resume`. The stop is durable: it
+    outlasts agent and orchestrator restarts, and an agent that was offline learns it when it
+    reconnects. The history entry records who stopped the device and why. Stopping a stopped
+    device changes nothing."""
+    reason = (body.reason if body else "").strip()
+    why = f"stopped by an operator (key {principal.key_id})" + (f": {reason}" if reason else "")
+    return await _set_admin(comp, device_id, AdminState.STOPPED, why)
+
+
+@router.post(
+    "/{device_id}/resume", response_model=DeviceOut, responses=problems(s409="`conflict`: the device is revoked")
+)
+async def resume(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
+    """Lift an emergency stop: the device is `active` again (takes work, its agent runs action
+    tools again; a GUI needs a new `gui.observe` first). The only way to lift a stop. On a
+    device that is not stopped its state does not change, but its agent is still told to resume:
+    that lifts a `gui.stop` a model called (no tool can lift it)."""
+    row = await _usable(comp, device_id)
+    if row.admin_state != AdminState.STOPPED:
+        await comp.cluster.submit(DeviceChanged(row.id, resume=True))  # lifts a model's `gui.stop`
+        return await _detail(comp, row)
+    why = f"resumed by an operator (key {principal.key_id})"
+    return await _set_admin(comp, row.id, AdminState.ACTIVE, why, resuming=True)
 
 
 @router.delete("/{device_id}", status_code=200)
@@ -202,8 +240,20 @@ async def _usable(comp: Comp, device_id: str) -> Device:
     return row
 
 
-async def _set_admin(comp: Comp, device_id: str, admin: AdminState) -> DeviceOut:
+async def _set_admin(
+    comp: Comp, device_id: str, admin: AdminState, reason: str | None = None, *, resuming: bool = False
+) -> DeviceOut:
+    """Set the admin state (and record why in the history). Only `resuming` (the resume
+    endpoint) takes a device out of `stopped`; revoking it is allowed too."""
     row = await _usable(comp, device_id)
+    lifts = admin not in (AdminState.STOPPED, AdminState.REVOKED)
+    if row.admin_state == AdminState.STOPPED and lifts and not resuming:
+        raise ApiError(
+            409,
+            "conflict",
+            f"device '{row.name}' is stopped (emergency stop); only resume lifts it: "
+            f"POST /v1/devices/{row.id}/resume (orrery devices resume {row.name}), then {admin.value} it",
+        )
     changes = ChangeSet()
     reason = _ADMIN_REASONS[admin] if admin is AdminState.CORDONED else None
     if admin.value == row.admin_state and row.cordon_reason:
@@ -212,7 +262,8 @@ async def _set_admin(comp: Comp, device_id: str, admin: AdminState) -> DeviceOut
     if admin.value != row.admin_state:  # the change and its history entry in one transaction
         queued = (await comp.store.queue_lengths()).get(row.id, 0) if admin is AdminState.ACTIVE else 0
         state = history_state(admin, Liveness(row.liveness), row.current_batch_id is not None, queued)
-        changes.insert(DeviceHistory, _history(row.id, state.value, _ADMIN_REASONS[admin], time.time()))
+        why = reason or _ADMIN_REASONS[admin]
+        changes.insert(DeviceHistory, _history(row.id, state.value, why, time.time()))
     await comp.store.write(changes)
     await comp.cluster.submit(DeviceChanged(row.id))
     await comp.store.prune_device_history([row.id], comp.settings.device_history_kept)
@@ -226,7 +277,10 @@ def _history(device_id: str, state: str, reason: str, now: float) -> dict[str, A
 async def _detail(comp: Comp, row: Device) -> DeviceOut:
     queues = await comp.store.queue_lengths()
     work = await comp.store.current_work([row.current_batch_id] if row.current_batch_id else [])
-    return _out(comp, row, queues.get(row.id, 0), work)
+    out = _out(comp, row, queues.get(row.id, 0), work)
+    if row.admin_state == AdminState.STOPPED:
+        out.stop_reason = await comp.store.stop_reason(row.id)
+    return out
 
 
 def _out(comp: Comp, row: Device, queue: int, work: dict[str, tuple[str, str]]) -> DeviceOut:

@@ -19,6 +19,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
 from orchestrator.domain.model import DagSpec, Role
+from protocol.messages import MAX_STOP_REASON_CHARS
 
 # No text the API accepts contains U+0000: Postgres cannot store it in a text column (the driver
 # fails, the request would end in a 500) and the device refuses it in arguments. Refused at the
@@ -90,6 +91,20 @@ MAX_LABELS = 64
 class DeviceEnroll(_In):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+
+
+class DeviceStopIn(_In):
+    """Why the device is being stopped (optional): recorded in its history and sent to its agent."""
+
+    reason: Annotated[
+        str,
+        Field(
+            max_length=MAX_STOP_REASON_CHARS,
+            strict=True,
+            description=f"why the device is stopped, at most {MAX_STOP_REASON_CHARS} characters",
+        ),
+        NO_NUL,
+    ] = ""
 
 
 class DevicePatch(_In):
@@ -229,7 +244,9 @@ class DeviceOut(BaseModel):
     id: str
     name: str
     state: str
-    admin_state: str = "active"  # what operators asked: active, draining, cordoned, revoked
+    admin_state: str = "active"  # what operators asked: active, draining, cordoned, stopped, revoked
+    # Why an operator stopped it (emergency stop); null unless `admin_state` is `stopped`.
+    stop_reason: str | None = None
     liveness: str = "enrolled"  # what heartbeats say: enrolled, online, suspect, offline
     labels: dict[str, str]
     platform: str

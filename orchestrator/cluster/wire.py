@@ -34,7 +34,7 @@ def dump(item: Input) -> dict[str, Any]:
     if isinstance(item, CancelTask):
         return {"kind": "cancel_task", "task_id": item.task_id}
     if isinstance(item, DeviceChanged):
-        return {"kind": "device_changed", "device_id": item.device_id}
+        return {"kind": "device_changed", "device_id": item.device_id, **({"resume": True} if item.resume else {})}
     if isinstance(item, ApprovalDecided):
         return {"kind": "approval_decided", "approval_id": item.approval_id}
     if isinstance(item, DeviceHello):
@@ -71,7 +71,7 @@ def load(data: dict[str, Any]) -> Input:
     if kind == "cancel_task":
         return CancelTask(data["task_id"])
     if kind == "device_changed":
-        return DeviceChanged(data["device_id"])
+        return DeviceChanged(data["device_id"], bool(data.get("resume", False)))
     if kind == "approval_decided":
         return ApprovalDecided(data["approval_id"])
     if kind == "hello":

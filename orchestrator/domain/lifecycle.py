@@ -50,9 +50,12 @@ def task_outcome(graph: Graph, states: Mapping[str, NodeState], cancel_requested
 
 def device_state(admin: AdminState, liveness: Liveness, busy: bool, queued: int = 0) -> DeviceState:
     """The single state shown for a device, from what operators asked and what liveness says.
-    A draining device with nothing running or queued is `drained`: safe to take down."""
+    A draining device with nothing running or queued is `drained`: safe to take down. A stopped
+    device shows `stopped` whatever its liveness: the stop outlasts its connections."""
     if admin is AdminState.REVOKED:
         return DeviceState.REVOKED
+    if admin is AdminState.STOPPED:
+        return DeviceState.STOPPED
     if liveness is Liveness.ENROLLED:
         return DeviceState.ENROLLED
     if liveness is Liveness.OFFLINE:

@@ -58,6 +58,7 @@ class DeviceState(StrEnum):
     DRAINING = "draining"
     DRAINED = "drained"  # draining, and nothing running or queued: safe to take down
     CORDONED = "cordoned"
+    STOPPED = "stopped"  # emergency stop: takes no work, its agent refuses action tools
     REVOKED = "revoked"
 
 
@@ -67,6 +68,9 @@ class AdminState(StrEnum):
     ACTIVE = "active"
     DRAINING = "draining"
     CORDONED = "cordoned"
+    # An operator's emergency stop (`POST /v1/devices/{id}/stop`): like cordoned, and its running
+    # batch was cancelled and its agent refuses action tools until `.../resume`.
+    STOPPED = "stopped"
     REVOKED = "revoked"
 
 

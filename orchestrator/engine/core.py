@@ -370,7 +370,7 @@ class Engine:
         self.runs.carry_out(self.fleet.report(item, now), now)
 
     async def _on_device_changed(self, item: DeviceChanged, now: float) -> None:
-        self.runs.carry_out(await self.fleet.changed(item.device_id, now), now)
+        self.runs.carry_out(await self.fleet.changed(item.device_id, now, item.resume), now)
 
     async def _on_frame(self, item: FrameIn, now: float) -> None:
         dev = self.fleet.devices.get(item.device_id)

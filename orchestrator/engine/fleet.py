@@ -26,7 +26,7 @@ from orchestrator.engine.validation import known_tools
 from orchestrator.engine.writer import StepWriter
 from orchestrator.store.models import Attempt, Device, DeviceHistory
 from protocol.errors import CloseCode
-from protocol.messages import BudgetReset, Hello, SafetyBreach, ToolsChanged
+from protocol.messages import BudgetReset, DeviceResume, DeviceStop, Hello, SafetyBreach, ToolsChanged
 
 log = logging.getLogger("orrery.engine")
 
@@ -44,6 +44,8 @@ class DeviceRows(Protocol):
     async def get_device(self, device_id: str) -> Device | None: ...
 
     async def last_device_state(self, device_id: str) -> str | None: ...
+
+    async def stop_reason(self, device_id: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,16 @@ class Revoked:
     """A device will never run anything again: nodes only it could run fail now."""
 
 
-Action = Requeue | Lost | Revoked
+@dataclass(frozen=True)
+class Stopped:
+    """An operator stopped the device (emergency stop): its agent nodes end `device_stopped` (its
+    tool batches are ended by the agent itself, which kills them and reports `device_stopped`)."""
+
+    device: DeviceRun
+    message: str
+
+
+Action = Requeue | Lost | Revoked | Stopped
 
 
 class Fleet:
@@ -330,7 +341,9 @@ class Fleet:
 
     # ---------------------------------------------------------------- what operators change
 
-    async def changed(self, device_id: str, now: float) -> list[Action]:
+    async def changed(self, device_id: str, now: float, resume: bool = False) -> list[Action]:
+        """Adopt an operator's change of the device row; `resume`: send `device_resume` even if
+        it was not stopped (an operator's resume of an active device lifts a model's `gui.stop`)."""
         row = await self.store.get_device(device_id)
         if row is None:
             return []
@@ -348,8 +361,15 @@ class Fleet:
         dev.cordon_reason = row.cordon_reason
         if dev.admin is AdminState.ACTIVE and old_admin is AdminState.CORDONED:
             self._reset_budgets_after_commit(dev)
-        if dev.admin is not AdminState.ACTIVE and old_admin is AdminState.ACTIVE:
+        stopping = dev.admin is AdminState.STOPPED and old_admin is not AdminState.STOPPED
+        if dev.admin is not AdminState.ACTIVE and (old_admin is AdminState.ACTIVE or stopping):
             actions.append(Requeue(self.queues.unqueue_all(dev)))
+        if stopping:
+            reason = await self.store.stop_reason(dev.id) or "stopped by an operator"
+            self.outbox.frame_after_commit(dev, DeviceStop(reason=reason[:400]))
+            actions.append(Stopped(dev, f"device '{dev.name}' was stopped by an operator ({reason})"))
+        elif dev.admin is not AdminState.STOPPED and (old_admin is AdminState.STOPPED or resume):
+            self.outbox.frame_after_commit(dev, DeviceResume())
         # The operator's change is in the history already (written with it); this engine now
         # knows it too, and a drain that found nothing running is already drained.
         dev.recorded = history_state(dev.admin, dev.liveness, dev.current_batch is not None, len(dev.queue)).value

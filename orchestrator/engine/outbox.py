@@ -69,6 +69,13 @@ class Outbox:
     def _send_cancel(self, att: AttemptRun) -> None:
         self.send(att.device_id, Cancel(batch_id=att.batch_id, reason=att.cancel_reason or "cancelled"))
 
+    def frame_after_commit(self, dev: DeviceRun, message: Message) -> None:
+        """A device-level frame (emergency stop, resume) once the step that decided it is stored."""
+        self.writer.effect(functools.partial(self._send_frame, dev.id, message))
+
+    def _send_frame(self, device_id: str, message: Message) -> None:
+        self.send(device_id, message)
+
     def close_after_commit(self, dev: DeviceRun, code: int, reason: str) -> None:
         links, device_id, route = self.links, dev.id, dev.route
         if links is not None:

@@ -153,6 +153,9 @@ class DeviceChanged(Input):
     """A device row was created or changed by the API (enrolled, drained, revoked, ...)."""
 
     device_id: str
+    # An operator asked to resume it although it is not stopped: `device_resume` goes anyway, so
+    # a `gui.stop` latch a model set is lifted (no tool can lift it).
+    resume: bool = False
 
 
 @dataclass

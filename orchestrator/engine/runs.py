@@ -16,7 +16,7 @@ from orchestrator.domain.model import CommandSpec, Liveness, NodeKind, NodeState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
 from orchestrator.engine.attempts import Attempts, attempt_row, ended_row, unanswered
-from orchestrator.engine.fleet import Action, Fleet, Lost, Requeue, Revoked
+from orchestrator.engine.fleet import Action, Fleet, Lost, Requeue, Revoked, Stopped
 from orchestrator.engine.llm_work import LlmWork
 from orchestrator.engine.outbox import Outbox
 from orchestrator.engine.queues import Assign, Enqueue, NeverRunnable, Queues
@@ -96,6 +96,13 @@ class Runs:
                     self.apply(run, run.unqueue(key[1]), now)
             elif isinstance(action, Lost):
                 self._lose_attempts(action.device, action.message, now)
+            elif isinstance(action, Stopped):
+                for att in self.attempts.on_device(action.device.id):
+                    if att.kind is AttemptKind.AGENT:
+                        ended = self.llm.stop_agent(
+                            att, ErrorCode.DEVICE_STOPPED, action.message, now, "device_stopped"
+                        )
+                        self.end_agent(ended, now)
             elif isinstance(action, Revoked):
                 for key in list(self.queues.ready):
                     self._fail_if_never_runnable(key, now)

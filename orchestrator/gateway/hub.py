@@ -251,7 +251,9 @@ class Gateway:
         channel = Channel(Role.SERVER, self.settings.max_frame_bytes)
         conn = Connection(ws, channel)
         try:
-            hello = await self._handshake(conn, device.id)
+            stopped = device.admin_state == AdminState.STOPPED
+            reason = await self.store.stop_reason(device.id) if stopped else ""
+            hello = await self._handshake(conn, device.id, stopped, reason)
             if hello is not None:
                 attach = ws.scope.get("extensions", {}).get(FRAMES_EXTENSION)
                 if attach is not None:
@@ -284,7 +286,9 @@ class Gateway:
             if link is not None and link.conn is conn:
                 link.conn = None
 
-    async def _handshake(self, conn: Connection, device_id: str) -> Hello | None:
+    async def _handshake(self, conn: Connection, device_id: str, stopped: bool, stop_reason: str) -> Hello | None:
+        """Take the hello, answer the welcome (it carries the device's emergency stop, if any, so
+        an agent that was away when an operator stopped or resumed it converges)."""
         try:
             data = await asyncio.wait_for(_receive(conn.ws), self.settings.hello_timeout_s)
         except TimeoutError:
@@ -326,6 +330,8 @@ class Gateway:
             resumed=resumed,
             server_id=self.server_id or None,
             server_time=utc(time.time()),
+            stopped=stopped,
+            stop_reason=stop_reason[:400],
         )
         text, resend = conn.channel.accept(hello, session, welcome)
         conn.push(text)

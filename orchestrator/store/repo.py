@@ -373,6 +373,19 @@ class Store:
             value = await s.scalar(q)
         return str(value) if value is not None else None
 
+    async def stop_reason(self, device_id: str) -> str:
+        """Why the device was stopped: the reason of its newest `stopped` history entry ("" if none).
+        A stopped device records no other state until it is resumed, so that entry is kept."""
+        q = (
+            select(DeviceHistory.reason)
+            .where(DeviceHistory.device_id == device_id, DeviceHistory.state == "stopped")
+            .order_by(DeviceHistory.id.desc())
+            .limit(1)
+        )
+        async with self.sessions() as s:
+            value = await s.scalar(q)
+        return str(value) if value is not None else ""
+
     async def _oldest_kept_history(self, device_ids: Sequence[str], keep: int) -> list[tuple[str, int]]:
         """(device, id of its `keep`-th newest history row) for each device that has that many."""
         found: list[tuple[str, Any]] = []

@@ -85,12 +85,18 @@ def make_ctx(tmp: Path, **policy: Any) -> ToolsetContext:
 
 @asynccontextmanager
 async def gui_client(
-    tmp: Path, backend: FakeBackend | None = None, clock: FakeClock | None = None, **policy: Any
+    tmp: Path,
+    backend: FakeBackend | None = None,
+    clock: FakeClock | None = None,
+    ctx: ToolsetContext | None = None,
+    **policy: Any,
 ) -> AsyncIterator[tuple[Client, FakeBackend, FakeClock]]:
-    """A real MCP client on a `gui` server over the fake backend; lock files under `tmp`."""
+    """A real MCP client on a `gui` server over the fake backend; lock files under `tmp`. Pass
+    `ctx` to reach its `stop_latch` (the device-level stop and resume)."""
     backend = backend or FakeBackend()
     clock = clock or FakeClock()
-    server = build(make_ctx(tmp, **policy), backend=backend, clock=clock, lock_dir=tmp / "locks", settle_s=0)
+    ctx = ctx or make_ctx(tmp, **policy)
+    server = build(ctx, backend=backend, clock=clock, lock_dir=tmp / "locks", settle_s=0)
     async with Client(server) as client:
         yield client, backend, clock
 

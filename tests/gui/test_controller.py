@@ -49,15 +49,15 @@ async def test_observe_returns_a_png_and_the_observation(tmp_path: Path) -> None
 async def test_annotations_make_inputs_never_blindly_retried(tmp_path: Path) -> None:
     async with gui_client(tmp_path) as (client, _, _):
         tools = {t.name: t.annotations for t in (await client.list_tools()).tools}
-    assert set(tools) == {"observe", "click", "double_click", "type", "key", "scroll", "drag", "wait", "stop", "resume"}
+    # No `resume`: a model must not be able to lift a stop (only the device-level resume does).
+    assert set(tools) == {"observe", "click", "double_click", "type", "key", "scroll", "drag", "wait", "stop"}
     for name in ("observe", "wait"):
         assert tools[name] is not None and tools[name].read_only_hint and tools[name].idempotent_hint
     for name in ("click", "double_click", "type", "key", "scroll", "drag"):
         ann = tools[name]
         assert ann is not None and not ann.read_only_hint and not ann.idempotent_hint
-    for name in ("stop", "resume"):
-        ann = tools[name]
-        assert ann is not None and ann.idempotent_hint and not ann.read_only_hint
+    ann = tools["stop"]
+    assert ann is not None and ann.idempotent_hint and not ann.read_only_hint
 
 
 async def test_an_observation_expires_after_60_s(tmp_path: Path) -> None:
@@ -187,7 +187,8 @@ async def test_a_concurrent_call_is_busy_not_queued(tmp_path: Path) -> None:
 
 
 async def test_stop_interrupts_latches_and_resume_needs_a_new_observation(tmp_path: Path) -> None:
-    async with gui_client(tmp_path) as (client, fake, _):
+    ctx = make_ctx(tmp_path)
+    async with gui_client(tmp_path, ctx=ctx) as (client, fake, _):
         oid = await observe(client)
         fake.block = anyio.Event()
         running = asyncio.create_task(client.call_tool("drag", {**click(oid, "act-00001"), "to_x": 50, "to_y": 60}))
@@ -200,8 +201,10 @@ async def test_stop_interrupts_latches_and_resume_needs_a_new_observation(tmp_pa
         fake.block = None
         oid = await observe(client)  # observing still works while stopped
         assert code(await client.call_tool("click", click(oid, "act-00002"))) == "stopped"
-        assert not (await client.call_tool("resume", {})).is_error
-        assert code(await client.call_tool("click", click(oid, "act-00003"))) == "stale_observation"
+        assert (await client.call_tool("resume", {})).is_error  # no such tool: a model cannot lift it
+        assert code(await client.call_tool("click", click(oid, "act-00003"))) == "stopped"
+        ctx.stop_latch.lift()  # the device-level resume (an operator's `device_resume`)
+        assert code(await client.call_tool("click", click(oid, "act-00005"))) == "stale_observation"
         oid = await observe(client)
         assert not (await client.call_tool("click", click(oid, "act-00004"))).is_error
         assert len(fake.sent) == 1

@@ -21,6 +21,7 @@ from typing import Any
 from mcp import Client
 from mcp.types import CallToolResult, ImageContent
 
+from device_agent.toolsets.base import ToolsetContext
 from device_agent.toolsets.gui import build, check
 from device_agent.toolsets.gui.x11 import X11Backend
 from tests.gui.conftest import TkApp
@@ -41,10 +42,16 @@ class ShiftedClock:
 
 @asynccontextmanager
 async def gui(
-    display: str, tmp: Path, clock: ShiftedClock | None = None, xdotool: str = "xdotool"
+    display: str,
+    tmp: Path,
+    clock: ShiftedClock | None = None,
+    xdotool: str = "xdotool",
+    ctx: ToolsetContext | None = None,
 ) -> AsyncIterator[Client]:
+    """`ctx`: pass one to reach its `stop_latch` (the device-level emergency stop and resume)."""
     backend = X11Backend(display, xdotool=xdotool)
-    server = build(make_ctx(tmp), backend=backend, clock=clock or ShiftedClock(), lock_dir=tmp / "locks", settle_s=0.1)
+    ctx = ctx or make_ctx(tmp)
+    server = build(ctx, backend=backend, clock=clock or ShiftedClock(), lock_dir=tmp / "locks", settle_s=0.1)
     async with Client(server) as client:
         yield client
 
@@ -171,7 +178,8 @@ async def test_stale_and_reused_observations_and_focus_changes_are_refused(
 
 async def test_stop_blocks_input_until_resume_and_a_new_observation(xvfb: str, tk_app: TkApp, tmp_path: Path) -> None:
     x, y = centre(tk_app, "button")
-    async with gui(xvfb, tmp_path) as client:
+    ctx = make_ctx(tmp_path)
+    async with gui(xvfb, tmp_path, ctx=ctx) as client:
         oid = (await observe(client))["observation_id"]
         assert data(await client.call_tool("stop", {}))["stopped"] is True
         assert (
@@ -183,7 +191,8 @@ async def test_stop_blocks_input_until_resume_and_a_new_observation(xvfb: str, t
             code(await client.call_tool("click", {"observation_id": oid, "action_id": "click-002", "x": x, "y": y}))
             == "stopped"
         )
-        await client.call_tool("resume", {})
+        assert (await client.call_tool("resume", {})).is_error  # no such tool: a model cannot lift a stop
+        ctx.stop_latch.lift()  # the device-level resume (an operator's `device_resume`)
         assert (
             code(await client.call_tool("click", {"observation_id": oid, "action_id": "click-003", "x": x, "y": y}))
             == "stale_observation"
@@ -193,6 +202,37 @@ async def test_stop_blocks_input_until_resume_and_a_new_observation(xvfb: str, t
             await client.call_tool("click", {"observation_id": oid, "action_id": "click-004", "x": x, "y": y})
         ).is_error
         tk_app.wait_for(lambda s: s["clicks"] == 1, "the click after resume")
+
+
+async def test_an_emergency_stop_releases_held_buttons_and_modifiers_and_latches_input(
+    xvfb: str, tk_app: TkApp, tmp_path: Path
+) -> None:
+    """The device-level stop (an operator's `device_stop`, through `ctx.stop_latch`) releases a
+    held modifier and mouse button on the real display, and input stays refused until the
+    device-level resume: no tool lifts it."""
+    x, y = centre(tk_app, "button")
+    ctx = make_ctx(tmp_path)
+    async with gui(xvfb, tmp_path, ctx=ctx) as client:
+        oid = (await observe(client))["observation_id"]
+        # Something left ctrl and button 1 pressed (an input cut short, a stuck remote session).
+        press = await asyncio.create_subprocess_exec(
+            "xdotool", "keydown", "ctrl", "mousedown", "1", env={**os.environ, "DISPLAY": xvfb}
+        )
+        assert await press.wait() == 0
+        assert held(xvfb) != ([], 0)
+        await ctx.stop_latch.engage("stopped by an operator (key k_test): runaway clicks")
+        assert held(xvfb) == ([], 0)
+        refused = await client.call_tool("click", {"observation_id": oid, "action_id": "click-001", "x": x, "y": y})
+        assert code(refused) == "stopped"
+        assert "operator resumes the device" in data(refused)["message"]
+        oid = (await observe(client))["observation_id"]  # observing still works while stopped
+        ctx.stop_latch.lift()
+        oid = (await observe(client))["observation_id"]
+        before = tk_app.state()["clicks"]
+        assert not (
+            await client.call_tool("click", {"observation_id": oid, "action_id": "click-002", "x": x, "y": y})
+        ).is_error
+        tk_app.wait_for(lambda s: s["clicks"] == before + 1, "the click after the resume")
 
 
 async def test_held_buttons_and_modifiers_are_released_after_a_failure(

@@ -213,6 +213,10 @@ class MemStore:
         rows = [h for h in self.table(DeviceHistory).values() if h.device_id == device_id]
         return str(max(rows, key=lambda h: h.id).state) if rows else None
 
+    async def stop_reason(self, device_id: str) -> str:
+        rows = [h for h in self.table(DeviceHistory).values() if h.device_id == device_id and h.state == "stopped"]
+        return str(max(rows, key=lambda h: h.id).reason) if rows else ""
+
     async def prune_device_history(self, device_ids: Sequence[str], keep: int) -> int:
         removed = 0
         table = self.table(DeviceHistory)

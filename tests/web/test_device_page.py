@@ -242,3 +242,42 @@ def test_a_rerun_refused_for_the_role_shows_the_servers_reason(web_fleet: Fleet,
     assert "Re-run refused" in flash.inner_text() and "needs the 'operator' role" in flash.inner_text()
     assert page.url.endswith(f"#/tasks/{done['id']}")  # stayed
     assert page.is_visible("#rerun-task")
+
+
+def shows_state(page: Any, state: str) -> None:
+    page.wait_for_function("s => document.querySelector('#device-state')?.innerText.trim() === s", arg=state)
+
+
+def test_an_operator_stops_a_device_with_a_reason_and_resumes_it_a_viewer_sees_no_stop(
+    web_fleet: Fleet, watched: Watched
+) -> None:
+    """The emergency stop of issue 18 on the device page: two clicks, the reason shown in a banner."""
+    beta = web_fleet.agents[1]
+    page = sign_in(watched, web_fleet, hash_=f"#/devices/{beta.device_id}")
+    shows_state(page, "idle")
+    page.fill("#stop-reason", "the model clicks too fast")
+    page.click("#stop-device")
+    page.wait_for_selector("#stop-device.confirm")
+    assert web_fleet.device(beta.device_id)["state"] == "idle"  # one click does nothing yet
+    page.click("#stop-device")
+    banner = page.wait_for_selector("#device-stopped")
+    assert "the model clicks too fast" in banner.inner_text()
+    assert page.inner_text("#device-state") == "stopped"
+    assert page.is_disabled("button[data-action=uncordon]") and page.is_disabled("button[data-action=drain]")
+    assert page.query_selector("#stop-device") is None
+    device = web_fleet.device(beta.device_id)
+    assert device["state"] == "stopped" and "the model clicks too fast" in device["stop_reason"]
+    page.wait_for_selector("#history-list li[data-state=stopped]:has-text('the model clicks too fast')")
+    shot(page, "device-stopped")
+
+    page.click("#resume-device")
+    shows_state(page, "idle")
+    assert page.query_selector("#device-stopped") is None
+    assert web_fleet.device(beta.device_id)["state"] == "idle"
+
+    viewer = api_key(web_fleet, "viewer")
+    page.click("#sign-out")
+    page.wait_for_selector("#api-key")
+    sign_in(watched, web_fleet, key=viewer["key"], hash_=f"#/devices/{beta.device_id}")
+    shows_state(page, "idle")
+    page.wait_for_function("() => !document.querySelector('#stop-device')")

@@ -217,7 +217,7 @@ class Controller:
             raise GuiError(
                 "stale_observation",
                 f"observation_id {observation_id[:64]!r} cannot be used: {what} (each observation allows one "
-                f"input, and gui.stop/gui.resume void it); {OBSERVE_AGAIN}",
+                f"input, and a stop or resume voids it); {OBSERVE_AGAIN}",
             )
         age = self.clock() - current.taken_at
         if age > OBSERVATION_TTL_S:
@@ -233,8 +233,9 @@ class Controller:
         if self.stopped:
             raise GuiError(
                 "stopped",
-                "gui.stop was called on this device: input is refused until gui.resume is called; after "
-                "resuming, call gui.observe and act on the new observation",
+                "input on this device is stopped (gui.stop, or an operator's emergency stop): input is "
+                "refused until an operator resumes the device, which no tool can do; do not retry. "
+                "After the resume, call gui.observe and act on the new observation",
             )
 
     async def stop(self) -> dict[str, Any]:

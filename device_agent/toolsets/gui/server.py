@@ -7,7 +7,10 @@ Tools (namespaced `gui.*` by the router):
   current `observation_id` and a caller-chosen `action_id`; each answers with a receipt holding
   the next observation (and its screenshot). Not idempotent: never retried blindly.
 - `wait` -> waits, then observes; no input. Read-only, but bound to an observation like input.
-- `stop`, `resume` -> the stop latch.
+- `stop` -> the stop latch: input is refused (`stopped`) until an operator resumes the device
+  (`POST /v1/devices/{id}/resume`, which reaches the agent as `device_resume`). There is no
+  `resume` tool: a model must not be able to lift a stop, its own or an operator's. An operator's
+  emergency stop (`device_stop`) engages the same latch (through `ctx.stop_latch`).
 
 Error codes: `stale_observation`, `id_conflict`, `busy`, `stopped`, `invalid_arguments`,
 `tool_error`, `uncertain`, `action_limit` (and `policy_denied` under the kill switch).
@@ -99,12 +102,6 @@ class StopResult(TypedDict):
     released: bool
 
 
-class ResumeResult(TypedDict):
-    stopped: bool
-    was_stopped: bool
-    observation_required: bool
-
-
 def build(
     ctx: ToolsetContext,
     *,
@@ -118,6 +115,9 @@ def build(
         backend = X11Backend(os.environ.get("DISPLAY", ""), ctx.processes, lambda: ctx.policy)
     store = ScreenshotStore(ctx.data_dir / SCREENSHOTS_NAME if ctx.data_dir else None)
     controller = Controller(backend, store, DisplayLock(backend.display, lock_dir), clock, settle_s)
+    # The device-level stop engages the latch (interrupting input, releasing held buttons and
+    # modifiers); only the device-level resume lifts it.
+    ctx.stop_latch.on(controller.stop, controller.resume)
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[None]:
@@ -256,14 +256,10 @@ def build(
     async def stop() -> Annotated[CallToolResult, StopResult]:
         """Stop all input on this device now: an input in flight is interrupted, held keys released.
 
-        Later inputs fail with 'stopped' until gui.resume is called, and then need a new gui.observe.
+        Later inputs fail with 'stopped' until an operator resumes the device (no tool can lift
+        the stop); after that, call gui.observe for a new observation.
         """
         return success(await controller.stop())
-
-    @tool(server, CONTROL)
-    async def resume() -> Annotated[CallToolResult, ResumeResult]:
-        """Allow input again after gui.stop. Call gui.observe next: older observations are void."""
-        return success(controller.resume())
 
     return server
 

@@ -49,8 +49,9 @@ class Connection:
     def now(self) -> datetime:
         return datetime.now(UTC) + timedelta(seconds=self.clock_s)
 
-    async def welcome(self, server_id: str | None = "srv-1", clock_s: float = 0.0) -> None:
-        """Welcome the agent; `clock_s` sets this server's clock off the device's by that much."""
+    async def welcome(self, server_id: str | None = "srv-1", clock_s: float = 0.0, **extra: Any) -> None:
+        """Welcome the agent; `clock_s` sets this server's clock off the device's by that much;
+        `extra`: more welcome fields (`stopped`, `stop_reason`)."""
         self.clock_s = clock_s
         self.hello = await self.recv("hello")
         await self.send(
@@ -63,6 +64,7 @@ class Connection:
             resumed=False,
             server_id=server_id,
             server_time=self.now().isoformat(),
+            **extra,
         )
 
     async def batch(

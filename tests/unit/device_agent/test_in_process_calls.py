@@ -99,7 +99,6 @@ CALLS: dict[str, list[Call]] = {
         ("gui.double_click", {"observation_id": "o1", "action_id": "a6", "x": 3, "y": 4}),
         ("gui.drag", {"observation_id": "o1", "action_id": "a7", "x": 0, "y": 0, "to_x": 5}),
         ("gui.stop", {}),
-        ("gui.resume", {}),
     ],
 }
 

@@ -56,7 +56,6 @@ SAMPLES: dict[str, list[Sample]] = {
     "gui.observe": [{}],
     "gui.wait": [_fresh_observation],
     "gui.stop": [{}],
-    "gui.resume": [{}],
 }
 
 

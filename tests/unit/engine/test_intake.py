@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from orchestrator.cluster import wire
 from orchestrator.domain.model import DagSpec
 from orchestrator.engine.intake import KeptNode, Submission
-from orchestrator.engine.records import SubmitTask
+from orchestrator.engine.records import DeviceChanged, SubmitTask
 from tests.unit.engine.harness import Harness, one_node
 
 
@@ -79,3 +79,10 @@ def test_a_submission_crosses_replicas_as_json_unchanged() -> None:
     item = wire.load(wire.dump(SubmitTask(sub)))
     assert isinstance(item, SubmitTask) and item.submission == sub
     assert item.asked_before  # the engine checks the store: the sender may be asking again
+
+
+def test_a_device_change_and_an_operators_resume_cross_replicas() -> None:
+    assert wire.load(wire.dump(DeviceChanged("dev_1"))) == DeviceChanged("dev_1")
+    assert wire.dump(DeviceChanged("dev_1")) == {"kind": "device_changed", "device_id": "dev_1"}  # as before
+    resumed = wire.load(wire.dump(DeviceChanged("dev_1", resume=True)))
+    assert isinstance(resumed, DeviceChanged) and resumed.resume is True

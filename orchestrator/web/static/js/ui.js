@@ -20,6 +20,7 @@ export const DEVICE_ACTIONS = [
 export function actionIsMoot(state, verb) {
   return (
     state === "revoked" ||
+    state === "stopped" || // only Resume lifts an emergency stop
     (verb === "drain" && (state === "draining" || state === "drained")) ||
     (verb === "cordon" && state === "cordoned") ||
     (verb === "uncordon" && (state === "idle" || state === "busy"))

@@ -1,13 +1,14 @@
 // views/device.js: one device (#/devices/<id>): its state, labels, info (and the policy its
 // agent reports), what it is running now (linked to the task), its tools (description,
 // whether a retry is safe, the input schema on demand), its recent attempts (each linked to
-// its task) and its state history. Polls every 3 s; each section is redrawn only when its data
+// its task) and its state history. Operators get an emergency Stop (two clicks, with an
+// optional reason) and Resume; a stopped device shows why in a banner. Polls every 3 s; each section is redrawn only when its data
 // changed, so an opened schema stays open.
 
-import { api } from "../api.js";
+import { api, myRole } from "../api.js";
 import { h, icon, pill, replace } from "../dom.js";
 import { duration, labelList, pretty, shortId, span } from "../format.js";
-import { DEVICE_ACTIONS as ACTIONS, actionIsMoot, emptyState, flash, loading, timeAgo, timeAt, timeRange } from "../ui.js";
+import { DEVICE_ACTIONS as ACTIONS, actionIsMoot, confirmButton, emptyState, flash, loading, timeAgo, timeAt, timeRange } from "../ui.js";
 
 const POLL_MS = 3000;
 const LIST_LIMIT = 25;
@@ -19,7 +20,31 @@ export function mountDevice(root, deviceId) {
   let timer = null;
   let device = null;
   let acting = false;
+  let role = null; // null: the server does not say; the buttons show and the server decides
   const sigs = {};
+
+  // Made once, so a redraw keeps the typed reason and a pending confirmation.
+  const stopReason = h("input", {
+    class: "stop-reason-input",
+    id: "stop-reason",
+    type: "text",
+    maxlength: "200",
+    placeholder: "Reason (optional)",
+    "aria-label": "Reason for the emergency stop",
+  });
+  const stopButton = confirmButton({
+    id: "stop-device",
+    label: "Stop",
+    confirmLabel: "Confirm stop",
+    title: "Emergency stop: kill what runs now, take no work, refuse every action tool until resumed",
+    kind: "danger-outline",
+    run: () => setStopped(true),
+  });
+  const resumeButton = h(
+    "button",
+    { class: "button small", type: "button", id: "resume-device", title: "Lift the emergency stop", onclick: () => setStopped(false) },
+    "Resume",
+  );
 
   const head = h("div", { class: "device-head" });
   const overview = h("section", { class: "card device-card", id: "device-overview" });
@@ -106,7 +131,17 @@ export function mountDevice(root, deviceId) {
         h("span", { id: "device-state" }, pill(d.state, "device")),
         h("span", { class: "spacer" }),
         ACTIONS.map((a) => actionButton(d, a)),
+        stopControls(d),
       ),
+      d.state === "stopped"
+        ? h(
+            "div",
+            { class: "stop-banner", id: "device-stopped", role: "status" },
+            h("strong", {}, "Emergency stop."),
+            h("span", { id: "device-stop-reason" }, d.stop_reason || "Stopped by an operator."),
+            " It takes no work and its agent refuses every action tool until it is resumed.",
+          )
+        : null,
       h(
         "div",
         { class: "task-meta" },
@@ -129,6 +164,32 @@ export function mountDevice(root, deviceId) {
       { class: "button small", type: "button", title: action.hint, disabled, dataset: { action: action.verb }, onclick: () => act(action) },
       action.label,
     );
+  }
+
+  function stopControls(d) {
+    if (role === "viewer" || d.state === "revoked") return null;
+    if (d.state === "stopped") {
+      resumeButton.disabled = acting;
+      return resumeButton;
+    }
+    return [stopReason, stopButton];
+  }
+
+  async function setStopped(stop) {
+    acting = true;
+    drawHead();
+    const verb = stop ? "stop" : "resume";
+    try {
+      const body = stop ? { reason: stopReason.value.trim() } : undefined;
+      const out = await api(`/v1/devices/${encodeURIComponent(device.id)}/${verb}`, { method: "POST", body });
+      if (stop) stopReason.value = "";
+      flash(`${device.name} is now ${out.state}.`, "ok");
+    } catch (err) {
+      flash(err.message, "error", `${stop ? "Stop" : "Resume"} ${device.name} refused`);
+    } finally {
+      acting = false;
+      if (!stopped) poll();
+    }
   }
 
   async function act(action) {
@@ -324,6 +385,10 @@ export function mountDevice(root, deviceId) {
     ];
   }
 
+  myRole().then((r) => {
+    role = r;
+    if (!stopped && device) drawHead();
+  });
   poll();
   return () => {
     stopped = true;

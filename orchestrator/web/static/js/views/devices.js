@@ -10,7 +10,7 @@ import { DEVICE_ACTIONS as ACTIONS, actionIsMoot, emptyState, flash, loading, ti
 import { currentBatch } from "./device.js";
 
 const POLL_MS = 2000;
-const STATES = ["idle", "busy", "suspect", "offline", "draining", "drained", "cordoned", "enrolled", "revoked"];
+const STATES = ["idle", "busy", "suspect", "offline", "draining", "drained", "cordoned", "stopped", "enrolled", "revoked"];
 
 export function mountDevices(root) {
   const summary = h("div", { class: "summary chips" });
