@@ -509,6 +509,11 @@ class Agent:
                 results.append(done[cmd.call_id])
                 continue
             approved = False
+            if self.router.needs_approval(cmd.tool) and (early := self.router.refused_now(cmd, batch_id)):
+                results.append(early)  # refused whatever a person decided: nobody is asked
+                if batch.early_exit:
+                    stop = f"command {cmd.call_id} ({cmd.tool}) was refused, so the rest of the batch was skipped"
+                continue
             if self.router.needs_approval(cmd.tool):
                 rec = await self.approvals.obtain(
                     batch, cmd, lambda: batch_id in self.cancelling or batch_id in self.stopped_batches
@@ -528,7 +533,8 @@ class Agent:
                     assert refusal.error is not None
                     self.router.guards.budgets.outcome(refusal.status, refusal.error.code)  # a denial counts
                     results.append(refusal)
-                    stop = f"command {cmd.call_id} ({cmd.tool}) was not approved, so the rest of the batch was skipped"
+                    if batch.early_exit:
+                        stop = f"command {cmd.call_id} ({cmd.tool}) was not approved, so the rest was skipped"
                     continue
                 approved = True
                 batch = batch.model_copy(update={"deadline": deadline_of(batch, rec)})

@@ -475,13 +475,35 @@ class Router:
             raw = _error("tool_error", f"{exc}; the toolset is being restarted, so the call may be retried")
         return self._finish(cmd, namespace, started, audit, "allowed", _name_limit(raw, limit))
 
-    def _policy_denial(self, tool: str, spec: ToolSpec, approved: bool) -> str | None:
+    def refused_now(self, cmd: Command, batch_id: str) -> Result | None:
+        """The refusal of `cmd` that no decision could change (the emergency stop, the kill switch,
+        a breached safety budget), so that nobody is asked to approve a command that would be
+        refused anyway; None if there is none now (the call's own checks still run later)."""
+        namespace = cmd.tool.partition(".")[0]
+        host = self.hosts.get(namespace)
+        spec = host.spec(cmd.tool) if host else None
+        if spec is None:
+            return None
+        ann = spec.annotations
+        refusal: CallToolResult | None = None
+        if self.stop_latch.stopped and not ann.read_only:
+            refusal = _error("device_stopped", self.stop_latch.refusal(cmd.tool))
+        elif self._kill_switch_refuses(spec):
+            refusal = _error("policy_denied", _kill_switch_message(cmd.tool))
+        elif (breach := self.guards.budgets.refusal(ann.read_only, ann.destructive)) is not None:
+            refusal = _error("budget_exceeded", breach.refusal(spec.name))
+        if refusal is None:
+            return None
+        audit = {"batch_id": batch_id, "call_id": cmd.call_id, "tool": cmd.tool}
+        return self._finish(cmd, namespace, time.monotonic(), audit, "denied", refusal)
+
+    def _kill_switch_refuses(self, spec: ToolSpec) -> bool:
         harmless = spec.annotations.read_only or (spec.annotations.idempotent and not spec.annotations.destructive)
-        if (self.policy.kill_switch or self.guards.kill_switch_on()) and not harmless:
-            return (
-                f"the device owner has switched off action tools (kill switch), so '{tool}' is refused; "
-                f"only read-only tools may run until {HOW_TO_TURN_OFF}"
-            )
+        return (self.policy.kill_switch or self.guards.kill_switch_on()) and not harmless
+
+    def _policy_denial(self, tool: str, spec: ToolSpec, approved: bool) -> str | None:
+        if self._kill_switch_refuses(spec):
+            return _kill_switch_message(tool)
         if not approved and self.needs_approval(tool):
             return f"'{tool}' needs a person's approval before it runs, and none was given for this call"
         return None
@@ -634,3 +656,10 @@ def _value(raw: CallToolResult) -> Any:
 
 
 __all__ = ["CallLimit", "Router", "ToolsetHost"]
+
+
+def _kill_switch_message(tool: str) -> str:
+    return (
+        f"the device owner has switched off action tools (kill switch), so '{tool}' is refused; "
+        f"only read-only tools may run until {HOW_TO_TURN_OFF}"
+    )

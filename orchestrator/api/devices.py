@@ -255,14 +255,14 @@ async def _set_admin(
             f"POST /v1/devices/{row.id}/resume (orrery devices resume {row.name}), then {admin.value} it",
         )
     changes = ChangeSet()
-    reason = _ADMIN_REASONS[admin] if admin is AdminState.CORDONED else None
+    cordon_reason = _ADMIN_REASONS[admin] if admin is AdminState.CORDONED else None
     if admin.value == row.admin_state and row.cordon_reason:
-        reason = row.cordon_reason  # cordoned again: keep why it was (a safety breach says more)
-    changes.update(Device, (row.id,), admin_state=admin.value, cordon_reason=reason)
+        cordon_reason = row.cordon_reason  # cordoned again: keep why it was (a safety breach says more)
+    changes.update(Device, (row.id,), admin_state=admin.value, cordon_reason=cordon_reason)
     if admin.value != row.admin_state:  # the change and its history entry in one transaction
         queued = (await comp.store.queue_lengths()).get(row.id, 0) if admin is AdminState.ACTIVE else 0
         state = history_state(admin, Liveness(row.liveness), row.current_batch_id is not None, queued)
-        why = reason or _ADMIN_REASONS[admin]
+        why = reason or cordon_reason or _ADMIN_REASONS[admin]
         changes.insert(DeviceHistory, _history(row.id, state.value, why, time.time()))
     await comp.store.write(changes)
     await comp.cluster.submit(DeviceChanged(row.id))

@@ -265,3 +265,18 @@ def test_a_history_pages_newest_first(fleet: Fleet) -> None:
                 break
         assert c.get("/v1/approvals", params={"order": "sideways"}).status_code == 422
     assert len(oldest) >= 3 and newest == oldest[::-1]
+
+
+def test_nobody_is_asked_to_approve_what_the_kill_switch_refuses_anyway(tmp_path: Path) -> None:
+    with Fleet(tmp_path) as fleet:
+        agent = fleet.agent("desk", **APPROVE_WRITES)
+        assert owner(agent, "kill-switch", "on").returncode == 0
+        done = fleet.wait_task(fleet.submit(one_node("desk", write("switched.txt")))["id"])
+        node = fleet.node(done, "n1")
+        assert node["error"]["code"] == "policy_denied" and "kill switch" in node["error"]["message"]
+        with fleet.server.client() as c:
+            assert c.get("/v1/approvals", params={"task_id": done["id"]}).json()["items"] == []
+        assert owner(agent, "kill-switch", "off").returncode == 0
+        task = fleet.submit(one_node("desk", write("switched.txt")))
+        assert pending(fleet, task["id"])["tool"] == "files.write"  # asked once the switch is off
+        assert not (agent.workspace / "switched.txt").exists()
