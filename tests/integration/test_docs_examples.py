@@ -59,6 +59,22 @@ NOT_RUN = {
     "python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[test]' && scripts/check": (
         "quick start: this is the whole test suite, this test among it; .ci/run runs it"
     ),
+    'orrery approvals approve apr_1f3c... --reason "checked the arguments"': (
+        "approvals: the id is a placeholder for one a device asked for; tests/integration/test_approvals.py "
+        "approves and denies real ones with these commands"
+    ),
+    'orrery approvals deny apr_1f3c... --reason "not on production"': (
+        "approvals: a placeholder id, as above (test_cli_lists_and_decides runs the command)"
+    ),
+    "orrery approvals list": (
+        "approvals: this block shows the commands in the order a person uses them, beside a running "
+        "fleet whose devices asked; test_cli_lists_and_decides runs them against one"
+    ),
+    "orrery agent approvals": (
+        "approvals: runs on the device beside its agent (its data dir); "
+        "test_local_only_approvals_are_decided_at_the_device runs it"
+    ),
+    "orrery agent approve apr_1f3c...": "approvals: a placeholder id, run at the device (as above)",
 }
 SERVER_PLACEHOLDER = "https://orchestrator:8765"
 TOKEN_PLACEHOLDER = "orrd_..."
