@@ -21,6 +21,7 @@ SYMBOLS = {
     "ready": ("○", "cyan"),
     "queued": ("◔", "cyan"),
     "running": ("◐", "yellow"),
+    "waiting_approval": ("✋", "magenta"),  # `orrery approvals list` shows what it waits for
     "succeeded": ("✔", "green"),
     "failed": ("✘", "red"),
     "skipped": ("↷", "dim"),
