@@ -66,16 +66,16 @@ class Settings(BaseSettings):
     llm_context_tokens: int = Field(default=24_000, ge=1000, description="budget for the device inventory in a prompt")
     max_replans: int = Field(default=3, ge=0, le=50, description="re-planning rounds per task")
     # The model's context in agent nodes (issue 19): screenshots kept, their size, their bytes.
-    agent_screenshots_kept: int = Field(
+    llm_screenshots_kept: int = Field(
         default=1, ge=0, le=20, description="newest screenshots an agent node's model sees; older ones become notes"
     )
-    agent_screenshot_max_side: int = Field(
+    llm_screenshot_max_side: int = Field(
         default=1280, ge=64, le=8192, description="longest side in pixels of a screenshot shown to the model"
     )
-    agent_screenshot_max_pixels: int = Field(
+    llm_screenshot_max_pixels: int = Field(
         default=1280 * 800, ge=4096, description="pixel budget (width x height) of a screenshot shown to the model"
     )
-    agent_screenshot_max_bytes: int = Field(
+    llm_screenshot_max_bytes: int = Field(
         default=1 * MiB, ge=16 * 1024, description="a larger screenshot is re-encoded (JPEG) and shrunk, never dropped"
     )
     prompts_dir: Path | None = Field(

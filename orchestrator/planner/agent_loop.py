@@ -43,9 +43,9 @@ class AgentNode:
 
 def context_for(llm: LLM, settings: Settings) -> Context:
     limits = Limits(
-        settings.agent_screenshot_max_side, settings.agent_screenshot_max_pixels, settings.agent_screenshot_max_bytes
+        settings.llm_screenshot_max_side, settings.llm_screenshot_max_pixels, settings.llm_screenshot_max_bytes
     )
-    return Context(llm.vision, settings.agent_screenshots_kept, limits)
+    return Context(llm.vision, settings.llm_screenshots_kept, limits)
 
 
 async def run(llm: LLM, node: AgentNode, run_batch: RunBatch) -> AgentOutcome:

@@ -52,7 +52,7 @@ def test_only_the_newest_screenshot_stays_scaled_and_a_shown_click_lands_on_the_
 ) -> None:
     llm = FakeLLM()
     try:
-        env = llm.env(llm_vision="true", agent_screenshot_max_side="640")
+        env = llm.env(llm_vision="true", llm_screenshot_max_side="640")
         with Fleet(tmp_path, **env) as f:
             f.agent("desktop", {"screen": "yes"}, extra_args=["--toolset", "gui", "--unattended"], DISPLAY=xvfb)
             llm.add(
