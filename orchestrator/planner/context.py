@@ -88,35 +88,43 @@ class Context:
     ) -> None:
         """Append the tool messages of one step, then its newest screenshot (vision models), and
         turn screenshots older than the newest `kept` into notes."""
-        newest: tuple[_Image, dict[str, Any] | None] | None = None
-        for call, result in zip(actions, results, strict=False):
+        steps = []
+        for result in results:
             value = result.get("result")
             images = [await self._prepare(i) for i in _image_parts(value)] if self.vision else []
-            observation = _observation(value)
-            last = next((i for i in reversed(images) if i.shown is not None), None)
-            if last is not None and last.shown is not None and observation is not None:
+            steps.append((value, images, _observation(value)))
+        # Only the step's last image is shown; a result's observation maps coordinates when it is.
+        newest = max((k for k, (_, images, _) in enumerate(steps) if images), default=None)
+        for k, (call, result) in enumerate(zip(actions, results, strict=False)):
+            value, images, observation = steps[k]
+            if images:
+                later = _Image(None, "a newer image of this step is shown instead")
+                images[:-1] = [later] * (len(images) - 1)
+                if k != newest:
+                    images[-1] = later
+            image = images[-1] if images else None
+            if image is not None and image.shown is not None and observation is not None:
                 source = (int(observation["width"]), int(observation["height"]))
-                self.frames[str(observation["observation_id"])] = Frame(source, last.shown.size)
+                self.frames[str(observation["observation_id"])] = Frame(source, image.shown.size)
             shown = {
                 "status": result.get("status"),
                 "result": self._shown(value, iter(images)),
                 "error": result.get("error"),
             }
             messages.append(tool_message(call.call_id, shown))
-            if images:
-                newest = (images[-1], observation)
         if newest is None:
             return
-        image, observation = newest
+        image, observation = steps[newest][1][-1], steps[newest][2]
         label = _label(image, observation)
         if image.shown is None:
             messages.append({"role": "user", "content": f"The latest screenshot could not be shown: {image.note}."})
             return
+        hint = "Coordinates are in its pixels." if observation is not None else _scale_hint(image.shown)
         messages.append(
             {
                 "role": "user",
                 "content": [
-                    {"type": "text", "text": f"The latest screenshot: {label}. Coordinates are in its pixels."},
+                    {"type": "text", "text": f"The latest screenshot: {label}. {hint}"},
                     {"type": "image_url", "image_url": {"url": image.shown.url}},
                 ],
             }
@@ -217,6 +225,17 @@ def _label(image: _Image, observation: dict[str, Any] | None) -> str:
     if isinstance(window, dict) and window.get("title"):
         parts.append(f"focused window {str(window['title'])[:80]!r}")
     return ", ".join(parts)
+
+
+def _scale_hint(shown: Shown) -> str:
+    """For an image no observation names: Orrery cannot map coordinates given for it, so say how."""
+    (w, h), (ow, oh) = shown.size, shown.original
+    if (w, h) == (ow, oh):
+        return "Coordinates are in its pixels."
+    return (
+        f"It is shown scaled down from {ow}x{oh}: a tool that takes this image's pixels needs "
+        f"x times {ow / w:.4g} and y times {oh / h:.4g}."
+    )
 
 
 def _next_action(messages: list[dict[str, Any]], index: int) -> str:

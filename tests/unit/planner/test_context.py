@@ -108,3 +108,24 @@ async def test_an_image_the_device_left_out_or_that_cannot_be_read_is_said_so() 
     broken["result"]["images"][0]["data"] = base64.b64encode(b"garbage").decode()
     await context.add_results(messages, [Call("c", "gui.observe", {})], [broken])
     assert "cannot be decoded" in messages[-1]["content"]
+
+
+async def test_of_several_images_in_one_step_only_the_last_is_shown_and_maps_coordinates() -> None:
+    context = Context(vision=True, kept=3, limits=Limits(max_side=640))
+    messages: list[dict[str, Any]] = []
+    actions = [Call("a", "gui.observe", {}), Call("b", "gui.observe", {})]
+    await context.add_results(messages, actions, [observed("obs-1"), observed("obs-2")])
+    assert [m["role"] for m in messages] == ["tool", "tool", "user"] and len(images_in(messages)) == 1
+    first, second = (json.loads(m["content"])["result"] for m in messages[:2])
+    assert first["images"][0]["note"] == "screenshot not shown: a newer image of this step is shown instead"
+    assert first["width"] == 1280 and second["width"] == 640 and set(context.frames) == {"obs-2"}
+    assert "observation obs-2" in messages[2]["content"][0]["text"]
+
+
+async def test_an_image_no_observation_names_says_how_it_was_scaled() -> None:
+    context = Context(vision=True, kept=1, limits=Limits(max_side=640))
+    plain = {"status": "success", "result": [{"type": "image", "mime_type": "image/png", "data": SHOT}]}
+    messages: list[dict[str, Any]] = []
+    await context.add_results(messages, [Call("a", "web.screenshot", {})], [plain])
+    text = messages[-1]["content"][0]["text"]
+    assert "a tool's image, 640x400 pixels (scaled from 1280x800)" in text and "x times 2 and y times 2" in text
