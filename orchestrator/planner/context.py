@@ -88,33 +88,29 @@ class Context:
     ) -> None:
         """Append the tool messages of one step, then its newest screenshot (vision models), and
         turn screenshots older than the newest `kept` into notes."""
-        steps = []
-        for result in results:
-            value = result.get("result")
-            images = [await self._prepare(i) for i in _image_parts(value)] if self.vision else []
-            steps.append((value, images, _observation(value)))
-        # Only the step's last image is shown; a result's observation maps coordinates when it is.
-        newest = max((k for k, (_, images, _) in enumerate(steps) if images), default=None)
+        parts = [_image_parts(r.get("result")) if self.vision else [] for r in results]
+        # Only the step's last image is shown (and prepared); its observation maps coordinates.
+        newest = max((k for k, p in enumerate(parts) if p), default=None)
+        later = _Image(None, "a newer image of this step is shown instead")
+        observation: dict[str, Any] | None = None
+        image: _Image | None = None
         for k, (call, result) in enumerate(zip(actions, results, strict=False)):
-            value, images, observation = steps[k]
-            if images:
-                later = _Image(None, "a newer image of this step is shown instead")
-                images[:-1] = [later] * (len(images) - 1)
-                if k != newest:
-                    images[-1] = later
-            image = images[-1] if images else None
-            if image is not None and image.shown is not None and observation is not None:
-                source = (int(observation["width"]), int(observation["height"]))
-                self.frames[str(observation["observation_id"])] = Frame(source, image.shown.size)
+            value = result.get("result")
+            images = [later] * len(parts[k])
+            if k == newest:
+                images[-1] = image = await self._prepare(parts[k][-1])
+                observation = _observation(value)
+                if image.shown is not None and observation is not None:
+                    source = (int(observation["width"]), int(observation["height"]))
+                    self.frames[str(observation["observation_id"])] = Frame(source, image.shown.size)
             shown = {
                 "status": result.get("status"),
                 "result": self._shown(value, iter(images)),
                 "error": result.get("error"),
             }
             messages.append(tool_message(call.call_id, shown))
-        if newest is None:
+        if image is None:
             return
-        image, observation = steps[newest][1][-1], steps[newest][2]
         label = _label(image, observation)
         if image.shown is None:
             messages.append({"role": "user", "content": f"The latest screenshot could not be shown: {image.note}."})
