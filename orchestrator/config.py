@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator.domain.dag import Limits
@@ -65,6 +65,22 @@ class Settings(BaseSettings):
     llm_calls_per_task: int = Field(default=60, ge=1, description="LLM call budget of one task")
     llm_context_tokens: int = Field(default=24_000, ge=1000, description="budget for the device inventory in a prompt")
     max_replans: int = Field(default=3, ge=0, le=50, description="re-planning rounds per task")
+    # The model's context in agent nodes (issue 19): screenshots kept, their size, their bytes.
+    llm_screenshots_kept: int = Field(
+        default=1, ge=0, le=20, description="newest screenshots an agent node's model sees; older ones become notes"
+    )
+    llm_screenshot_max_side: int = Field(
+        default=1280, ge=64, le=8192, description="longest side in pixels of a screenshot shown to the model"
+    )
+    llm_screenshot_max_pixels: int = Field(
+        default=1280 * 800, ge=4096, description="pixel budget (width x height) of a screenshot shown to the model"
+    )
+    llm_screenshot_max_bytes: int = Field(
+        default=1 * MiB, ge=16 * 1024, description="a larger screenshot is re-encoded (JPEG) and shrunk, never dropped"
+    )
+    prompts_dir: Path | None = Field(
+        default=None, description="prompt templates that replace the built-in ones of the same name"
+    )
 
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -81,6 +97,19 @@ class Settings(BaseSettings):
     )
     log_format: str = "text"
     log_level: str = "info"
+
+    @field_validator("prompts_dir")
+    @classmethod
+    def _prompts_parse(cls, value: Path | None) -> Path | None:
+        """A broken override directory is a start-up error naming the file, not a failure later."""
+        if value is not None:
+            from orchestrator.planner.prompts import PromptError, check_dir
+
+            try:
+                check_dir(value)
+            except PromptError as exc:
+                raise ValueError(exc.message) from None
+        return value
 
     @property
     def resolved_database_url(self) -> str:

@@ -26,6 +26,10 @@ NEVER_RETRY_CODES = frozenset(
 # refused on purpose; the work must not bounce on to other devices by itself.
 NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"budget_exceeded"}
 
+# Issue 19, the model's context: a prompt template (ORRERY_PROMPTS_DIR) that fails to render fails
+# every try on every device the same way until someone fixes the template.
+NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"prompt_error"}
+
 
 def retry_safe(error_code: str, started: bool, tool_hints: Iterable[tuple[bool, bool]]) -> bool:
     """True if running the node again cannot repeat a side effect.
@@ -64,6 +68,7 @@ _NEVER_RETRY_REASONS = {
     "approval_timeout": "nobody decided on its approval within approval_timeout_s",
 }
 _NEVER_RETRY_REASONS["budget_exceeded"] = "the device refused it: one of its owner's safety budgets was breached"
+_NEVER_RETRY_REASONS["prompt_error"] = "a prompt template failed to render, and would again until it is fixed"
 
 
 def declared_hints(hints: Iterable[tuple[bool, bool]], declared: Iterable[bool]) -> tuple[tuple[bool, bool], ...]:

@@ -8,13 +8,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.config import Settings
 from orchestrator.planner import calls as calls_
 from orchestrator.planner.catalogue import tool_section
+from orchestrator.planner.context import Context, tool_message
 from orchestrator.planner.llm import LLM
 from orchestrator.planner.prompts import render
+from orchestrator.planner.screens import Limits
 
 REPEATS_BEFORE_STOP = 2  # the same failing call this many times in a row stops the loop
-RESULT_CHARS = 6_000  # of one tool result shown back to the model
 
 # Runs commands [{"tool", "arguments"}] as one batch on the device, returns its results (dicts).
 RunBatch = Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]]
@@ -39,7 +41,15 @@ class AgentNode:
     device: dict[str, Any]  # id, name, platform, tools (catalogue entries)
 
 
+def context_for(llm: LLM, settings: Settings) -> Context:
+    limits = Limits(
+        settings.llm_screenshot_max_side, settings.llm_screenshot_max_pixels, settings.llm_screenshot_max_bytes
+    )
+    return Context(llm.vision, settings.llm_screenshots_kept, limits)
+
+
 async def run(llm: LLM, node: AgentNode, run_batch: RunBatch) -> AgentOutcome:
+    context = context_for(llm, llm.settings)
     tools = node.device["tools"]
     schemas = {t["name"]: t.get("input_schema") or {} for t in tools}
     template = "agent_system_vision.j2" if llm.vision else "agent_system_text.j2"
@@ -74,8 +84,10 @@ async def run(llm: LLM, node: AgentNode, run_batch: RunBatch) -> AgentOutcome:
             )
             continue
         valid, errors = calls_.parse(reply.tool_calls, schemas)
+        valid, outside = context.map_calls(valid)  # shown pixels -> the screenshot's
+        errors += outside
         for err in errors:
-            messages.append(_tool_message(err.call_id, {"error": err.message}))
+            messages.append(tool_message(err.call_id, {"error": err.message}))
         final = next((c for c in valid if c.tool in (calls_.FINISH, calls_.FAIL)), None)
         actions = [c for c in valid if c.tool not in (calls_.FINISH, calls_.FAIL)]
         if final is not None and not actions and not errors:
@@ -87,7 +99,7 @@ async def run(llm: LLM, node: AgentNode, run_batch: RunBatch) -> AgentOutcome:
             return outcome
         if final is not None:
             messages.append(
-                _tool_message(
+                tool_message(
                     final.call_id, {"error": "finish/fail must be the only call of a step; run the tools first"}
                 )
             )
@@ -95,17 +107,12 @@ async def run(llm: LLM, node: AgentNode, run_batch: RunBatch) -> AgentOutcome:
             continue
         results = await run_batch([{"tool": c.tool, "arguments": c.arguments} for c in actions])
         outcome.tools_used += [c.tool for c in actions]
+        await context.add_results(messages, actions, results)
         failure: tuple[str, str] | None = None
-        images: list[dict[str, Any]] = []
         for call, result in zip(actions, results, strict=False):
-            messages.append(_tool_message(call.call_id, _shown(result)))
-            images += _images(result.get("result"))
-            if result.get("status") not in ("success", "skipped") and failure is None:
+            if result.get("status") not in ("success", "skipped"):
                 failure = (json.dumps([call.tool, call.arguments], sort_keys=True), json.dumps(result.get("error")))
-        if images and llm.vision:
-            messages.append(
-                {"role": "user", "content": [{"type": "text", "text": "The latest screenshot:"}, *images[-1:]]}
-            )
+                break
         repeats = repeats + 1 if failure is not None and failure == last_failure else 0
         last_failure = failure
         if repeats >= REPEATS_BEFORE_STOP - 1 and failure is not None:
@@ -127,41 +134,3 @@ def _assistant(content: str | None, tool_calls: list[dict[str, Any]]) -> dict[st
             for tc in tool_calls
         ]
     return message
-
-
-def _tool_message(call_id: str, body: Any) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(body, default=str)[:RESULT_CHARS]}
-
-
-def _shown(result: dict[str, Any]) -> dict[str, Any]:
-    """A result as the model sees it: images replaced by a note (they are shown separately)."""
-    return {
-        "status": result.get("status"),
-        "result": _without_images(result.get("result")),
-        "error": result.get("error"),
-    }
-
-
-def _without_images(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_without_images(v) for v in value]
-    if isinstance(value, dict):
-        if value.get("type") == "image":
-            return {"type": "image", "mime_type": value.get("mime_type"), "note": "screenshot (shown separately)"}
-        return {k: _without_images(v) for k, v in value.items()}
-    return value
-
-
-def _images(value: Any) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    if isinstance(value, list):
-        for v in value:
-            found += _images(v)
-    elif isinstance(value, dict):
-        if value.get("type") == "image" and value.get("data"):
-            url = f"data:{value.get('mime_type', 'image/png')};base64,{value['data']}"
-            found.append({"type": "image_url", "image_url": {"url": url}})
-        else:
-            for v in value.values():
-                found += _images(v)
-    return found

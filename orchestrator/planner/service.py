@@ -21,6 +21,7 @@ from orchestrator.engine.times import utc
 from orchestrator.planner import agent_loop, planning
 from orchestrator.planner.catalogue import inventory
 from orchestrator.planner.llm import LLM, CallRecord, LlmError
+from orchestrator.planner.prompts import PromptError, configure
 from orchestrator.store.models import LlmCall
 from orchestrator.store.repo import ChangeSet, Store
 
@@ -32,6 +33,7 @@ class PlannerService:
         self.settings = settings
         self.store = store
         self.engine = engine
+        configure(settings.prompts_dir)  # checked again here: a broken directory fails start-up
         self.llm = LLM(settings, record=self._record, budget=self._budget)
         self._jobs: set[asyncio.Task[None]] = set()
         self._agents: dict[str, asyncio.Task[None]] = {}
@@ -89,7 +91,7 @@ class PlannerService:
             name, spec = await planning.plan(self.llm, task_id, request, text, validate)
         except planning.PlanningFailed as exc:
             self.engine.notify(PlanFailed(task_id, "planning_failed", exc.message))
-        except LlmError as exc:
+        except (LlmError, PromptError) as exc:
             code = exc.code if exc.code == "llm_budget_exceeded" else "planning_failed"
             self.engine.notify(PlanFailed(task_id, code, exc.message))
         else:
@@ -103,7 +105,7 @@ class PlannerService:
 
         try:
             outcome = await agent_loop.run(self.llm, node, run_batch)
-        except LlmError as exc:
+        except (LlmError, PromptError) as exc:
             outcome = agent_loop.AgentOutcome(False, error_code=exc.code, error_message=exc.message)
         self._agents.pop(attempt_id, None)
         self.engine.notify(
@@ -124,7 +126,7 @@ class PlannerService:
         }
         try:
             edits = await planning.replan(self.llm, task_id, context)
-        except LlmError as exc:
+        except (LlmError, PromptError) as exc:
             self.engine.notify(ReplanDone(task_id, node_id, None, f"{exc.code}: {exc.message}"))
         else:
             self.engine.notify(ReplanDone(task_id, node_id, edits))
