@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,21 @@ def test_check_names_a_missing_browser(tmp_path: Path) -> None:
 
 def test_ci_installs_the_pinned_server() -> None:
     assert BROWSER_PACKAGE in (ROOT / ".ci" / "run").read_text()
+
+
+def readme_toml(heading: str) -> list[dict[str, object]]:
+    """The TOML blocks of one README section, parsed."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"### {heading}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return [tomllib.loads(block) for block in re.findall(r"^```toml\n(.*?)^```", section, re.M | re.S)]
+
+
+def test_the_readme_configs_are_valid_agent_settings(tmp_path: Path) -> None:
+    [browser] = readme_toml("Browser devices")
+    cfg = config(tmp_path, **browser["agent"])  # type: ignore[arg-type]
+    assert cfg.browser == config(tmp_path).browser  # "defaults shown" is true
+    assert BROWSER_PACKAGE in (ROOT / "README.md").read_text()
+    [android] = readme_toml("Other platforms (Windows, macOS, Android)")
+    cfg = config(tmp_path, **android["agent"])  # type: ignore[arg-type]
+    [server] = cfg.all_mcp_servers()
+    assert server.namespace == "android" and server.command == "npx" and server.roots == []
