@@ -54,7 +54,10 @@ def agent(
     config: Annotated[Path | None, typer.Option(help="TOML file with an \\[agent] table of settings")] = None,
     also_server: Annotated[list[str] | None, typer.Option("--also-server", help="failover URLs")] = None,
     ca_file: Annotated[Path | None, typer.Option(help="CA bundle to verify an https server")] = None,
-    toolset: Annotated[list[str] | None, typer.Option(help="built-in toolsets (default system, shell, files)")] = None,
+    toolset: Annotated[
+        list[str] | None,
+        typer.Option(help="built-in toolsets (default system, shell, files; also gui) or the browser profile"),
+    ] = None,
     unattended: Annotated[bool | None, typer.Option("--unattended", help="allow tools that need approval")] = None,
     log_format: Annotated[str | None, typer.Option(help="text or json")] = None,
     sandbox: Annotated[

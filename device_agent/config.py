@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -83,6 +84,83 @@ def _without_secrets(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
+# ---- issue 19, browser devices part
+# `toolsets = [..., "browser"]` is a profile, not a built-in toolset: it adds Playwright's MCP
+# server (pinned; `npx` fetches it once, or point `browser.command` at an installed copy) as the
+# `browser` namespace, driving the system Chromium. Read-only tools are declared here so that the
+# kill switch, a stop and the safety budgets never refuse them and retries treat them as safe.
+PROFILES = ("browser",)
+BROWSER_PACKAGE = "@playwright/mcp@0.0.83"
+BROWSER_READ_ONLY_TOOLS = (
+    "browser_snapshot",
+    "browser_take_screenshot",
+    "browser_find",
+    "browser_console_messages",
+    "browser_network_requests",
+    "browser_network_request",
+    "browser_wait_for",
+)
+# Tools that reach past the page wait for a person unless --unattended: arbitrary code in the
+# server's Node process, script in the page, and device files handed to a page.
+BROWSER_APPROVAL_REQUIRED = (
+    "browser.browser_run_code_unsafe",
+    "browser.browser_evaluate",
+    "browser.browser_file_upload",
+    "browser.browser_drop",
+)
+
+
+class BrowserProfile(BaseModel):
+    """`[agent.browser]`: how the `browser` profile starts Playwright's MCP server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The command line that starts `@playwright/mcp` (its own flags are added after it).
+    command: list[str] = Field(default_factory=lambda: ["npx", "--yes", BROWSER_PACKAGE], min_length=1)
+    executable_path: Path = Path("/usr/bin/chromium")
+    headless: bool = True
+    # Chromium's own sandbox; None: on, except when the agent runs as root (Chromium refuses it then).
+    chromium_sandbox: bool | None = None
+    # More `@playwright/mcp` flags, e.g. ["--allowed-origins", "https://intranet.example"].
+    args: list[str] = Field(default_factory=list)
+    # Added to the agent's approval_required while the profile is on.
+    approval_required: list[str] = Field(default_factory=lambda: list(BROWSER_APPROVAL_REQUIRED))
+
+    def server(self, data_dir: Path, workspace: Path) -> McpServerConfig:
+        """The `mcp_servers` entry the profile stands for: a browser profile of its own under the
+        data dir (cookies and logins survive restarts, and never mix with a person's browser)."""
+        sandbox = self.chromium_sandbox if self.chromium_sandbox is not None else os.geteuid() != 0
+        flags = [
+            "--browser",
+            "chromium",
+            "--executable-path",
+            str(self.executable_path),
+            "--user-data-dir",
+            str(data_dir / "browser" / "profile"),
+            "--output-dir",
+            str(workspace / "browser-output"),
+            *(["--headless"] if self.headless else []),
+            *([] if sandbox else ["--no-sandbox"]),
+            *self.args,
+        ]
+        return McpServerConfig(
+            namespace="browser",
+            command=self.command[0],
+            args=[*self.command[1:], *flags],
+            cwd=workspace,
+            read_only_tools=list(BROWSER_READ_ONLY_TOOLS),
+        )
+
+    def problem(self) -> str | None:
+        """Why the browser could not start, as far as can be told without starting it."""
+        if not os.access(self.executable_path, os.X_OK):
+            return (
+                f"no browser at executable_path '{self.executable_path}': install Chromium (apt-get install "
+                "chromium) or set [agent.browser] executable_path to a Chromium or Chrome binary"
+            )
+        return None
+
+
 class AgentConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORRERY_AGENT_", extra="ignore")
 
@@ -96,6 +174,8 @@ class AgentConfig(BaseSettings):
     ca_file: Path | None = None
     toolsets: list[str] = Field(default_factory=lambda: ["system", "shell", "files"])
     mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+    # Settings of the `browser` profile (used only with "browser" in `toolsets`).
+    browser: BrowserProfile = Field(default_factory=BrowserProfile)
 
     shell_allow: list[str] | None = None
     shell_deny: list[str] = Field(default_factory=list)
@@ -161,6 +241,22 @@ class AgentConfig(BaseSettings):
     def identity(self) -> str:
         return self.device_id or self.token_device_id() or ""
 
+    def builtin_toolsets(self) -> list[str]:
+        """`toolsets` less the profiles (which stand for MCP servers, see `all_mcp_servers`)."""
+        return [name for name in self.toolsets if name not in PROFILES]
+
+    def all_mcp_servers(self) -> list[McpServerConfig]:
+        """`mcp_servers` and the servers the profiles in `toolsets` stand for."""
+        servers = list(self.mcp_servers)
+        if "browser" in self.toolsets:
+            servers.append(self.browser.server(self.resolved_data_dir, self.resolved_workspace))
+        return servers
+
+    def effective_approval_required(self) -> list[str]:
+        """`approval_required` and the patterns the profiles in `toolsets` add."""
+        extra = self.browser.approval_required if "browser" in self.toolsets else []
+        return [*self.approval_required, *(p for p in extra if p not in self.approval_required)]
+
     def server_urls(self) -> list[str]:
         return [agent_url(u) for u in [self.server, *self.servers]]
 
@@ -169,7 +265,7 @@ class AgentConfig(BaseSettings):
         return {
             "shell_allow": list(self.shell_allow) if self.shell_allow is not None else None,
             "shell_deny": list(self.shell_deny),
-            "approval_required": list(self.approval_required),
+            "approval_required": self.effective_approval_required(),
             "unattended": self.unattended,
             "approvals_local_only": self.approvals_local_only,
             "kill_switch": self.kill_switch,

@@ -18,7 +18,7 @@ from mcp import StdioServerParameters
 from device_agent.agent import Agent, AgentFailed, TokenRefused
 from device_agent.audit import AuditLog
 from device_agent.budgets import SafetyBudgets
-from device_agent.config import AgentConfig, McpServerConfig
+from device_agent.config import PROFILES, AgentConfig, McpServerConfig
 from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLock, make_private
 from device_agent.faults import CrashPoints
 from device_agent.guards import Guards
@@ -34,6 +34,7 @@ log = logging.getLogger("orrery.agent")
 
 # "gui" is opt-in (`--toolset gui` or `toolsets` in the config): it is not in the default list.
 BUILTIN = {"system": system.build, "shell": shell.build, "files": files.build, "gui": gui.build}
+KNOWN = f"built-in ones are {sorted(BUILTIN)}, profiles {list(PROFILES)} (see the README)"
 # Readiness checks of toolsets that depend on more than Python (`orrery agent --check`).
 CHECKS: dict[str, Callable[[ToolsetContext], dict[str, Any]]] = {"gui": gui.check, "shell": shell.check}
 
@@ -77,23 +78,25 @@ def build(config: AgentConfig) -> Agent:
     router = Router(
         ctx.policy,
         audit,
-        config.approval_required,
+        config.effective_approval_required(),
         config.max_result_bytes,
         ctx.processes.kill_all,
         guards=guards,
         stop_latch=ctx.stop_latch,
     )
-    for name in config.toolsets:
+    for name in config.builtin_toolsets():
         factory = BUILTIN.get(name)
         if factory is None:
-            raise ConfigError(f"unknown toolset '{name}'; built-in ones are {sorted(BUILTIN)}")
+            raise ConfigError(f"unknown toolset '{name}'; {KNOWN}")
         _add(
             router,
             ToolsetHost(name, factory(ctx), on_change=router.tools_changed, strict_arguments=True, in_process=True),
         )
     # Always there: a model's way to ask a person (issue 18); it waits in the approvals queue.
     _add(router, ToolsetHost("approval", approval.build(ctx), strict_arguments=True, in_process=True))
-    for server in config.mcp_servers:
+    if "browser" in config.toolsets and (problem := config.browser.problem()) is not None:
+        log.warning("the browser toolset will fail until this is fixed: %s", problem)
+    for server in config.all_mcp_servers():
         _add(router, mcp_host(server, ctx.workspace, router.tools_changed))
     try:
         crash = CrashPoints.from_env()
@@ -216,12 +219,12 @@ async def _check(config: AgentConfig) -> dict[str, Any]:
                 "reason": "the sandbox cannot start",
                 "sandbox": config.sandbox_report(),
             }
-    for name in config.toolsets:
+    for name in config.builtin_toolsets():
         if name in reports:
             continue
         factory = BUILTIN.get(name)
         if factory is None:
-            reports[name] = {"ready": False, "reason": f"unknown toolset; built-in ones are {sorted(BUILTIN)}"}
+            reports[name] = {"ready": False, "reason": f"unknown toolset; {KNOWN}"}
             continue
         try:
             tools = [t.name for t in await factory(ctx).list_tools()]
@@ -231,8 +234,10 @@ async def _check(config: AgentConfig) -> dict[str, Any]:
         checker = CHECKS.get(name)
         report = await asyncio.to_thread(checker, ctx) if checker else {"ready": True, "reason": None}
         reports[name] = {**report, "tools": tools}
-    for server in config.mcp_servers:
+    for server in config.all_mcp_servers():
         reports[server.namespace] = await check_mcp_server(server, ctx.workspace)
+    if "browser" in config.toolsets and (problem := config.browser.problem()) is not None:
+        reports["browser"] = {**reports["browser"], "ready": False, "reason": problem}
     failing = [f"{name}: {r['reason']}" for name, r in reports.items() if not r["ready"]]
     if sandbox_error is not None:
         failing.insert(0, f"sandbox: {sandbox_error}")
