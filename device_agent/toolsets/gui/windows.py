@@ -87,7 +87,8 @@ def check_launch(policy: Policy, argv: list[str]) -> None:
         raise GuiError(exc.code, str(exc)) from exc
 
 
-_reapers: set[asyncio.Task[int]] = set()
+# Reapers of the applications started by gui.launch, while they run (tests wait on it).
+launched: set[asyncio.Task[int]] = set()
 
 
 async def launch(argv: list[str], display: str, policy: Policy) -> int:
@@ -109,6 +110,6 @@ async def launch(argv: list[str], display: str, policy: Policy) -> int:
         raise GuiError("tool_error", f"cannot start {argv[0][:80]!r}: {exc.strerror}") from exc
     # The application outlives the call (and the task that asked for it): reap it when it exits.
     reaper = asyncio.ensure_future(proc.wait())
-    _reapers.add(reaper)
-    reaper.add_done_callback(_reapers.discard)
+    launched.add(reaper)
+    reaper.add_done_callback(launched.discard)
     return int(proc.pid)
