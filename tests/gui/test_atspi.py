@@ -108,6 +108,25 @@ async def test_click_by_element_presses_the_button_through_its_action(
         gtk_app.wait_for(lambda s: s["subscribed"] is True, "the check box to be ticked")
 
 
+async def test_an_element_without_a_matching_action_is_clicked_by_pointer(
+    xvfb: str, gtk_app: TkApp, tmp_path: Path
+) -> None:
+    """A double click has no accessibility action: it goes to the centre of the element's bounds."""
+    async with gui(xvfb, tmp_path) as client:
+        obs = await observe(client)
+        result = await client.call_tool("double_click", on(obs, "double-press-1", "Press me"))
+        receipt = data(result)
+        assert not result.is_error and receipt["route"] == "pointer at the element's centre", receipt
+        gtk_app.wait_for(lambda s: s["clicks"] == 2, "two presses from the double click")
+        # Typing into something that is not editable: a click on it, then the keys (by pointer).
+        obs = receipt["observation"]
+        result = await client.call_tool("type", on(obs, "type-in-box-1", "Subscribe", text="x"))
+        receipt = data(result)
+        assert not result.is_error and receipt["route"] == "pointer click on the element, then typed", receipt
+        gtk_app.wait_for(lambda s: s["subscribed"] is True and s["focus"] == "check", "the pointer click on the box")
+        assert receipt["outcome_verified"] is True and "+checked" in receipt["verification"], receipt
+
+
 async def test_type_and_set_value_by_element_are_verified(xvfb: str, gtk_app: TkApp, tmp_path: Path) -> None:
     async with gui(xvfb, tmp_path) as client:
         obs = await observe(client)

@@ -87,9 +87,9 @@ class Element:
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "role": self.role, "name": self.name}
-        out["states"] = sorted(self.states - {"sensitive", "showing"}) + (
-            ["showing"] if "showing" in self.states else []
-        )
+        # "sensitive" is GTK's half of "enabled" (both are needed to act); the model sees "enabled" only.
+        enabled = {"enabled"} if self.enabled else set()
+        out["states"] = sorted((self.states - {"sensitive", "enabled"}) | enabled)
         out["bounds"] = list(self.bounds)
         if self.actions:
             out["actions"] = list(self.actions)

@@ -33,10 +33,10 @@ from typing import Any
 
 import anyio
 
-from device_agent.toolsets.gui import marks
 from device_agent.toolsets.gui.atspi import Element, Tree
 from device_agent.toolsets.gui.display import DisplayLock
 from device_agent.toolsets.gui.grounding import Accessibility, ElementAct, pick, verify
+from device_agent.toolsets.gui.marks import draw
 from device_agent.toolsets.gui.receipts import Outcome, Receipts, uncertain
 from device_agent.toolsets.gui.rules import OBSERVATION_TTL_S, Gesture, GuiError, check_point, digest, to_device
 from device_agent.toolsets.gui.screens import ScreenshotStore
@@ -134,7 +134,7 @@ class Controller:
         described["accessibility"] = tree.describe()
         images = [png]
         boxes = [(e.id, e.bounds) for e in tree.elements if e.depth > 0 and e.visible]
-        marked = await anyio.to_thread.run_sync(marks.draw, png, boxes, width / after.width) if boxes else None
+        marked = await anyio.to_thread.run_sync(draw, png, boxes, width / after.width) if boxes else None
         if marked is not None:
             images.append(marked)
         described["marked_screenshot"] = marked is not None

@@ -22,7 +22,7 @@ from typing import Any
 
 from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.toolsets.base import ToolsetContext
-from device_agent.toolsets.gui import atspi
+from device_agent.toolsets.gui.atspi import REGISTRY, ROOT_PATH, connect
 from device_agent.toolsets.gui.rules import GuiError
 from device_agent.toolsets.gui.screens import ScreenshotStore, private_dir
 from device_agent.toolsets.gui.x11 import grab_png, read_screen
@@ -156,8 +156,8 @@ def accessibility_report() -> dict[str, Any]:
         out["reason"] = "the Python package jeepney is missing (pip install jeepney, or reinstall orrery)"
         return out
     try:
-        with atspi.connect() as bus:
-            apps = bus.children(atspi.REGISTRY, atspi.ROOT_PATH)
+        with connect() as bus:
+            apps = bus.children(REGISTRY, ROOT_PATH)
     except GuiError as exc:
         out["reason"] = f"{exc.message}; without it gui.observe lists no elements and inputs use coordinates"
         return out

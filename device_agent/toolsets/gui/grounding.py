@@ -18,8 +18,7 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 
-from device_agent.toolsets.gui import atspi
-from device_agent.toolsets.gui.atspi import Element, Live, Tree
+from device_agent.toolsets.gui.atspi import Bus, Element, Live, Tree, click_action, connect, snapshot
 from device_agent.toolsets.gui.rules import Gesture, GuiError
 
 
@@ -115,8 +114,8 @@ def plan_for(act: ElementAct, live: Live) -> tuple[str, tuple[Gesture, ...]]:
     x, y, w, h = live.bounds
     centre = (x + w // 2, y + h // 2)
     pointer = Gesture("click", (centre,), act.button, count=2 if act.tool == "double_click" else 1)
-    if act.tool == "click" and act.button == 1 and atspi.click_action(element) is not None:
-        index = atspi.click_action(element)
+    if act.tool == "click" and act.button == 1 and click_action(element) is not None:
+        index = click_action(element)
         return f"accessibility action {element.actions[index or 0]!r}", ()
     if act.tool in ("click", "double_click"):
         return "pointer at the element's centre", (pointer,)
@@ -177,11 +176,11 @@ class AtspiAccessibility:
     """The AT-SPI implementation; each call opens its own short connection in a worker thread."""
 
     async def snapshot(self, window_title: str) -> Tree:
-        return await anyio.to_thread.run_sync(atspi.snapshot, window_title)
+        return await anyio.to_thread.run_sync(snapshot, window_title)
 
     async def prepare(self, act: ElementAct) -> Plan:
         def run() -> Plan:
-            with atspi.connect() as bus:
+            with connect() as bus:
                 live = bus.live(act.element)
             check_live(act, live)
             route, gestures = plan_for(act, live)
@@ -194,7 +193,7 @@ class AtspiAccessibility:
             return  # the controller sends the pointer gestures
 
         def run() -> None:
-            with atspi.connect() as bus:
+            with connect() as bus:
                 _perform(bus, act, plan)
 
         await anyio.to_thread.run_sync(run)
@@ -202,7 +201,7 @@ class AtspiAccessibility:
     async def live(self, element: Element) -> Live | None:
         def run() -> Live | None:
             try:
-                with atspi.connect() as bus:
+                with connect() as bus:
                     return bus.live(element)
             except GuiError:
                 return None
@@ -210,11 +209,11 @@ class AtspiAccessibility:
         return await anyio.to_thread.run_sync(run)
 
 
-def _perform(bus: atspi.Bus, act: ElementAct, plan: Plan) -> None:
+def _perform(bus: Bus, act: ElementAct, plan: Plan) -> None:
     element, b, p = act.element, act.element.bus, act.element.path
     ok: Any
     if plan.route.startswith("accessibility action"):
-        ok = bus.call(b, p, "Action", "DoAction", "i", atspi.click_action(element) or 0)
+        ok = bus.call(b, p, "Action", "DoAction", "i", click_action(element) or 0)
     elif act.tool == "type":
         if "focused" not in plan.before.states and "Component" in element.interfaces:
             bus.call(b, p, "Component", "GrabFocus")
@@ -228,7 +227,3 @@ def _perform(bus: atspi.Bus, act: ElementAct, plan: Plan) -> None:
         ok = bus.call(b, p, "EditableText", "SetTextContents", "s", str(act.value))
     if not ok:
         raise GuiError("tool_error", f"the application refused the input on element {element.id} ({plan.route})")
-
-
-def describe_tree(tree: Tree) -> dict[str, Any]:
-    return tree.describe()

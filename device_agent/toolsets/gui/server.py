@@ -34,7 +34,6 @@ from typing_extensions import TypedDict
 from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.policy import PolicyDenied, check_action
 from device_agent.toolsets.base import READ_ONLY, ToolsetContext, action, failure, success, tool
-from device_agent.toolsets.gui import windows as wins
 from device_agent.toolsets.gui.control import SETTLE_S, Controller, Observation
 from device_agent.toolsets.gui.display import DisplayLock
 from device_agent.toolsets.gui.grounding import Accessibility, AtspiAccessibility, ElementAct
@@ -49,6 +48,8 @@ from device_agent.toolsets.gui.rules import (
     parse_key,
 )
 from device_agent.toolsets.gui.screens import ScreenshotStore
+from device_agent.toolsets.gui.windows import launch as launch_argv
+from device_agent.toolsets.gui.windows import windows as list_windows
 from device_agent.toolsets.gui.x11 import Backend, X11Backend
 
 CONTROL = ToolAnnotations(read_only_hint=False, idempotent_hint=True, destructive_hint=False, open_world_hint=False)
@@ -351,7 +352,7 @@ def build(
         try:
             if not backend.display:
                 raise GuiError("tool_error", "DISPLAY is not set for this agent: there is no X11 screen to drive")
-            return success({"windows": await wins.windows(backend.display)})
+            return success({"windows": await list_windows(backend.display)})
         except GuiError as exc:
             return failure(exc.code, exc.message)
 
@@ -362,7 +363,9 @@ def build(
         """Raise a window and give it the keyboard focus. The current observation is voided: observe again."""
         try:
             check_action(ctx.policy, tool_is_read_only=False)
-            listed = await wins.windows(backend.display)
+            if not backend.display:
+                raise GuiError("tool_error", "DISPLAY is not set for this agent: there is no X11 screen to drive")
+            listed = await list_windows(backend.display)
             target = next((w for w in listed if w["id"] == window_id), None)
             if target is None:
                 raise GuiError(
@@ -370,7 +373,7 @@ def build(
                     f"no window with id {window_id} is on the screen; call gui.windows for the current ids",
                 )
             await controller.focus(window_id)
-            now = await wins.windows(backend.display)
+            now = await list_windows(backend.display)
             focused = any(w["id"] == window_id and w["focused"] for w in now)
         except PolicyDenied as exc:
             return failure(exc.code, str(exc))
@@ -393,7 +396,7 @@ def build(
             check_action(ctx.policy, tool_is_read_only=False)
             if not backend.display:
                 raise GuiError("tool_error", "DISPLAY is not set for this agent: there is no X11 screen to drive")
-            pid = await wins.launch(argv, backend.display, ctx.policy)
+            pid = await launch_argv(argv, backend.display, ctx.policy)
         except PolicyDenied as exc:
             return failure(exc.code, str(exc))
         except GuiError as exc:
