@@ -175,7 +175,11 @@ async def test_refusals_name_mismatch_stale_id_and_disabled(xvfb: str, gtk_app: 
         stale = on(obs, "stale-0001", "Press me")
         result = await client.call_tool("click", stale)
         assert code(result) == "stale_observation", data(result)
-        # Unknown ids and mixed targets are argument errors.
+        # An element id without its name, unknown ids and mixed targets are argument errors.
+        nameless = {k: v for k, v in on(newer, "nameless-01", "Press me").items() if k != "name"}
+        result = await client.call_tool("click", nameless)
+        assert code(result) == "invalid_arguments" and "name too" in data(result)["message"]
+        newer = await observe(client)
         result = await client.call_tool("click", on(newer, "unknown-01", "Press me") | {"element_id": 999})
         assert code(result) == "invalid_arguments" and "not in observation" in data(result)["message"]
         newer = await observe(client)

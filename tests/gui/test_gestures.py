@@ -75,6 +75,10 @@ async def test_launch_applies_the_shell_policy_and_never_a_shell(xvfb: str, tmp_
             launched.wait_for(lambda s: s.get("ready"), "the launched app to start", 15)
             listed = data(await client.call_tool("windows", {}))["windows"]
             assert "Orrery test app" in [w["title"] for w in listed]
+            # A stopped device launches nothing.
+            await client.call_tool("stop", {})
+            halted = await client.call_tool("launch", {"argv": [sys.executable, str(TK_APP), str(state)]})
+            assert code(halted) == "stopped"
         finally:
             os.killpg(pid, signal.SIGTERM)  # the app runs in its own session, detached from the agent
             with anyio.fail_after(10):

@@ -180,11 +180,26 @@ class Bus:
     def close(self) -> None:
         self.conn.close()
 
+    def _ask(self, message: Any) -> Any:
+        """Send one message and wait for its reply, at most CALL_TIMEOUT_S."""
+        try:
+            return self.conn.send_and_get_reply(message, timeout=CALL_TIMEOUT_S)
+        except TimeoutError:
+            raise GuiError(
+                "tool_error",
+                f"an application did not answer over AT-SPI within {CALL_TIMEOUT_S:g} s (busy or hung); call "
+                "gui.observe again, or act by coordinates",
+            ) from None
+        except (OSError, ConnectionError, EOFError) as exc:
+            raise GuiError(
+                "tool_error", f"the accessibility bus connection broke ({exc}); call gui.observe again"
+            ) from exc
+
     def call(self, bus: str, path: str, iface: str, method: str, signature: str | None = None, *args: Any) -> Any:
         from jeepney import DBusAddress, new_method_call
 
         msg = new_method_call(DBusAddress(path, bus, f"org.a11y.atspi.{iface}"), method, signature, tuple(args))
-        reply = self.conn.send_and_get_reply(msg, timeout=CALL_TIMEOUT_S)
+        reply = self._ask(msg)
         if reply.header.message_type.name == "error":
             raise GuiError("stale_observation", f"the element is gone or does not answer ({reply.body[:1]})")
         return reply.body[0] if len(reply.body) == 1 else reply.body
@@ -192,9 +207,7 @@ class Bus:
     def prop(self, bus: str, path: str, iface: str, name: str) -> Any:
         from jeepney import DBusAddress, Properties
 
-        reply = self.conn.send_and_get_reply(
-            Properties(DBusAddress(path, bus, f"org.a11y.atspi.{iface}")).get(name), timeout=CALL_TIMEOUT_S
-        )
+        reply = self._ask(Properties(DBusAddress(path, bus, f"org.a11y.atspi.{iface}")).get(name))
         if reply.header.message_type.name == "error":
             raise GuiError("stale_observation", f"the element is gone or does not answer ({reply.body[:1]})")
         return reply.body[0][1]
@@ -202,10 +215,7 @@ class Bus:
     def set_prop(self, bus: str, path: str, iface: str, name: str, signature: str, value: Any) -> None:
         from jeepney import DBusAddress, Properties
 
-        reply = self.conn.send_and_get_reply(
-            Properties(DBusAddress(path, bus, f"org.a11y.atspi.{iface}")).set(name, signature, value),
-            timeout=CALL_TIMEOUT_S,
-        )
+        reply = self._ask(Properties(DBusAddress(path, bus, f"org.a11y.atspi.{iface}")).set(name, signature, value))
         if reply.header.message_type.name == "error":
             raise GuiError("tool_error", f"the application refused to set {name} ({reply.body[:1]})")
 
@@ -257,14 +267,17 @@ def snapshot(window_title: str, max_elements: int = MAX_ELEMENTS, max_depth: int
 
 
 def _snapshot(bus: Bus, window_title: str, max_elements: int, max_depth: int) -> Tree:
+    deadline = time.monotonic() + SNAPSHOT_BUDGET_S
     frames: list[tuple[str, str, str, str, frozenset[str]]] = []  # app name, bus, path, title, states
     for app_bus, app_path in bus.children(REGISTRY, ROOT_PATH):
+        if time.monotonic() > deadline:
+            break  # applications that answer slowly: look among the frames found so far
         try:
             app_name = str(bus.prop(app_bus, app_path, "Accessible", "Name"))
             for fbus, fpath in bus.children(app_bus, app_path):
                 title = str(bus.prop(fbus, fpath, "Accessible", "Name"))
                 frames.append((app_name, fbus, fpath, title, bus.states(fbus, fpath)))
-        except (GuiError, TimeoutError):
+        except GuiError:
             continue  # an application that does not answer is not the one in front
     chosen = next((f for f in frames if window_title and f[3] == window_title), None)
     chosen = chosen or next((f for f in frames if "active" in f[4]), None)
@@ -276,7 +289,6 @@ def _snapshot(bus: Bus, window_title: str, max_elements: int, max_depth: int) ->
         )
     app_name, fbus, fpath, title, _ = chosen
     tree = Tree(available=True, application=app_name, window=title)
-    deadline = time.monotonic() + SNAPSHOT_BUDGET_S
     stack: list[tuple[str, str, int, int | None]] = [(fbus, fpath, 0, None)]
     while stack:
         obj_bus, obj_path, depth, parent = stack.pop()
@@ -288,7 +300,7 @@ def _snapshot(bus: Bus, window_title: str, max_elements: int, max_depth: int) ->
             break
         try:
             element = _read(bus, obj_bus, obj_path, len(tree.elements) + 1, depth, parent)
-        except (GuiError, TimeoutError):
+        except GuiError:
             continue
         if depth > 0 and "showing" not in element.states:
             continue  # not on screen, nor anything under it
@@ -296,7 +308,10 @@ def _snapshot(bus: Bus, window_title: str, max_elements: int, max_depth: int) ->
         if listed:
             tree.elements.append(element)
         below = element.id if listed else parent
-        kids = bus.children(obj_bus, obj_path)
+        try:
+            kids = bus.children(obj_bus, obj_path)
+        except GuiError:
+            kids = []  # it went away while we read it
         if kids and depth >= max_depth:
             tree.truncated = f"cut at depth {max_depth}; deeper elements are not listed"
             continue

@@ -320,6 +320,10 @@ class Controller:
             if not await self._send(Gesture("focus", window=window_id)):
                 raise GuiError("tool_error", f"focusing window {window_id} failed; call gui.windows and retry")
 
+    def ensure_running(self) -> None:
+        """Refuse with `stopped` while the stop latch holds (for tools outside `act`, e.g. gui.launch)."""
+        self._check_running()
+
     def _check_running(self) -> None:
         if self.stopped:
             raise GuiError(

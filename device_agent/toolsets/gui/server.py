@@ -83,7 +83,9 @@ ElementId = Annotated[
 ]
 ElementName = Annotated[
     str | None,
-    Field(description="the element's name as listed in the observation: a cross-check, refused if it differs"),
+    Field(
+        description="the element's name as listed in the observation: required with element_id, refused if it differs"
+    ),
 ]
 Button = Literal["left", "middle", "right"]
 
@@ -269,6 +271,8 @@ def build(
             if name is not None:
                 return failure("invalid_arguments", "name is the cross-check of an element_id: pass both, or neither")
             return await act("type", args, lambda _: Gesture("type", text=text))
+        if name is None:
+            return failure("invalid_arguments", NAME_REQUIRED)
         args |= {"element_id": element_id, "name": name}
         return await act("type", args, lambda o: ElementAct("type", o.element(element_id, name), text=text))
 
@@ -396,6 +400,7 @@ def build(
             check_action(ctx.policy, tool_is_read_only=False)
             if not backend.display:
                 raise GuiError("tool_error", "DISPLAY is not set for this agent: there is no X11 screen to drive")
+            controller.ensure_running()
             pid = await launch_argv(argv, backend.display, ctx.policy)
         except PolicyDenied as exc:
             return failure(exc.code, str(exc))
@@ -421,6 +426,12 @@ def _wait(_: Observation) -> Gesture | None:
     return None
 
 
+NAME_REQUIRED = (
+    "element_id needs the element's name too (as listed in the observation): it is checked, so that a "
+    "wrong or misread id cannot act on another element"
+)
+
+
 def _target(
     tool: str,
     x: int | None,
@@ -438,6 +449,8 @@ def _target(
         raise_later = GuiError(
             "invalid_arguments", "give an element_id (with its name) from the observation, or both x and y"
         )
+    elif element_id is not None and name is None:
+        raise_later = GuiError("invalid_arguments", NAME_REQUIRED)
     elif element_id is None and name is not None:
         raise_later = GuiError("invalid_arguments", "name is the cross-check of an element_id: pass both, or neither")
     else:
