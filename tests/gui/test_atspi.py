@@ -9,6 +9,7 @@ import base64
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import Client
 from mcp.types import ImageContent
 
@@ -220,3 +221,22 @@ def _pixels(png: bytes) -> dict[tuple[int, int], bytes]:
             return bytes(rows[start : start + 3])
 
     return Lookup()
+
+
+async def test_an_app_without_an_accessibility_bridge_gets_a_reason_not_an_error(
+    xvfb: str, a11y_bus: dict[str, str], tk_app: TkApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tk does not join the AT-SPI bus: the observation still works and says to use coordinates."""
+    for name, value in a11y_bus.items():
+        monkeypatch.setenv(name, value)
+    async with gui(xvfb, tmp_path) as client:
+        result = await client.call_tool("observe", {})
+        obs = data(result)
+        assert obs["focused_window"]["title"] == "Orrery test app"
+        tree = obs["accessibility"]
+        assert tree["available"] is True and tree["elements"] == [], tree
+        assert "'Orrery test app'" in tree["reason"] and "use coordinates" in tree["reason"]
+        assert obs["marked_screenshot"] is False and len(result.content) == 2  # one image, then the JSON
+        args = {"observation_id": obs["observation_id"], "action_id": "no-elements-1", "element_id": 1, "name": "x"}
+        refused = await client.call_tool("click", args)
+        assert code(refused) == "invalid_arguments" and "no accessible elements" in data(refused)["message"]

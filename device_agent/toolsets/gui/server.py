@@ -3,9 +3,12 @@
 Tools (namespaced `gui.*` by the router):
 - `observe` -> a PNG screenshot (image content) and `{observation_id, width, height,
   focused_window: {id, title}, ...}`; read-only.
-- `click`, `double_click`, `type`, `key`, `scroll`, `drag` -> one input each. Each needs the
-  current `observation_id` and a caller-chosen `action_id`; each answers with a receipt holding
-  the next observation (and its screenshot). Not idempotent: never retried blindly.
+- `click`, `double_click`, `type`, `set_value`, `key`, `scroll`, `drag` -> one input each. Each
+  needs the current `observation_id` and a caller-chosen `action_id`; each answers with a receipt
+  holding the next observation (and its screenshots). Not idempotent: never retried blindly.
+  `click`, `double_click`, `type` and `set_value` take an `element_id` (with its `name`) from the
+  observation's accessibility tree instead of coordinates (see `grounding`, `atspi`).
+- `windows` (read-only), `focus_window`, `launch` (an argv under the shell policy, see `windows`).
 - `wait` -> waits, then observes; no input. Read-only, but bound to an observation like input.
 - `stop` -> the stop latch: input is refused (`stopped`) until an operator resumes the device
   (`POST /v1/devices/{id}/resume`, which reaches the agent as `device_resume`). There is no
@@ -13,7 +16,8 @@ Tools (namespaced `gui.*` by the router):
   emergency stop (`device_stop`) engages the same latch (through `ctx.stop_latch`).
 
 Error codes: `stale_observation`, `id_conflict`, `busy`, `stopped`, `invalid_arguments`,
-`tool_error`, `uncertain`, `action_limit` (and `policy_denied` under the kill switch).
+`tool_error`, `uncertain`, `action_limit`, `element_mismatch`, `element_not_actionable` (and
+`policy_denied` under the kill switch, or for a program the shell policy refuses).
 """
 
 from __future__ import annotations
