@@ -15,6 +15,10 @@ Order of checks for an input, and why:
 5. the observation: current, fresh, coordinates inside it; then it is consumed; the screen is
    read again and compared (`stale_observation`), and the age re-checked after that read;
 6. the receipt is reserved as uncertain, the latch re-checked, and only then the input is sent.
+An input on an element (`element_id`) resolves the id in step 5 (unknown -> `invalid_arguments`,
+another name -> `element_mismatch`), then reads the element again before reserving the receipt:
+renamed or gone -> `stale_observation`, disabled or hidden -> `element_not_actionable`. After it
+the element is read once more, and the receipt says what was verified (see `grounding`).
 Any failure or cancel during the input releases buttons and modifiers and leaves the receipt
 uncertain, so it is never replayed.
 """
