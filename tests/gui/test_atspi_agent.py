@@ -148,6 +148,7 @@ def test_agent_check_reports_the_accessibility_bus(xvfb: str, a11y_bus: dict[str
     assert with_bus.returncode == 0, with_bus.stderr
     report = json.loads(with_bus.stdout)["toolsets"]["gui"]["accessibility"]
     assert report["available"] is True and "at-spi2-core" in report["packages"], report
+    assert isinstance(report["applications"], int) and report["dbus_daemon"] and report["at_spi_bus_launcher"]
 
     without = subprocess.run(
         base, env={**env, "DISPLAY": xvfb}, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False

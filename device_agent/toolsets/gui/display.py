@@ -31,6 +31,9 @@ from device_agent.toolsets.gui.x11 import grab_png, read_screen
 ATSPI_PACKAGES = "dbus at-spi2-core (at-spi-bus-launcher, at-spi2-registryd); GTK/Qt apps expose their tree with it"
 
 
+BUS_LAUNCHERS = (Path("/usr/libexec/at-spi-bus-launcher"), Path("/usr/lib/at-spi2-core/at-spi-bus-launcher"))
+
+
 def default_lock_dir() -> Path:
     """`/tmp/orrery-<uid>`: the same for every agent process of this user."""
     return Path("/tmp") / f"orrery-{os.getuid()}"
@@ -150,6 +153,9 @@ def accessibility_report() -> dict[str, Any]:
     Optional: without it the toolset still works by coordinates, so it never makes `ready` false.
     """
     out: dict[str, Any] = {"available": False, "reason": None, "packages": ATSPI_PACKAGES}
+    # The programs of the packages (informative: a desktop may run them from elsewhere).
+    out["dbus_daemon"] = shutil.which("dbus-daemon")
+    out["at_spi_bus_launcher"] = next((str(p) for p in BUS_LAUNCHERS if p.exists()), None)
     try:
         import jeepney  # noqa: F401
     except ImportError:
