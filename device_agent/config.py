@@ -189,7 +189,10 @@ class AgentConfig(BaseSettings):
     sandbox_file_size_mb: int = Field(default=Limits.file_size_mb, ge=0)
     # Screen input needs the owner's approval unless the agent runs --unattended (device-safety).
     approval_required: list[str] = Field(
-        default_factory=lambda: ["gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"]
+        default_factory=lambda: [
+            *("gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"),
+            *("gui.set_value", "gui.focus_window", "gui.launch"),  # issue 19: element and window inputs
+        ]
     )
     unattended: bool = False
     # Approvals for this device are given only on the device itself (`orrery agent approve ID`);

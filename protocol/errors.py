@@ -63,7 +63,11 @@ class ErrorCode(StrEnum):
 # toolsets document (the GUI's observation rules, SPEC section 5). Anything else a device invents
 # is stored and counted as `device_error`, its own code kept only inside the message, so a device
 # cannot grow the orchestrator's metric label sets or its list of node error codes at will.
-TOOLSET_ERROR_CODES = frozenset({"stale_observation", "id_conflict", "busy", "stopped", "action_limit"})
+TOOLSET_ERROR_CODES = frozenset({"stale_observation", "id_conflict", "busy", "stopped", "action_limit"}) | {
+    # ---- issue 19, accessibility-grounded GUI: inputs aimed at an element (gui.click/type/set_value)
+    "element_mismatch",  # the element_id does not carry the name the caller gave: nothing was done
+    "element_not_actionable",  # the element is disabled or not visible now: nothing was done
+}
 RESULT_ERROR_CODES = frozenset(c.value for c in ErrorCode) | TOOLSET_ERROR_CODES
 MAX_REPORTED_CODE_CHARS = 64
 MAX_ERROR_MESSAGE_CHARS = 4000

@@ -127,3 +127,100 @@ def tk_app(xvfb: str, tmp_path: Path) -> Iterator[TkApp]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ---- the accessibility (AT-SPI) tests: a private session D-Bus, its AT-SPI bus and a GTK app ----
+
+GTK_APP = Path(__file__).with_name("gtk_app.py")
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with python3-gi and gir1.2-gtk-3.0 (the agent venv needs neither)
+ATSPI_PACKAGES = "dbus at-spi2-core python3-gi gir1.2-gtk-3.0"
+BUS_LAUNCHER = next(
+    (p for p in ("/usr/libexec/at-spi-bus-launcher", "/usr/lib/at-spi2-core/at-spi-bus-launcher") if Path(p).exists()),
+    None,
+)
+
+
+def _atspi_missing() -> list[str]:
+    missing = [] if shutil.which("dbus-daemon") else ["dbus-daemon"]
+    if BUS_LAUNCHER is None:
+        missing.append("at-spi-bus-launcher")
+    probe = [SYSTEM_PYTHON, "-c", "import gi; gi.require_version('Gtk', '3.0'); from gi.repository import Gtk"]
+    if not Path(SYSTEM_PYTHON).exists() or subprocess.run(probe, capture_output=True, check=False).returncode:
+        missing.append("GTK 3 for the system python")
+    return missing
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def a11y_bus(xvfb: str) -> Iterator[dict[str, str]]:
+    """A private session D-Bus with the AT-SPI bus launcher on it, for the module's display.
+
+    Yields the environment an agent and the GTK app need: DISPLAY, DBUS_SESSION_BUS_ADDRESS and
+    NO_AT_BRIDGE=0 (GTK then registers its widget tree on the accessibility bus).
+    """
+    missing = _atspi_missing()
+    if missing:
+        message = f"the accessibility tests need {', '.join(missing)} (apt-get install {ATSPI_PACKAGES})"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+            pytest.fail(f"{message}; under CI they must run")
+        pytest.skip(message)
+    daemon = subprocess.Popen(
+        ["dbus-daemon", "--session", "--nofork", "--print-address=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    assert daemon.stdout is not None
+    address = daemon.stdout.readline().decode().strip()
+    env = {"DISPLAY": xvfb, "DBUS_SESSION_BUS_ADDRESS": address, "NO_AT_BRIDGE": "0"}
+    assert BUS_LAUNCHER is not None
+    launcher = subprocess.Popen(
+        [BUS_LAUNCHER, "--launch-immediately"],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        probe = [
+            "dbus-send",
+            "--session",
+            "--print-reply",
+            "--dest=org.a11y.Bus",
+            "/org/a11y/bus",
+            "org.a11y.Bus.GetAddress",
+        ]
+        poll(
+            lambda: subprocess.run(probe, env={**os.environ, **env}, capture_output=True, check=False).returncode == 0,
+            10,
+            "the AT-SPI bus launcher",
+        )
+        yield env
+    finally:
+        _stop(launcher)
+        _stop(daemon)
+        daemon.stdout.close()
+
+
+@pytest.fixture
+def gtk_app(a11y_bus: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TkApp]:
+    """A fresh GTK app on the display, its tree on the AT-SPI bus; this process uses that session bus."""
+    for name, value in a11y_bus.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AT_SPI_BUS_ADDRESS", raising=False)
+    state_file = tmp_path / "gtk-state.json"
+    proc = subprocess.Popen([SYSTEM_PYTHON, str(GTK_APP), str(state_file)], env={**os.environ, **a11y_bus})
+    app = TkApp(proc, state_file)
+    try:
+        app.wait_for(lambda s: s.get("ready"), "the GTK app to start", 15)
+        yield app
+    finally:
+        _stop(proc)

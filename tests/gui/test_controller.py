@@ -50,10 +50,11 @@ async def test_annotations_make_inputs_never_blindly_retried(tmp_path: Path) -> 
     async with gui_client(tmp_path) as (client, _, _):
         tools = {t.name: t.annotations for t in (await client.list_tools()).tools}
     # No `resume`: a model must not be able to lift a stop (only the device-level resume does).
-    assert set(tools) == {"observe", "click", "double_click", "type", "key", "scroll", "drag", "wait", "stop"}
-    for name in ("observe", "wait"):
+    inputs = ("click", "double_click", "type", "set_value", "key", "scroll", "drag", "focus_window", "launch")
+    assert set(tools) == {"observe", "windows", *inputs, "wait", "stop"}
+    for name in ("observe", "wait", "windows"):
         assert tools[name] is not None and tools[name].read_only_hint and tools[name].idempotent_hint
-    for name in ("click", "double_click", "type", "key", "scroll", "drag"):
+    for name in inputs:
         ann = tools[name]
         assert ann is not None and not ann.read_only_hint and not ann.idempotent_hint
     ann = tools["stop"]

@@ -7,7 +7,9 @@ keyboard focus only moves when someone sets it (the app puts it on the entry at 
 
 State: `ready`, `clicks` (button presses), `last_click` {x, y, button} in screen pixels,
 `entry` (its text), `focused` ("main" / "second"), `keys` (non-modifier key presses with the
-ctrl/shift state), `windows` {name: X window id}, `widgets` {name: [x, y, width, height]}.
+ctrl/shift state), `windows` {name: X window id}, `widgets` {name: [x, y, width, height]},
+`last_release` {x, y, button}, `double_clicks` (left double clicks), `wheel` (wheel "button" presses
+with their position), `dragged` (pointer motions with button 1 held).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class App:
             "keys": [],
             "windows": {},
             "widgets": {},
+            "last_release": None,
+            "double_clicks": 0,
+            "wheel": [],
+            "dragged": 0,
         }
         self.root = tk.Tk()
         self.root.title("Orrery test app")
@@ -52,6 +58,11 @@ class App:
 
         self.root.bind_all("<ButtonPress>", self.clicked, add="+")
         self.root.bind_all("<KeyPress>", self.key, add="+")
+        self.root.bind_all("<ButtonRelease>", self.released, add="+")
+        self.root.bind_all(
+            "<Double-Button-1>", lambda _e: self.update(double_clicks=self.state["double_clicks"] + 1), add="+"
+        )
+        self.root.bind_all("<B1-Motion>", lambda _e: self.update(dragged=self.state["dragged"] + 1), add="+")
         for name, window in (("main", self.root), ("second", self.second)):
             window.bind("<FocusIn>", lambda _event, n=name: self.update(focused=n), add="+")
         self.root.after(300, self.start)
@@ -71,7 +82,12 @@ class App:
         self.update(clicks=self.state["clicks"] + 1)
 
     def clicked(self, event: tk.Event[Any]) -> None:
+        if event.num in (4, 5, 6, 7):  # X11 wheel buttons
+            self.state["wheel"].append({"x": event.x_root, "y": event.y_root, "button": event.num})
         self.update(last_click={"x": event.x_root, "y": event.y_root, "button": event.num})
+
+    def released(self, event: tk.Event[Any]) -> None:
+        self.update(last_release={"x": event.x_root, "y": event.y_root, "button": event.num})
 
     def changed(self, *_: object) -> None:
         self.update(entry=self.text.get())

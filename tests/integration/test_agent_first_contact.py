@@ -178,7 +178,10 @@ def test_the_devices_policy_is_shown_by_the_rest_api(tmp_path: Path) -> None:
         assert policy_of(f, a) == {
             "shell_allow": ["ls", "echo"],
             "shell_deny": [],
-            "approval_required": ["gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"],
+            "approval_required": [
+                *("gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"),
+                *("gui.set_value", "gui.focus_window", "gui.launch"),
+            ],
             "unattended": True,
             "approvals_local_only": False,
             "kill_switch": False,

@@ -15,6 +15,10 @@ Order of checks for an input, and why:
 5. the observation: current, fresh, coordinates inside it; then it is consumed; the screen is
    read again and compared (`stale_observation`), and the age re-checked after that read;
 6. the receipt is reserved as uncertain, the latch re-checked, and only then the input is sent.
+An input on an element (`element_id`) resolves the id in step 5 (unknown -> `invalid_arguments`,
+another name -> `element_mismatch`), then reads the element again before reserving the receipt:
+renamed or gone -> `stale_observation`, disabled or hidden -> `element_not_actionable`. After it
+the element is read once more, and the receipt says what was verified (see `grounding`).
 Any failure or cancel during the input releases buttons and modifiers and leaves the receipt
 uncertain, so it is never replayed.
 """
@@ -27,13 +31,16 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from device_agent.toolsets.gui.atspi import Element, Tree
 from device_agent.toolsets.gui.display import DisplayLock
+from device_agent.toolsets.gui.grounding import Accessibility, ElementAct, pick, verify
+from device_agent.toolsets.gui.marks import draw
 from device_agent.toolsets.gui.receipts import Outcome, Receipts, uncertain
 from device_agent.toolsets.gui.rules import OBSERVATION_TTL_S, Gesture, GuiError, check_point, digest, to_device
 from device_agent.toolsets.gui.screens import ScreenshotStore
@@ -53,11 +60,17 @@ class Observation:
     screen: Screen
     width: int  # of the screenshot: the coordinate space of inputs
     height: int
+    sha256: str = ""
+    elements: dict[int, Element] = field(default_factory=dict)  # valid for this observation only
 
     def point(self, x: int, y: int, name: str = "x, y") -> tuple[int, int]:
         """Bounds-check a screenshot pixel and map it to the device pixel under its centre."""
         check_point(x, y, self.width, self.height, name)
         return to_device(x, y, (self.width, self.height), (self.screen.width, self.screen.height))
+
+    def element(self, element_id: int, name: str | None) -> Element:
+        """Element `element_id` of this observation, refused if `name` is given and differs."""
+        return pick(self.elements, element_id, name, self.id)
 
 
 class Controller:
@@ -70,8 +83,10 @@ class Controller:
         lock: DisplayLock,
         clock: Callable[[], float] = time.monotonic,
         settle_s: float = SETTLE_S,
+        accessibility: Accessibility | None = None,
     ) -> None:
         self.backend = backend
+        self.accessibility = accessibility
         self.store = store
         self.lock = lock
         self.clock = clock
@@ -97,35 +112,52 @@ class Controller:
         finally:
             self._busy = False
 
-    async def observe(self) -> tuple[dict[str, Any], bytes]:
+    async def observe(self) -> tuple[dict[str, Any], list[bytes]]:
         """Take a screenshot; it becomes the one current observation."""
         with self._gate():
             self.lock.acquire()
             return await self._observe()
 
-    async def _observe(self) -> tuple[dict[str, Any], bytes]:
+    async def _observe(self) -> tuple[dict[str, Any], list[bytes]]:
         self._current = None  # a failed refresh must not leave the previous frame actionable
         before = await self.backend.status()
         png, width, height = await self.backend.capture()
         after = await self.backend.status()
         if not before.same_world(after):
             raise GuiError("tool_error", "the focused window or screen size changed while capturing; observe again")
+        if self.accessibility is not None:
+            tree = await self.accessibility.snapshot(after.title)
+        else:
+            tree = Tree(available=False, reason="this display has no accessibility layer")
         oid = secrets.token_hex(16)
         path = self.store.save(f"screen-{oid}.png", png)
-        observation = Observation(oid, self.clock(), after, width, height)
+        sha = hashlib.sha256(png).hexdigest()
+        elements = {e.id: e for e in tree.elements}
+        observation = Observation(oid, self.clock(), after, width, height, sha, elements)
+        described = _describe(observation, path, png)
+        described["accessibility"] = tree.describe()
+        images = [png]
+        boxes = [(e.id, e.bounds) for e in tree.elements if e.depth > 0 and e.visible]
+        marked = await anyio.to_thread.run_sync(draw, png, boxes, width / after.width) if boxes else None
+        if marked is not None:
+            images.append(marked)
+        described["marked_screenshot"] = marked is not None
         self._current = observation
-        return _describe(observation, path, png), png
+        return described, images
 
     async def act(
-        self, tool: str, arguments: Mapping[str, Any], gesture_for: Callable[[Observation], Gesture | None]
-    ) -> tuple[Outcome, bytes | None]:
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        gesture_for: Callable[[Observation], Gesture | ElementAct | None],
+    ) -> tuple[Outcome, list[bytes]]:
         """Run one input (or, when `gesture_for` returns None, a wait) under all the rules above."""
         action_id = str(arguments["action_id"])
         key = digest(tool, arguments)
         with self._gate():
             stored = self.receipts.lookup(action_id, key)
             if stored is not None:
-                return _replayed(stored), None
+                return _replayed(stored), []
             self._check_running()
             self.receipts.ensure_room()
             self.lock.acquire()
@@ -143,9 +175,11 @@ class Controller:
             self._check_running()
             if gesture is None:
                 return await self._wait(tool, action_id, key, arguments)
+            if isinstance(gesture, ElementAct):
+                return await self._act_on_element(tool, action_id, key, gesture, observation)
             self.receipts.reserve(action_id, key)
             if not await self._send(gesture):
-                return uncertain(action_id), None
+                return uncertain(action_id), []
             receipt = {
                 "action_id": action_id,
                 "tool": tool,
@@ -177,7 +211,55 @@ class Controller:
         finally:
             self._sending = False
 
-    async def _after(self, action_id: str, receipt: dict[str, Any]) -> tuple[Outcome, bytes | None]:
+    async def _act_on_element(
+        self, tool: str, action_id: str, key: str, act: ElementAct, observation: Observation
+    ) -> tuple[Outcome, list[bytes]]:
+        """An input on an accessible element: checked live, sent by its interface or by pointer, verified."""
+        if self.accessibility is None:
+            raise GuiError("invalid_arguments", "this display has no accessibility layer: use x, y instead")
+        plan = await self.accessibility.prepare(act)  # refusals here leave no receipt: nothing was done
+        self._fresh(observation.id, observation)
+        self._check_running()
+        self.receipts.reserve(action_id, key)
+        if plan.gestures:
+            for gesture in plan.gestures:
+                if not await self._send(gesture):
+                    return uncertain(action_id), []
+        else:
+            try:
+                await self.accessibility.perform(act, plan)
+            except Exception as exc:
+                message = exc.message if isinstance(exc, GuiError) else f"{type(exc).__name__}: {exc}"
+                log.warning("gui: an accessibility input failed (%s)", type(exc).__name__)
+                failed = uncertain(action_id)
+                failed.message = f"{message}. {failed.message}"
+                self.receipts.finish(action_id, failed)
+                return failed, []
+        receipt = {
+            "action_id": action_id,
+            "tool": tool,
+            "status": "dispatched",
+            "input_dispatched": True,
+            "outcome_verified": False,
+            "retry_safe": False,
+            "replayed": False,
+            "element_id": act.element.id,
+            "route": plan.route,
+            "verification": "not checked yet",
+            "observation": None,
+        }
+        self.receipts.finish(action_id, Outcome(True, receipt))
+        await anyio.sleep(self.settle_s)
+        after = await self.accessibility.live(act.element)
+        outcome, images = await self._after(action_id, receipt)
+        new = outcome.data.get("observation") or {}
+        window_changed = bool(new) and new["focused_window"]["id"] != observation.screen.window_id
+        screen_changed = bool(new) and new["screenshot_sha256"] != observation.sha256
+        verified, seen = verify(act, plan.before, after, window_changed, screen_changed)
+        outcome.data["outcome_verified"], outcome.data["verification"] = verified, seen
+        return outcome, images
+
+    async def _after(self, action_id: str, receipt: dict[str, Any]) -> tuple[Outcome, list[bytes]]:
         """The new observation that answers an input; if it fails, say the input was sent."""
         try:
             observation, png = await self._observe()
@@ -192,14 +274,14 @@ class Controller:
                 data={"action_id": action_id, "input_dispatched": sent, "retry_safe": not sent},
             )
             self.receipts.finish(action_id, outcome)
-            return outcome, None
+            return outcome, []
         done = Outcome(True, {**receipt, "observation": observation})
         self.receipts.finish(action_id, done)
         return done, png
 
     async def _wait(
         self, tool: str, action_id: str, key: str, arguments: Mapping[str, Any]
-    ) -> tuple[Outcome, bytes | None]:
+    ) -> tuple[Outcome, list[bytes]]:
         """Wait (interrupted by gui.stop), then observe: no input is sent."""
         with anyio.move_on_after(float(arguments["ms"]) / 1000):
             await self._stop_event.wait()
@@ -228,6 +310,23 @@ class Controller:
                 f"{OBSERVATION_TTL_S:g} s; {OBSERVE_AGAIN}",
             )
         return current
+
+    def invalidate(self) -> None:
+        """The screen is about to change under the current observation (a launch): it is void."""
+        self._current = None
+
+    async def focus(self, window_id: int) -> None:
+        """Raise and focus a window; voids the current observation."""
+        with self._gate():
+            self._check_running()
+            self.lock.acquire()
+            self._current = None
+            if not await self._send(Gesture("focus", window=window_id)):
+                raise GuiError("tool_error", f"focusing window {window_id} failed; call gui.windows and retry")
+
+    def ensure_running(self) -> None:
+        """Refuse with `stopped` while the stop latch holds (for tools outside `act`, e.g. gui.launch)."""
+        self._check_running()
 
     def _check_running(self) -> None:
         if self.stopped:

@@ -22,9 +22,16 @@ from typing import Any
 
 from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.toolsets.base import ToolsetContext
+from device_agent.toolsets.gui.atspi import REGISTRY, ROOT_PATH, connect
 from device_agent.toolsets.gui.rules import GuiError
 from device_agent.toolsets.gui.screens import ScreenshotStore, private_dir
 from device_agent.toolsets.gui.x11 import grab_png, read_screen
+
+# What a Linux desktop needs for element grounding (Debian/Ubuntu names); see the README's GUI section.
+ATSPI_PACKAGES = "dbus at-spi2-core (at-spi-bus-launcher, at-spi2-registryd); GTK/Qt apps expose their tree with it"
+
+
+BUS_LAUNCHERS = (Path("/usr/libexec/at-spi-bus-launcher"), Path("/usr/lib/at-spi2-core/at-spi-bus-launcher"))
 
 
 def default_lock_dir() -> Path:
@@ -135,5 +142,33 @@ def check(ctx: ToolsetContext, display: str | None = None) -> dict[str, Any]:
     report["screen"] = {"width": width, "height": height, "focused_window_title": screen.title}
     with contextlib.suppress(GuiError, OSError):
         report["display_lock"] = DisplayLock(display).probe()
+    report["accessibility"] = accessibility_report()
     report["ready"] = True
     return report
+
+
+def accessibility_report() -> dict[str, Any]:
+    """Whether element grounding works here: jeepney, a session D-Bus, the AT-SPI bus and its registry.
+
+    Optional: without it the toolset still works by coordinates, so it never makes `ready` false.
+    """
+    out: dict[str, Any] = {"available": False, "reason": None, "packages": ATSPI_PACKAGES}
+    # The programs of the packages (informative: a desktop may run them from elsewhere).
+    out["dbus_daemon"] = shutil.which("dbus-daemon")
+    out["at_spi_bus_launcher"] = next((str(p) for p in BUS_LAUNCHERS if p.exists()), None)
+    try:
+        import jeepney  # noqa: F401
+    except ImportError:
+        out["reason"] = "the Python package jeepney is missing (pip install jeepney, or reinstall orrery)"
+        return out
+    try:
+        with connect() as bus:
+            apps = bus.children(REGISTRY, ROOT_PATH)
+    except GuiError as exc:
+        out["reason"] = f"{exc.message}; without it gui.observe lists no elements and inputs use coordinates"
+        return out
+    except Exception as exc:  # a registry that does not answer
+        out["reason"] = f"the AT-SPI registry does not answer ({type(exc).__name__}: {exc}); install at-spi2-core"
+        return out
+    out |= {"available": True, "applications": len(apps)}
+    return out

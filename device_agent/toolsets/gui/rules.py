@@ -85,6 +85,7 @@ class Gesture:
     count: int = 1
     text: str = ""
     keys: str = ""
+    window: int = 0
 
 
 def check_action_id(action_id: str) -> None:
@@ -188,6 +189,9 @@ def xdotool_argv(gesture: Gesture) -> list[str]:
         return [*moves[0], "mousedown", button, "sleep", "0.05", *mid, "sleep", "0.05", *moves[1], "mouseup", button]
     if gesture.kind == "key":
         return ["key", "--clearmodifiers", gesture.keys]
+    if gesture.kind == "focus":
+        window = str(gesture.window)
+        return ["windowraise", window, "windowfocus", "--sync", window]
     if gesture.kind == "type":
         return ["type", "--clearmodifiers", "--delay", "12", "--", gesture.text]
     raise ValueError(f"unknown gesture {gesture.kind!r}")

@@ -3,9 +3,12 @@
 Tools (namespaced `gui.*` by the router):
 - `observe` -> a PNG screenshot (image content) and `{observation_id, width, height,
   focused_window: {id, title}, ...}`; read-only.
-- `click`, `double_click`, `type`, `key`, `scroll`, `drag` -> one input each. Each needs the
-  current `observation_id` and a caller-chosen `action_id`; each answers with a receipt holding
-  the next observation (and its screenshot). Not idempotent: never retried blindly.
+- `click`, `double_click`, `type`, `set_value`, `key`, `scroll`, `drag` -> one input each. Each
+  needs the current `observation_id` and a caller-chosen `action_id`; each answers with a receipt
+  holding the next observation (and its screenshots). Not idempotent: never retried blindly.
+  `click`, `double_click`, `type` and `set_value` take an `element_id` (with its `name`) from the
+  observation's accessibility tree instead of coordinates (see `grounding`, `atspi`).
+- `windows` (read-only), `focus_window`, `launch` (an argv under the shell policy, see `windows`).
 - `wait` -> waits, then observes; no input. Read-only, but bound to an observation like input.
 - `stop` -> the stop latch: input is refused (`stopped`) until an operator resumes the device
   (`POST /v1/devices/{id}/resume`, which reaches the agent as `device_resume`). There is no
@@ -13,7 +16,8 @@ Tools (namespaced `gui.*` by the router):
   emergency stop (`device_stop`) engages the same latch (through `ctx.stop_latch`).
 
 Error codes: `stale_observation`, `id_conflict`, `busy`, `stopped`, `invalid_arguments`,
-`tool_error`, `uncertain`, `action_limit` (and `policy_denied` under the kill switch).
+`tool_error`, `uncertain`, `action_limit`, `element_mismatch`, `element_not_actionable` (and
+`policy_denied` under the kill switch, or for a program the shell policy refuses).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, ImageContent, ToolAnnotations
@@ -36,6 +40,7 @@ from device_agent.policy import PolicyDenied, check_action
 from device_agent.toolsets.base import READ_ONLY, ToolsetContext, action, failure, success, tool
 from device_agent.toolsets.gui.control import SETTLE_S, Controller, Observation
 from device_agent.toolsets.gui.display import DisplayLock
+from device_agent.toolsets.gui.grounding import Accessibility, AtspiAccessibility, ElementAct
 from device_agent.toolsets.gui.receipts import Outcome
 from device_agent.toolsets.gui.rules import (
     BUTTONS,
@@ -47,6 +52,8 @@ from device_agent.toolsets.gui.rules import (
     parse_key,
 )
 from device_agent.toolsets.gui.screens import ScreenshotStore
+from device_agent.toolsets.gui.windows import launch as launch_argv
+from device_agent.toolsets.gui.windows import windows as list_windows
 from device_agent.toolsets.gui.x11 import Backend, X11Backend
 
 CONTROL = ToolAnnotations(read_only_hint=False, idempotent_hint=True, destructive_hint=False, open_world_hint=False)
@@ -64,6 +71,26 @@ ActionId = Annotated[
 ]
 X = Annotated[int, Field(ge=0, description="pixels from the left edge of the observation's screenshot")]
 Y = Annotated[int, Field(ge=0, description="pixels from the top edge of the observation's screenshot")]
+OptX = Annotated[
+    int | None, Field(ge=0, description="pixels from the left edge of the screenshot (when no element_id is given)")
+]
+OptY = Annotated[
+    int | None, Field(ge=0, description="pixels from the top edge of the screenshot (when no element_id is given)")
+]
+ElementId = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        description="id of an element in the observation's accessibility.elements (the number marked on the "
+        "marked screenshot); valid only for that observation. Preferred over x, y when the element is listed",
+    ),
+]
+ElementName = Annotated[
+    str | None,
+    Field(
+        description="the element's name as listed in the observation: required with element_id, refused if it differs"
+    ),
+]
 Button = Literal["left", "middle", "right"]
 
 
@@ -83,6 +110,8 @@ class ObservationResult(TypedDict):
     expires_in_s: float
     screenshot_path: str
     screenshot_sha256: str
+    accessibility: NotRequired[dict[str, Any]]
+    marked_screenshot: NotRequired[bool]
 
 
 class InputReceipt(TypedDict):
@@ -94,6 +123,24 @@ class InputReceipt(TypedDict):
     retry_safe: bool
     replayed: bool
     observation: ObservationResult | None
+    element_id: NotRequired[int]
+    route: NotRequired[str]
+    verification: NotRequired[str]
+
+
+class WindowList(TypedDict):
+    windows: list[dict[str, Any]]
+
+
+class FocusResult(TypedDict):
+    window_id: int
+    title: str
+    focused: bool
+
+
+class LaunchResult(TypedDict):
+    pid: int
+    program: str
 
 
 class StopResult(TypedDict):
@@ -109,12 +156,14 @@ def build(
     clock: Callable[[], float] = time.monotonic,
     lock_dir: Path | None = None,
     settle_s: float = SETTLE_S,
+    accessibility: Accessibility | None = None,
 ) -> MCPServer:
     """The `gui` MCP server for the X display in $DISPLAY (or `backend`, for tests)."""
     if backend is None:
         backend = X11Backend(os.environ.get("DISPLAY", ""), ctx.processes, lambda: ctx.policy)
     store = ScreenshotStore(ctx.data_dir / SCREENSHOTS_NAME if ctx.data_dir else None)
-    controller = Controller(backend, store, DisplayLock(backend.display, lock_dir), clock, settle_s)
+    lock = DisplayLock(backend.display, lock_dir)
+    controller = Controller(backend, store, lock, clock, settle_s, accessibility or AtspiAccessibility())
     # The device-level stop engages the latch (interrupting input, releasing held buttons and
     # modifiers); only the device-level resume lifts it.
     ctx.stop_latch.on(controller.stop, controller.resume)
@@ -129,7 +178,7 @@ def build(
     server = MCPServer("gui", lifespan=lifespan)
 
     async def act(
-        name: str, arguments: dict[str, Any], gesture_for: Callable[[Observation], Gesture | None]
+        name: str, arguments: dict[str, Any], gesture_for: Callable[[Observation], Gesture | ElementAct | None]
     ) -> CallToolResult:
         try:
             if not backend.display:
@@ -137,12 +186,12 @@ def build(
             if gesture_for is not _wait:
                 check_action(ctx.policy, tool_is_read_only=False)
             check_action_id(arguments["action_id"])
-            outcome, png = await controller.act(name, arguments, gesture_for)
+            outcome, images = await controller.act(name, arguments, gesture_for)
         except PolicyDenied as exc:
             return failure(exc.code, str(exc))
         except GuiError as exc:
             return failure(exc.code, exc.message, **exc.details)
-        return _result(outcome, png)
+        return _result(outcome, images)
 
     @tool(server, READ_ONLY)
     async def observe() -> Annotated[CallToolResult, ObservationResult]:
@@ -151,30 +200,51 @@ def build(
         Returns the PNG and an observation_id valid for 60 s and for one input. Coordinates of
         inputs are pixels of this image (x from the left, y from the top). focused_window is the
         window that receives typing; inputs are refused if it changes before they run.
+
+        accessibility.elements lists the focused application's controls (AT-SPI): id, role, name,
+        states, bounds (screen pixels). When there are any, a second image shows each one boxed
+        with its id: act on it with element_id (and its name) instead of coordinates.
         """
         try:
             if not backend.display:
                 raise GuiError("tool_error", "DISPLAY is not set for this agent: there is no X11 screen to drive")
-            data, png = await controller.observe()
+            data, images = await controller.observe()
         except GuiError as exc:
             return failure(exc.code, exc.message, **exc.details)
-        return _result(Outcome(True, data), png)
+        return _result(Outcome(True, data), images)
 
     @tool(server, INPUT)
     async def click(
-        observation_id: ObservationId, action_id: ActionId, x: X, y: Y, button: Button = "left"
+        observation_id: ObservationId,
+        action_id: ActionId,
+        x: OptX = None,
+        y: OptY = None,
+        button: Button = "left",
+        element_id: ElementId = None,
+        name: ElementName = None,
     ) -> Annotated[CallToolResult, InputReceipt]:
-        """Click a mouse button once at (x, y) of the observation's screenshot."""
+        """Click an element (element_id, with its name) or a point (x, y) of the observation's screenshot.
+
+        An element is clicked through its accessibility action when it has one, else by pointer at
+        its centre; it must be enabled and visible. The receipt says how and what was verified.
+        """
         args = {"observation_id": observation_id, "action_id": action_id, "x": x, "y": y, "button": button}
-        return await act("click", args, lambda o: Gesture("click", (o.point(x, y),), BUTTONS[button]))
+        args |= {"element_id": element_id, "name": name}
+        return await act("click", args, _target("click", x, y, element_id, name, button=BUTTONS[button]))
 
     @tool(server, INPUT)
     async def double_click(
-        observation_id: ObservationId, action_id: ActionId, x: X, y: Y
+        observation_id: ObservationId,
+        action_id: ActionId,
+        x: OptX = None,
+        y: OptY = None,
+        element_id: ElementId = None,
+        name: ElementName = None,
     ) -> Annotated[CallToolResult, InputReceipt]:
-        """Double-click the left mouse button at (x, y) of the observation's screenshot."""
+        """Double-click the left button on an element (element_id, with its name) or at (x, y)."""
         args = {"observation_id": observation_id, "action_id": action_id, "x": x, "y": y}
-        return await act("double_click", args, lambda o: Gesture("click", (o.point(x, y),), 1, count=2))
+        args |= {"element_id": element_id, "name": name}
+        return await act("double_click", args, _target("double_click", x, y, element_id, name, count=2))
 
     @tool(server, INPUT, name="type")
     async def type_text(
@@ -187,17 +257,49 @@ def build(
                 json_schema_extra={"minLength": 1, "maxLength": 2000},
             ),
         ],
+        element_id: ElementId = None,
+        name: ElementName = None,
     ) -> Annotated[CallToolResult, InputReceipt]:
-        """Type text into the focused window, literally (nothing in it is a command or a shortcut).
+        """Type text literally (nothing in it is a command or a shortcut) into an element or the focused window.
 
-        Click the target field first so it has the keyboard focus. For shortcuts use gui.key.
+        With element_id (and its name) the text goes into that field (inserted at its caret through
+        its editable text, or typed after a click on it). Without, click the target field first so
+        it has the keyboard focus. For shortcuts use gui.key.
         """
         try:
             check_text(text)
         except GuiError as exc:
             return failure(exc.code, exc.message)
-        args = {"observation_id": observation_id, "action_id": action_id, "text": text}
-        return await act("type", args, lambda _: Gesture("type", text=text))
+        args: dict[str, Any] = {"observation_id": observation_id, "action_id": action_id, "text": text}
+        if element_id is None:
+            if name is not None:
+                return failure("invalid_arguments", "name is the cross-check of an element_id: pass both, or neither")
+            return await act("type", args, lambda _: Gesture("type", text=text))
+        if name is None:
+            return failure("invalid_arguments", NAME_REQUIRED)
+        args |= {"element_id": element_id, "name": name}
+        return await act("type", args, lambda o: ElementAct("type", o.element(element_id, name), text=text))
+
+    @tool(server, INPUT)
+    async def set_value(
+        observation_id: ObservationId,
+        action_id: ActionId,
+        element_id: Annotated[int, Field(ge=1, description="the element's id in the observation")],
+        name: Annotated[str, Field(description="the element's name as listed: refused if it differs")],
+        value: Annotated[
+            str | float,
+            Field(description="a number for a slider or spin button; the whole new text for a text field"),
+        ],
+    ) -> Annotated[CallToolResult, InputReceipt]:
+        """Set an element's value: a slider's number or a text field's whole text (it replaces what is there).
+
+        The element must be enabled and visible; the receipt says whether the new value was read back.
+        """
+        args: dict[str, Any] = {"observation_id": observation_id, "action_id": action_id}
+        args |= {"element_id": element_id, "name": name, "value": value}
+        if isinstance(value, str) and len(value) > 2000:
+            return failure("invalid_arguments", f"value has {len(value)} characters, more than the 2000 allowed")
+        return await act("set_value", args, lambda o: ElementAct("set_value", o.element(element_id, name), value=value))
 
     @tool(server, INPUT)
     async def key(
@@ -252,6 +354,65 @@ def build(
         args = {"observation_id": observation_id, "action_id": action_id, "ms": ms}
         return await act("wait", args, _wait)
 
+    @tool(server, READ_ONLY)
+    async def windows() -> Annotated[CallToolResult, WindowList]:
+        """List the top-level windows on the screen: id, title, pid, bounds and which one is focused."""
+        try:
+            if not backend.display:
+                raise GuiError("tool_error", "DISPLAY is not set for this agent: there is no X11 screen to drive")
+            return success({"windows": await list_windows(backend.display)})
+        except GuiError as exc:
+            return failure(exc.code, exc.message)
+
+    @tool(server, INPUT)
+    async def focus_window(
+        window_id: Annotated[int, Field(ge=1, description="a window id from gui.windows")],
+    ) -> Annotated[CallToolResult, FocusResult]:
+        """Raise a window and give it the keyboard focus. The current observation is voided: observe again."""
+        try:
+            check_action(ctx.policy, tool_is_read_only=False)
+            if not backend.display:
+                raise GuiError("tool_error", "DISPLAY is not set for this agent: there is no X11 screen to drive")
+            listed = await list_windows(backend.display)
+            target = next((w for w in listed if w["id"] == window_id), None)
+            if target is None:
+                raise GuiError(
+                    "invalid_arguments",
+                    f"no window with id {window_id} is on the screen; call gui.windows for the current ids",
+                )
+            await controller.focus(window_id)
+            now = await list_windows(backend.display)
+            focused = any(w["id"] == window_id and w["focused"] for w in now)
+        except PolicyDenied as exc:
+            return failure(exc.code, str(exc))
+        except GuiError as exc:
+            return failure(exc.code, exc.message, **exc.details)
+        return success({"window_id": window_id, "title": target["title"], "focused": focused})
+
+    @tool(server, INPUT)
+    async def launch(
+        argv: Annotated[
+            list[str],
+            Field(description="the program and its arguments, e.g. ['gedit', 'notes.txt']; never a shell string"),
+        ],
+    ) -> Annotated[CallToolResult, LaunchResult]:
+        """Start an application on this screen (the device's shell policy decides which programs may run).
+
+        It runs detached; call gui.windows or gui.observe to see its window appear.
+        """
+        try:
+            check_action(ctx.policy, tool_is_read_only=False)
+            if not backend.display:
+                raise GuiError("tool_error", "DISPLAY is not set for this agent: there is no X11 screen to drive")
+            controller.ensure_running()
+            pid = await launch_argv(argv, backend.display, ctx.policy)
+        except PolicyDenied as exc:
+            return failure(exc.code, str(exc))
+        except GuiError as exc:
+            return failure(exc.code, exc.message)
+        controller.invalidate()
+        return success({"pid": pid, "program": argv[0]})
+
     @tool(server, CONTROL)
     async def stop() -> Annotated[CallToolResult, StopResult]:
         """Stop all input on this device now: an input in flight is interrupted, held keys released.
@@ -269,12 +430,53 @@ def _wait(_: Observation) -> Gesture | None:
     return None
 
 
-def _result(outcome: Outcome, png: bytes | None) -> CallToolResult:
-    """A receipt or observation as structured content, with the screenshot first when there is one."""
+NAME_REQUIRED = (
+    "element_id needs the element's name too (as listed in the observation): it is checked, so that a "
+    "wrong or misread id cannot act on another element"
+)
+
+
+def _target(
+    tool: str,
+    x: int | None,
+    y: int | None,
+    element_id: int | None,
+    name: str | None,
+    *,
+    button: int = 1,
+    count: int = 1,
+) -> Callable[[Observation], Gesture | ElementAct]:
+    """The gesture for a point, or the element input for an element_id: exactly one of the two."""
+    if element_id is not None and (x is not None or y is not None):
+        raise_later = GuiError("invalid_arguments", "give either element_id (with name) or x and y, not both")
+    elif element_id is None and (x is None or y is None):
+        raise_later = GuiError(
+            "invalid_arguments", "give an element_id (with its name) from the observation, or both x and y"
+        )
+    elif element_id is not None and name is None:
+        raise_later = GuiError("invalid_arguments", NAME_REQUIRED)
+    elif element_id is None and name is not None:
+        raise_later = GuiError("invalid_arguments", "name is the cross-check of an element_id: pass both, or neither")
+    else:
+        raise_later = None
+
+    def resolve(o: Observation) -> Gesture | ElementAct:
+        if raise_later is not None:
+            raise raise_later
+        if element_id is not None:
+            return ElementAct(tool, o.element(element_id, name), button=button)
+        assert x is not None and y is not None
+        return Gesture("click", (o.point(x, y),), button, count=count)
+
+    return resolve
+
+
+def _result(outcome: Outcome, images: list[bytes]) -> CallToolResult:
+    """A receipt or observation as structured content, with the screenshots first (plain, then marked)."""
     if not outcome.ok:
         return failure(outcome.code, outcome.message, **outcome.data)
     result = success(outcome.data)
-    if png is not None:
+    for png in reversed(images):
         image = ImageContent(type="image", data=base64.b64encode(png).decode("ascii"), mime_type="image/png")
         result.content.insert(0, image)
     return result

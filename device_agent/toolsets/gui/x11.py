@@ -65,11 +65,11 @@ def _toplevel(display: Any, window: Any, root: Any) -> Any:
     while window is not None and window.id != root.id:
         chain.append(window)
         window = window.query_tree().parent
-    named = next((w for w in chain if _title(display, w)), None)
+    named = next((w for w in chain if window_title(display, w)), None)
     return named or (chain[-1] if chain else None)
 
 
-def _title(display: Any, window: Any) -> str:
+def window_title(display: Any, window: Any) -> str:
     net_name = window.get_full_property(display.intern_atom("_NET_WM_NAME"), 0)
     if net_name is not None and net_name.value:
         value = net_name.value
@@ -97,7 +97,7 @@ def read_screen(display_name: str) -> Screen:
             child = root.query_pointer().child
             focus = None if isinstance(child, int) or child in (X.NONE,) else child
         window = _toplevel(display, focus, root) if focus is not None else None
-        title = _title(display, window) if window is not None else ""
+        title = window_title(display, window) if window is not None else ""
         return Screen(screen.width_in_pixels, screen.height_in_pixels, window.id if window else None, title)
     except xerror.XError as exc:  # the window vanished while we looked: the caller observes again
         raise GuiError("tool_error", f"the screen changed while it was being read ({exc}); try again") from exc

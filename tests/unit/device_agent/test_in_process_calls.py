@@ -98,6 +98,11 @@ CALLS: dict[str, list[Call]] = {
         ("gui.wait", {"observation_id": "o1", "action_id": "a5", "ms": -5}),
         ("gui.double_click", {"observation_id": "o1", "action_id": "a6", "x": 3, "y": 4}),
         ("gui.drag", {"observation_id": "o1", "action_id": "a7", "x": 0, "y": 0, "to_x": 5}),
+        ("gui.set_value", {"observation_id": "o1", "action_id": "a8", "element_id": 3, "name": "N", "value": 5}),
+        ("gui.click", {"observation_id": "o1", "action_id": "a9", "element_id": 0}),
+        ("gui.windows", {}),
+        ("gui.focus_window", {"window_id": 5}),
+        ("gui.launch", {"argv": ["true"]}),
         ("gui.stop", {}),
     ],
 }
