@@ -518,7 +518,7 @@ class Router:
 
     def _convert(self, call_id: str, namespace: str, raw: CallToolResult, duration_ms: float) -> Result:
         value = self._cap(_value(raw))
-        images = _images(raw)
+        images = result_images(raw)
         if images and isinstance(value, dict):
             value = {**value, "images": images}
         if raw.is_error:
@@ -623,19 +623,22 @@ def _text(raw: CallToolResult) -> str:
     return "\n".join(c.text for c in raw.content if isinstance(c, TextContent))
 
 
-def _images(raw: CallToolResult) -> list[dict[str, Any]]:
+def result_images(raw: CallToolResult) -> list[dict[str, Any]]:
     """Image parts of a structured result, kept out of the text cap (a model may need to see them)."""
     if raw.structured_content is None or raw.is_error:
         return []
-    out, total = [], 0
-    for c in raw.content:
-        if isinstance(c, ImageContent):
-            total += len(c.data)
-            if total > MAX_IMAGE_BYTES:
-                out.append({"type": "image", "mime_type": c.mime_type, "omitted": f"over {MAX_IMAGE_BYTES} bytes"})
-                break
+    images = [c for c in raw.content if isinstance(c, ImageContent)]
+    # Over the cap, the newest images win: a tool lists its most useful one last (the gui
+    # toolset's marked screenshot comes after the plain one), and a model is shown the last.
+    out: list[dict[str, Any]] = []
+    total = 0
+    for c in reversed(images):
+        total += len(c.data)
+        if total > MAX_IMAGE_BYTES:
+            out.append({"type": "image", "mime_type": c.mime_type, "omitted": f"over {MAX_IMAGE_BYTES} bytes"})
+        else:
             out.append({"type": "image", "mime_type": c.mime_type, "data": c.data})
-    return out
+    return out[::-1]
 
 
 def _value(raw: CallToolResult) -> Any:
