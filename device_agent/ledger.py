@@ -182,6 +182,7 @@ class Ledger:
         row = self._db.execute("SELECT value FROM meta WHERE key='server_id'").fetchone()
         self._server_id: str = row[0] if row else ""
         self._max_fence = self._load_fence()
+        self._approval_batches: set[str] | None = None  # loaded on first use (`has_approval`)
 
     def _bind_device(self) -> None:
         """The ledger belongs to one device; another device may take it over only when nothing of
@@ -363,7 +364,12 @@ class Ledger:
 
     @_durable
     def has_approval(self, batch_id: str) -> bool:
-        return self._db.execute("SELECT 1 FROM approvals WHERE batch_id=? LIMIT 1", (batch_id,)).fetchone() is not None
+        """Whether a command of the batch asked for an approval (kept in memory: asked per batch
+        on the hot path, and only this agent adds approvals)."""
+        if self._approval_batches is None:
+            rows = self._db.execute("SELECT DISTINCT batch_id FROM approvals").fetchall()
+            self._approval_batches = {r[0] for r in rows}
+        return batch_id in self._approval_batches
 
     @_durable
     def approvals(self, state: str | None = None) -> list[Approval]:
@@ -396,6 +402,8 @@ class Ledger:
                 "INSERT OR REPLACE INTO calls (batch_id, call_id, state) VALUES (?,?,'approval')",
                 (approval.batch_id, approval.call_id),
             )
+        if self._approval_batches is not None:
+            self._approval_batches.add(approval.batch_id)
 
     @_durable
     def decide(
@@ -514,6 +522,7 @@ class Ledger:
             "DELETE FROM approvals WHERE batch_id IN (SELECT batch_id FROM batches WHERE state='done') "
             "AND state != 'pending'"
         )
+        self._approval_batches = None  # read again on next use
         self._db.execute(
             "DELETE FROM batches WHERE state='done' AND batch_id NOT IN "
             "(SELECT batch_id FROM batches WHERE state='done' ORDER BY finished_at DESC LIMIT ?)",
