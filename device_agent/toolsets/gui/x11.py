@@ -107,19 +107,54 @@ def read_screen(display_name: str) -> Screen:
         display.close()
 
 
+# A screenshot PNG larger than this is made smaller (its base64, ~2.7 MiB, must stay under the
+# result's image cap, `router.MAX_IMAGE_BYTES`, or the model would see no screenshot at all).
+MAX_SCREENSHOT_PNG_BYTES = 2 * 1024 * 1024
+MAX_SHRINK = 8
+
+
 def grab_png(display_name: str) -> tuple[bytes, int, int]:
-    """A PNG of the whole X screen, with its size (blocking)."""
+    """A PNG of the whole X screen, with the PNG's own size (blocking). A large screen's is shrunk
+    by 2, 4 or 8 to fit `MAX_SCREENSHOT_PNG_BYTES`; coordinates map back through `rules.to_device`."""
     import mss
-    import mss.tools
 
     try:
         with mss.MSS(display=display_name) as sct:
             shot = sct.grab(sct.monitors[0])
-            png = mss.tools.to_png(shot.rgb, shot.size, level=6)
+            return fit_png(shot.rgb, shot.width, shot.height)
+    except GuiError:
+        raise
     except Exception as exc:  # mss raises ScreenShotError, ctypes errors, OSError...
         raise GuiError("tool_error", f"cannot capture X display {display_name!r}: {exc}") from exc
-    assert png is not None  # to_png returns bytes when no output file is given
-    return png, shot.width, shot.height
+
+
+def fit_png(rgb: bytes, width: int, height: int, budget: int = MAX_SCREENSHOT_PNG_BYTES) -> tuple[bytes, int, int]:
+    """`rgb` (3 bytes a pixel, row by row) as a PNG of at most `budget` bytes if shrinking it by a
+    power of two up to `MAX_SHRINK` can do it (every k-th pixel of every k-th row), with its size."""
+    import mss.tools
+
+    k, data, w, h = 1, rgb, width, height
+    while True:
+        png = mss.tools.to_png(data, (w, h), level=6)
+        assert png is not None  # to_png returns bytes when no output file is given
+        if len(png) <= budget or k >= MAX_SHRINK:
+            return png, w, h
+        k *= 2
+        data, w, h = shrink(rgb, width, height, k)
+
+
+def shrink(rgb: bytes, width: int, height: int, k: int) -> tuple[bytes, int, int]:
+    """Every k-th pixel of every k-th row of an RGB image (strided slices: C speed per row)."""
+    w = (width + k - 1) // k
+    stride = 3 * width
+    out = bytearray(3 * w * ((height + k - 1) // k))
+    row_out = 3 * w
+    for n, y in enumerate(range(0, height, k)):
+        row = rgb[y * stride : (y + 1) * stride]
+        at = n * row_out
+        for c in range(3):
+            out[at + c : at + row_out : 3] = row[c :: 3 * k]
+    return bytes(out), w, (height + k - 1) // k
 
 
 class X11Backend:
