@@ -114,8 +114,9 @@ class Agent:
         self.queued: set[str] = set()
         self.current: CommandBatch | None = None
         self.cancelling: set[str] = set()
-        # Set by an emergency stop while a command runs: it interrupts that command (see `_call`).
-        self.interrupt: asyncio.Event | None = None
+        # The command running now, and one an emergency stop cancelled (see `_call`, `_halt`).
+        self.running_call: asyncio.Future[Result] | None = None
+        self.halted: asyncio.Future[Result] | None = None
         self.stopped_batches: set[str] = set()  # batches an emergency stop ended
         self.heartbeat_interval_s = 10.0
         self.frame_limit = config.max_frame_bytes
@@ -446,8 +447,8 @@ class Agent:
         killed = self.router.kill_running()
         if self.current is not None:
             self.stopped_batches.add(self.current.batch_id)
-        if self.interrupt is not None:
-            self.interrupt.set()
+        if self.running_call is not None:
+            asyncio.get_running_loop().call_later(STOP_GRACE_S, self._halt, self.running_call)
         await self.router.stop_latch.engage(reason)
         log.warning("device stopped by an operator (%s); %d process group(s) killed", reason or "no reason", killed)
 
@@ -509,12 +510,13 @@ class Agent:
                 results.append(done[cmd.call_id])
                 continue
             approved = False
-            if self.router.needs_approval(cmd.tool) and (early := self.router.refused_now(cmd, batch_id)):
+            asks = self.router.needs_approval(cmd.tool)
+            if asks and (early := self.router.refused_now(cmd, batch_id)):
                 results.append(early)  # refused whatever a person decided: nobody is asked
                 if batch.early_exit:
                     stop = f"command {cmd.call_id} ({cmd.tool}) was refused, so the rest of the batch was skipped"
                 continue
-            if self.router.needs_approval(cmd.tool):
+            if asks:
                 rec = await self.approvals.obtain(
                     batch, cmd, lambda: batch_id in self.cancelling or batch_id in self.stopped_batches
                 )
@@ -570,24 +572,23 @@ class Agent:
 
     async def _call(self, cmd: Command, batch: CommandBatch, approved: bool = False) -> Result:
         """Run one command; an emergency stop meanwhile interrupts it: its processes are killed
-        already, and a call still running `STOP_GRACE_S` later is cancelled."""
-        self.interrupt = interrupt = asyncio.Event()
+        already, and a call still running `STOP_GRACE_S` later is cancelled (`_halt`)."""
         limit = self._timeout(cmd.timeout_s, batch)
-        call = asyncio.ensure_future(self.router.call(cmd, batch.batch_id, limit, approved))
-        halt = asyncio.ensure_future(interrupt.wait())
+        self.running_call = call = asyncio.ensure_future(self.router.call(cmd, batch.batch_id, limit, approved))
         try:
-            await asyncio.wait({call, halt}, return_when=asyncio.FIRST_COMPLETED)
-            if not call.done():
-                done, _ = await asyncio.wait({call}, timeout=STOP_GRACE_S)
-                if not done:
-                    call.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await call
-                    return _stopped(cmd, None, self.router.stop_latch.reason)
-            return call.result()
+            return await call
+        except asyncio.CancelledError:
+            if self.halted is not call:
+                raise  # the agent itself is stopping
+            return _stopped(cmd, None, self.router.stop_latch.reason)
         finally:
-            halt.cancel()
-            self.interrupt = None
+            self.running_call = None
+
+    def _halt(self, call: asyncio.Future[Result]) -> None:
+        """`STOP_GRACE_S` after a stop: a command that has still not returned is cancelled."""
+        if not call.done():
+            self.halted = call
+            call.cancel()
 
     def server_now(self) -> float:
         """The orchestrator's time, as far as the last welcome told us (deadlines are in it)."""

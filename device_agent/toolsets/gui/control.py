@@ -180,16 +180,7 @@ class Controller:
             self.receipts.reserve(action_id, key)
             if not await self._send(gesture):
                 return uncertain(action_id), []
-            receipt = {
-                "action_id": action_id,
-                "tool": tool,
-                "status": "dispatched",
-                "input_dispatched": True,
-                "outcome_verified": False,
-                "retry_safe": False,
-                "replayed": False,
-                "observation": None,
-            }
+            receipt = dispatched(action_id, tool)
             # Recorded at once: from here a retry must get "sent", even if the call is cancelled.
             self.receipts.finish(action_id, Outcome(True, receipt))
             await anyio.sleep(self.settle_s)
@@ -235,19 +226,9 @@ class Controller:
                 failed.message = f"{message}. {failed.message}"
                 self.receipts.finish(action_id, failed)
                 return failed, []
-        receipt = {
-            "action_id": action_id,
-            "tool": tool,
-            "status": "dispatched",
-            "input_dispatched": True,
-            "outcome_verified": False,
-            "retry_safe": False,
-            "replayed": False,
-            "element_id": act.element.id,
-            "route": plan.route,
-            "verification": "not checked yet",
-            "observation": None,
-        }
+        receipt = dispatched(
+            action_id, tool, element_id=act.element.id, route=plan.route, verification="not checked yet"
+        )
         self.receipts.finish(action_id, Outcome(True, receipt))
         await anyio.sleep(self.settle_s)
         after = await self.accessibility.live(act.element)
@@ -398,3 +379,18 @@ def _replayed(stored: Outcome) -> Outcome:
 
 def _window(screen: Screen) -> str:
     return f"{screen.title[:60]!r} (id {screen.window_id}) on a {screen.width}x{screen.height} screen"
+
+
+def dispatched(action_id: str, tool: str, **extra: Any) -> dict[str, Any]:
+    """The receipt of an input sent and not yet verified (its `observation` filled in after)."""
+    return {
+        "action_id": action_id,
+        "tool": tool,
+        "status": "dispatched",
+        "input_dispatched": True,
+        "outcome_verified": False,
+        "retry_safe": False,
+        "replayed": False,
+        **extra,
+        "observation": None,
+    }
