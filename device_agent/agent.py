@@ -63,6 +63,11 @@ log = logging.getLogger("orrery.agent")
 
 WELCOME_TIMEOUT_S = 15.0
 STOP_GRACE_S = 2.0  # after an emergency stop, a command gets this long to return before it is cancelled
+# A batch that starts at once is accepted by its `result_batch` when that follows this soon, and by
+# a `batch_accepted` of its own otherwise: a quick batch then costs one frame each way, not two
+# (each frame wakes the other side, the dearest part of a round trip on loopback). The server
+# treats results as acceptance, and this is far below its accept deadline (30 s by default).
+ACCEPT_AFTER_S = 0.05
 STABLE_SESSION_S = 10.0  # a session this long resets the backoff
 
 
@@ -114,9 +119,11 @@ class Agent:
         self.queued: set[str] = set()
         self.current: CommandBatch | None = None
         self.cancelling: set[str] = set()
-        # The command running now, and one an emergency stop cancelled (see `_call`, `_halt`).
-        self.running_call: asyncio.Future[Result] | None = None
-        self.halted: asyncio.Future[Result] | None = None
+        # The command running now, in the executor's task (see `_call`, `_halt`).
+        self.running_call: _RunningCall | None = None
+        # Batches that started at once, not yet accepted: the timer that sends `batch_accepted`
+        # unless their results go first (`ACCEPT_AFTER_S`).
+        self.unaccepted: dict[str, asyncio.TimerHandle] = {}
         self.stopped_batches: set[str] = set()  # batches an emergency stop ended
         self.heartbeat_interval_s = 10.0
         self.frame_limit = config.max_frame_bytes
@@ -410,13 +417,31 @@ class Agent:
             return
         if receipt is Receipt.NEW:
             self.crash.reach("received")
-        await self._send(BatchAccepted(batch_id=batch.batch_id))
+        running = self.current is not None and self.current.batch_id == batch.batch_id
+        if receipt is Receipt.NEW and self.current is None and self.work.empty():
+            # It starts at once: its results accept it if they come within ACCEPT_AFTER_S.
+            loop = asyncio.get_running_loop()
+            self.unaccepted[batch.batch_id] = loop.call_later(ACCEPT_AFTER_S, self._accept_late, batch.batch_id)
+        elif batch.batch_id not in self.unaccepted:
+            await self._send(BatchAccepted(batch_id=batch.batch_id))
         if receipt is Receipt.NEW:
             self.crash.reach("accepted")
-        running = self.current is not None and self.current.batch_id == batch.batch_id
         if not running and batch.batch_id not in self.queued:
             self.queued.add(batch.batch_id)
             self.work.put_nowait(batch)
+
+    def _accept_late(self, batch_id: str) -> None:
+        """ACCEPT_AFTER_S passed and the batch has no results out yet: accept it on its own."""
+        if self.unaccepted.pop(batch_id, None) is not None:
+            task = asyncio.get_running_loop().create_task(self._send(BatchAccepted(batch_id=batch_id)))
+            self._announcing.add(task)
+            task.add_done_callback(self._announcing.discard)
+
+    def _accepted_by_results(self, batch_id: str) -> None:
+        """Its results go out now and accept it (if its own `batch_accepted` has not gone yet)."""
+        handle = self.unaccepted.pop(batch_id, None)
+        if handle is not None:
+            handle.cancel()
 
     async def _refuse_stale(self, batch: CommandBatch) -> None:
         """A batch older than an assignment already accepted is answered, not dropped (SPEC
@@ -472,6 +497,7 @@ class Agent:
                 log.warning("batch %s not started: its deadline passed", batch.batch_id)
                 results = deadline_passed(batch)
                 self.ledger.finish_batch(batch.batch_id, batch.fence, results)
+                self._accepted_by_results(batch.batch_id)
                 await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
                 continue
             self.current = batch
@@ -483,6 +509,7 @@ class Agent:
                 self.cancelling.discard(batch.batch_id)
                 self.stopped_batches.discard(batch.batch_id)
             self.crash.reach("finished")
+            self._accepted_by_results(batch.batch_id)
             await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
             self.crash.reach("sent")
 
@@ -571,24 +598,28 @@ class Agent:
         return results
 
     async def _call(self, cmd: Command, batch: CommandBatch, approved: bool = False) -> Result:
-        """Run one command; an emergency stop meanwhile interrupts it: its processes are killed
-        already, and a call still running `STOP_GRACE_S` later is cancelled (`_halt`)."""
+        """Run one command in this task; an emergency stop meanwhile interrupts it: its processes
+        are killed already, and a call still running `STOP_GRACE_S` later is cancelled (`_halt`).
+        The call runs in the caller's own task (a task per command cost a loop turn on every
+        command); the halt cancels that task, and this takes the cancellation back."""
         limit = self._timeout(cmd.timeout_s, batch)
-        self.running_call = call = asyncio.ensure_future(self.router.call(cmd, batch.batch_id, limit, approved))
+        task = asyncio.current_task()
+        assert task is not None
+        self.running_call = running = _RunningCall(task)
         try:
-            return await call
+            return await self.router.call(cmd, batch.batch_id, limit, approved)
         except asyncio.CancelledError:
-            if self.halted is not call:
+            if not running.halted or task.uncancel() > 0:
                 raise  # the agent itself is stopping
             return _stopped(cmd, None, self.router.stop_latch.reason)
         finally:
             self.running_call = None
 
-    def _halt(self, call: asyncio.Future[Result]) -> None:
+    def _halt(self, running: _RunningCall) -> None:
         """`STOP_GRACE_S` after a stop: a command that has still not returned is cancelled."""
-        if not call.done():
-            self.halted = call
-            call.cancel()
+        if self.running_call is running and not running.halted:
+            running.halted = True
+            running.task.cancel()
 
     def server_now(self) -> float:
         """The orchestrator's time, as far as the last welcome told us (deadlines are in it)."""
@@ -626,6 +657,16 @@ class Agent:
         task = asyncio.get_running_loop().create_task(self._send(frame))
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
+
+
+class _RunningCall:
+    """The command running now: the task it runs in, and whether a stop's grace ran out on it."""
+
+    __slots__ = ("halted", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.halted = False
 
 
 def _stopped(cmd: Command, result: Result | None, reason: str) -> Result:

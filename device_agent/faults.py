@@ -10,7 +10,8 @@ use this interface; nothing else should.
 Points, in the order a batch passes them:
 
 - `received`: the batch is durably recorded in the ledger, `batch_accepted` not yet sent;
-- `accepted`: `batch_accepted` was sent;
+- `accepted`: the batch is accepted: `batch_accepted` was sent, or, for a batch that starts at
+  once, left to ride with its results (`device_agent.agent.ACCEPT_AFTER_S`); nothing has run;
 - `call_started`: the ledger's start of a command is committed, the tool has not run;
 - `call_done`: the tool returned, its result is not yet recorded;
 - `finished`: the batch's results are committed (ledger and outbox), `result_batch` not sent;

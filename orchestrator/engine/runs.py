@@ -67,6 +67,7 @@ class Runs:
         self.metrics = metrics
         self.rng = rng
         self._transitions: dict[NodeState, Any] = {}  # the transitions counter's child per state
+        self._batches: dict[str, Any] = {}  # the batches counter's child per outcome
         # Set by the engine: approvals (issue 18) hear of expiries and of attempts that end.
         self.on_approval_expiry: Callable[[ApprovalExpiry], None] = lambda timer: None
         self.on_attempt_end: Callable[[AttemptRun], None] = lambda att: None
@@ -173,8 +174,9 @@ class Runs:
             self.llm.start_agent(att, dev, rec.spec)
             return
         try:
+            # Built from validated parts (the node's spec, the device's catalogue): not validated again.
             commands = [
-                Command(
+                Command.model_construct(
                     call_id=f"c{i + 1}",
                     tool=c.tool,
                     tool_type=dev.tools.get(c.tool, {}).get("tool_type", "action"),
@@ -216,12 +218,17 @@ class Runs:
         if att.kind is AttemptKind.AGENT:
             self.llm.agent_ended(att)
         self.attempts.close(att, results is not None)
-        self.metrics.batches.labels("succeeded" if outcome.succeeded else outcome.error_code or "failed").inc()
+        self._batch_counter("succeeded" if outcome.succeeded else outcome.error_code or "failed").inc()
         self.metrics.command_roundtrip.observe(max(0.0, now - att.started))
         if not outcome.succeeded:
             ids = {"task_id": att.task_id, "node_id": att.node_id, "batch_id": att.batch_id, "device_id": att.device_id}
             log.info("attempt failed: %s", outcome.error_code, extra=ids)
         row = ended_row(outcome, now, dumped)
+        if results is not None and not att.accepted:
+            # Results are the device's acceptance too: an agent whose batch finishes quickly
+            # sends them instead of a `batch_accepted` of its own (device_agent.agent.ACCEPT_AFTER_S).
+            att.accepted = True
+            row["accepted_at"] = utc(now)
         self.writer.update(Attempt, (att.batch_id,), **row)
         self.writer.event(
             EventType.NODE_ATTEMPT,
@@ -239,6 +246,12 @@ class Runs:
             if not outcome.succeeded:
                 run.nodes[att.node_id].failed_on.add(att.device_id)
             self.apply(run, run.attempt_ended(att.node_id, outcome, now, self.rng()), now)
+
+    def _batch_counter(self, outcome: str) -> Any:
+        counter = self._batches.get(outcome)
+        if counter is None:  # a child per outcome, looked up once (every batch ends here)
+            counter = self._batches[outcome] = self.metrics.batches.labels(outcome)
+        return counter
 
     def _timeout_attempt(self, att: AttemptRun, message: str, now: float) -> None:
         self.outbox.cancel(att, "timeout")
