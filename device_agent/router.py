@@ -128,6 +128,7 @@ class ToolsetHost:
         self.on_change = on_change
         self.tools: list[Tool] = []
         self._catalogue: list[ToolSpec] | None = None  # built from `tools` on first use
+        self._by_name: dict[str, ToolSpec] | None = None  # the catalogue by tool name, with it
         self.restarts = 0
         self._client: Client | None = None
         self._ready = asyncio.Event()
@@ -235,13 +236,15 @@ class ToolsetHost:
         return self._catalogue
 
     def spec(self, name: str) -> ToolSpec | None:
-        """The catalogue entry named `name` (`namespace.tool`), or None."""
-        return next((t for t in self.catalogue() if t.name == name), None)
+        """The catalogue entry named `name` (`namespace.tool`), or None (every call asks)."""
+        if self._by_name is None or self._catalogue is None:
+            self._by_name = {t.name: t for t in self.catalogue()}
+        return self._by_name.get(name)
 
     async def _list(self, client: Client) -> None:
         before = self.catalogue()
         self.tools = list((await client.list_tools()).tools)
-        self._catalogue = None
+        self._catalogue = self._by_name = None
         if self._ready.is_set() and self.catalogue() != before and self.on_change is not None:
             self.on_change()
 
@@ -365,6 +368,7 @@ class Router:
         # issue 18: run-time kill switch, safety budgets, audit line before the call
         self.guards = guards or Guards(audit)
         self.approval_required = approval_required
+        self._asks: dict[tuple[str, tuple[str, ...]], bool] = {}  # needs_approval, per tool and pattern list
         self.max_result_bytes = max_result_bytes
         self.hosts: dict[str, ToolsetHost] = {}
         self.kill_running = on_kill
@@ -404,7 +408,13 @@ class Router:
         `approval.request` always; a tool on `approval_required` unless the agent runs unattended."""
         if tool == REQUEST_TOOL:
             return True
-        return not self.policy.unattended and any(fnmatch.fnmatch(tool, p) for p in self.approval_required)
+        if self.policy.unattended:
+            return False
+        key = (tool, tuple(self.approval_required))
+        asks = self._asks.get(key)
+        if asks is None:  # patterns matched once per tool (asked twice for every command)
+            asks = self._asks[key] = any(fnmatch.fnmatch(tool, p) for p in self.approval_required)
+        return asks
 
     def read_only(self, tool: str) -> bool:
         """Whether `tool` is a read-only tool of this device (unknown tools are not)."""

@@ -23,7 +23,7 @@ import os
 import random
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -158,7 +158,7 @@ class Engine:
         self.runs.on_approval_expiry = self.approvals.expire
         self.runs.on_attempt_end = self.approvals.attempt_ended
         self.admissions = Admissions(store, self.writer)
-        self.inbox: asyncio.Queue[Input] = asyncio.Queue()
+        self.inbox = Inbox()
         self._task: asyncio.Task[None] | None = None
         self.ready_event = asyncio.Event()
         self.failed: BaseException | None = None
@@ -308,21 +308,12 @@ class Engine:
                 fut.set_result(value)
 
     async def _next_inputs(self) -> list[Input]:
-        """Everything queued, waiting for the first input or the next timer, whichever is first."""
+        """Everything queued (at most 2,000), waiting for the first input or the next timer,
+        whichever is first; empty if the timer came first."""
         if self.inbox.empty():
             at = self.timers.next_at()
-            delay = max(0.0, at - self.clock()) if at is not None else None
-            try:
-                async with asyncio.timeout(delay):
-                    first = await self.inbox.get()
-            except TimeoutError:
-                return []
-        else:
-            first = self.inbox.get_nowait()
-        items = [first]
-        while not self.inbox.empty() and len(items) < 2000:
-            items.append(self.inbox.get_nowait())
-        return items
+            await self.inbox.wait(max(0.0, at - self.clock()) if at is not None else None)
+        return self.inbox.take(2000)
 
     # ================================================================ inputs
 
@@ -563,6 +554,59 @@ class Engine:
             nodes=Counter(r.state.value for run in self.tasks.values() for r in run.nodes.values()),
             queue_depth=self.queues.depth(),
         )
+
+
+class Inbox:
+    """The engine's inputs in arrival order, and the loop's wait for the next one. One future per
+    wait, and a timer only when one is due: an `asyncio.Queue` read under `asyncio.timeout` cost
+    a timeout context, a timer handle and a getter future on every step."""
+
+    def __init__(self) -> None:
+        self._items: deque[Input] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Input) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def get_nowait(self) -> Input:
+        return self._items.popleft()
+
+    def take(self, limit: int) -> list[Input]:
+        """Up to `limit` inputs, oldest first."""
+        items = self._items
+        if len(items) <= limit:
+            taken = list(items)
+            items.clear()
+            return taken
+        return [items.popleft() for _ in range(limit)]
+
+    async def wait(self, delay: float | None) -> None:
+        """Until an input arrives, or `delay` seconds pass (None: no limit)."""
+        if self._items:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(delay, _wake, waiter) if delay is not None else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _terminate(_exc: BaseException) -> None:

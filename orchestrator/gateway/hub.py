@@ -56,9 +56,14 @@ class Connection:
     outbox: deque[str | tuple[int, str]] = field(default_factory=deque)
     closed: bool = False
     writer: asyncio.Task[None] | None = None
+    # Writes a frame to the socket now if it takes it without waiting (`FrameFlow.write_text`);
+    # used only while nothing is queued before it, so frames keep their order.
+    direct: Callable[[str], bool] | None = None
 
     def push(self, text: str) -> None:
         if not self.closed:
+            if self.writer is None and self.direct is not None and self.direct(text):
+                return
             self.outbox.append(text)
             self._write_soon()
 
@@ -487,6 +492,7 @@ class _Pump(FrameSink):
 
     async def run(self, attach: Callable[[FrameSink], FrameFlow]) -> None:
         self.flow = attach(self)
+        self.conn.direct = self.flow.write_text
         try:
             await self.ended
         finally:

@@ -14,8 +14,9 @@ each, long enough to be promoted to the collector's oldest generation, and the f
 they set off paused the server for up to a second. So after the handshake, the gateway attaches
 a `FrameSink` (the scope's `orrery.frames` extension) and this protocol calls it with each frame
 and with the disconnect, in order, with nothing waiting in between; the sink pauses reading
-(`hold`) while it is busy with a frame, which is the backpressure `receive()` gave. Writes and the
-close still go through ASGI.
+(`hold`) while it is busy with a frame, which is the backpressure `receive()` gave. A frame to
+send is written at once when the connection would take it without waiting (`write_text`); else
+it, and the close, go through ASGI.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class FrameFlow(Protocol):
 
     def release(self) -> None:
         """Read again."""
+
+    def write_text(self, text: str) -> bool:
+        """Write one frame now if the connection takes it without waiting (open, no close sent,
+        no backpressure); False means it did not, and the frame goes the ASGI way."""
 
 
 class FrameLimitedServerProtocol(ServerProtocol):
@@ -122,6 +127,21 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.read_paused:
             self.read_paused = False
             self.transport.resume_reading()
+
+    def write_text(self, text: str) -> bool:
+        """A frame straight to the socket, as uvicorn's `send` writes it once it may (the ASGI
+        send awaited `writable` and cost a task and a loop turn per frame). Only when nothing
+        would make that send wait or refuse: otherwise the caller queues it for ASGI."""
+        if (
+            self.close_sent
+            or not self.writable.is_set()
+            or self.conn.state is not State.OPEN
+            or self.transport.is_closing()
+        ):
+            return False
+        self.conn.send_text(text.encode())
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
 
     def send_receive_event_to_app(self) -> None:
         sink = self.inbox.sink
