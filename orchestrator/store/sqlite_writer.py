@@ -10,6 +10,7 @@ read back through the ORM look exactly as if SQLAlchemy had written them.
 from __future__ import annotations
 
 import contextlib
+import operator
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ from orchestrator.store.models import UTCDateTime
 from orrery.checkpoints import Checkpoints
 
 Processor = Callable[[Any], Any] | None
+# A row shape's plan: a getter of its values, and the (index, processor) of those that need one.
+Plan = tuple[Callable[[dict[str, Any]], tuple[Any, ...]], list[tuple[int, Callable[[Any], Any]]]]
 
 
 class SqliteWriter:
@@ -38,7 +41,7 @@ class SqliteWriter:
         # written at `orrery.checkpoints`.
         for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=NORMAL", "wal_autocheckpoint=0"):
             self._db.execute(f"PRAGMA {pragma}")
-        self._processors: dict[tuple[str, tuple[str, ...]], list[tuple[str, Processor]]] = {}
+        self._processors: dict[tuple[str, tuple[str, ...]], Plan] = {}
         self._missing: dict[tuple[str, tuple[str, ...]], list[Any]] = {}  # defaulted columns per row shape
         self._sql: dict[tuple[str, str, tuple[str, ...]], str] = {}  # statement text per (kind, table, columns)
         self._readers: dict[tuple[str, tuple[str, ...]], tuple[str, list[tuple[str, Processor]]]] = {}
@@ -70,10 +73,7 @@ class SqliteWriter:
                 for key, values in keyed:
                     columns = tuple(values)
                     by_columns[columns].append(
-                        (
-                            *self._values(table, columns, values),
-                            *self._values(table, tuple(pk), dict(zip(pk, key, strict=True))),
-                        )
+                        (*self._values(table, columns, values), *self._key_values(table, tuple(pk), key))
                     )
                 for columns, params in by_columns.items():
                     db.executemany(self._update_sql(table, columns), params)
@@ -206,18 +206,40 @@ class SqliteWriter:
         return row
 
     def _values(self, table: Table, columns: tuple[str, ...], row: dict[str, Any]) -> tuple[Any, ...]:
+        """The row's values for `columns`, each through its column's bind processor (if any)."""
+        take, processed = self._plan_of(table, columns)
+        values = take(row)
+        if not processed:
+            return values
+        out = list(values)
+        for i, process in processed:
+            if out[i] is not None:
+                out[i] = process(out[i])
+        return tuple(out)
+
+    def _key_values(self, table: Table, pk: tuple[str, ...], key: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A primary key's values, through the key columns' bind processors (if any)."""
+        return self._values(table, pk, dict(zip(pk, key, strict=True))) if self._plan_of(table, pk)[1] else key
+
+    def _plan_of(self, table: Table, columns: tuple[str, ...]) -> Plan:
         plan = self._processors.get((table.name, columns))
         if plan is None:
-            plan = [
-                (
-                    c,
-                    _fast_processor(table.c[c].type)
-                    or table.c[c].type.dialect_impl(self._dialect).bind_processor(self._dialect),
-                )
-                for c in columns
-            ]
-            self._processors[(table.name, columns)] = plan
-        return tuple([row[c] if p is None or row[c] is None else p(row[c]) for c, p in plan])
+            plan = self._processors[(table.name, columns)] = self._plan(table, columns)
+        return plan
+
+    def _plan(self, table: Table, columns: tuple[str, ...]) -> Plan:
+        """How a row's values for `columns` are read (one C-level getter for them all) and which of
+        them go through a bind processor, with the processor: most columns need none."""
+        processors = [
+            _fast_processor(table.c[c].type)
+            or table.c[c].type.dialect_impl(self._dialect).bind_processor(self._dialect)
+            for c in columns
+        ]
+        getter = operator.itemgetter(*columns)
+        take: Callable[[dict[str, Any]], tuple[Any, ...]] = (
+            getter if len(columns) > 1 else (lambda row: (getter(row),))  # one column: a 1-tuple
+        )
+        return take, [(i, p) for i, p in enumerate(processors) if p is not None]
 
 
 def _fast_processor(type_: Any) -> Processor:
