@@ -45,8 +45,7 @@ class Outbox:
     def _dispatch(self, att: AttemptRun) -> None:
         if self.attempts.get(att.batch_id) is None:
             return  # it ended before its frame could leave
-        # Every part was validated where it came from (the attempt, its commands): not again here.
-        frame = CommandBatch.model_construct(
+        frame = CommandBatch(
             batch_id=att.batch_id,
             task_id=att.task_id,
             node_id=att.node_id,

@@ -174,9 +174,8 @@ class Runs:
             self.llm.start_agent(att, dev, rec.spec)
             return
         try:
-            # Built from validated parts (the node's spec, the device's catalogue): not validated again.
             commands = [
-                Command.model_construct(
+                Command(
                     call_id=f"c{i + 1}",
                     tool=c.tool,
                     tool_type=dev.tools.get(c.tool, {}).get("tool_type", "action"),
