@@ -63,6 +63,7 @@ from orchestrator.engine.records import (
     Wake,
 )
 from orchestrator.engine.runs import Runs
+from orchestrator.engine.schedules import ChangeSchedule, ScheduleBook
 from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTimeout, Sweep, Timers
 from orchestrator.engine.times import utc
 from orchestrator.engine.validation import validate_against
@@ -70,6 +71,7 @@ from orchestrator.engine.writer import EventSink, StepWriter
 from orchestrator.ids import new_id
 from orchestrator.metrics import EngineGauges, Metrics
 from orchestrator.store import approvals as stored_approvals
+from orchestrator.store import schedules as stored_schedules
 from orchestrator.store.repo import Store
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -158,6 +160,8 @@ class Engine:
         self.runs.on_approval_expiry = self.approvals.expire
         self.runs.on_attempt_end = self.approvals.attempt_ended
         self.admissions = Admissions(store, self.writer)
+        self.schedules = ScheduleBook(settings, store, self.writer, self.timers, ids, self.tasks, self.llm)
+        self.schedules.start = lambda sub, now: self._on_submit(SubmitTask(sub), now)  # ticks' tasks: the intake
         self.inbox: asyncio.Queue[Input] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.ready_event = asyncio.Event()
@@ -185,6 +189,7 @@ class Engine:
             ReplanDone: self._sync(self.llm.replan_done),
             PlanReady: self._sync(self.llm.plan_ready),
             PlanFailed: self._sync(self.llm.plan_failed),
+            ChangeSchedule: self._sync(self.schedules.change),
         }
 
     @staticmethod
@@ -300,6 +305,7 @@ class Engine:
             if item.done:
                 replies.append((item.done, reply))
         self.runs.fire_timers(now)
+        await self.schedules.fire(now)
         await self._reconcile_if_due(now)
         self._schedule(now)
         await self.writer.commit()
@@ -476,6 +482,7 @@ class Engine:
         now = self.clock()
         self._settle(restore.load(await self.store.load_runtime(), now), now)
         self.approvals.restore(await stored_approvals.pending(self.store), now)
+        self.schedules.restore(await stored_schedules.load(self.store), now)
         self.recovered_at = now
         self._next_reconcile = now + self.settings.reconcile_interval_s
         self.timers.add(self._next_reconcile, timers.Wake())
