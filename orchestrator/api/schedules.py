@@ -26,7 +26,7 @@ from orchestrator.domain.model import NodeKind
 from orchestrator.domain.problems import DomainError, Problem
 from orchestrator.domain.schedule import TickOutcome
 from orchestrator.engine.records import DeviceRun
-from orchestrator.engine.schedules import ChangeSchedule, Reply, ScheduleAction
+from orchestrator.engine.schedule_records import ChangeSchedule, Reply, ScheduleAction
 from orchestrator.engine.validation import problem_out, validate_against, warnings_against
 from orchestrator.ids import new_id
 from orchestrator.store import schedules as stored
@@ -64,7 +64,11 @@ async def create(body: ScheduleCreate, comp: Comp, _p: Operator) -> ScheduleOut:
     if taken is not None:
         raise _taken(body.name, taken.id)
     schedule_id = new_id("sch")
-    definition = {**body.model_dump(mode="json", by_alias=True), "created": now}
+    definition = {
+        **body.model_dump(mode="json", by_alias=True),
+        "task": body.task.model_dump(mode="json", by_alias=True, exclude_defaults=True),  # as it was given
+        "created": now,
+    }
     _answered(await comp.cluster.submit(ChangeSchedule(ScheduleAction.CREATE, schedule_id, definition)), body.name)
     return await _render(comp, await _reload(comp, schedule_id), warnings=warnings)
 

@@ -19,7 +19,7 @@ from orchestrator.engine.records import (
     SubmitTask,
     TaskCreated,
 )
-from orchestrator.engine.schedules import ChangeSchedule
+from orchestrator.engine.schedule_records import ChangeSchedule
 from protocol.codec import decode, encode
 
 

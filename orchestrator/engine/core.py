@@ -63,7 +63,8 @@ from orchestrator.engine.records import (
     Wake,
 )
 from orchestrator.engine.runs import Runs
-from orchestrator.engine.schedules import ChangeSchedule, ScheduleBook
+from orchestrator.engine.schedule_records import ChangeSchedule
+from orchestrator.engine.schedules import ScheduleBook
 from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTimeout, Sweep, Timers
 from orchestrator.engine.times import utc
 from orchestrator.engine.validation import validate_against
@@ -305,7 +306,8 @@ class Engine:
             if item.done:
                 replies.append((item.done, reply))
         self.runs.fire_timers(now)
-        await self.schedules.fire(now)
+        if self.schedules.due(now):
+            await self.schedules.fire(now)
         await self._reconcile_if_due(now)
         self._schedule(now)
         await self.writer.commit()

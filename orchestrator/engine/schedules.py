@@ -17,10 +17,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
-from typing import Any
 
 from orchestrator.config import Settings
 from orchestrator.domain import cron as crons
@@ -29,7 +26,6 @@ from orchestrator.domain.schedule import (
     SCHEDULE_LABEL,
     TICK_LABEL,
     Overlap,
-    ScheduledTask,
     TickOutcome,
     backlog,
     on_due,
@@ -37,7 +33,15 @@ from orchestrator.domain.schedule import (
 )
 from orchestrator.engine.intake import Admission, Submission
 from orchestrator.engine.llm_work import LlmWork
-from orchestrator.engine.records import Input
+from orchestrator.engine.schedule_records import (
+    OK,
+    ChangeSchedule,
+    Reply,
+    ScheduleAction,
+    ScheduleRun,
+    definition_of,
+    entry_from,
+)
 from orchestrator.engine.timers import Timers, Wake
 from orchestrator.engine.times import iso, utc
 from orchestrator.engine.writer import StepWriter
@@ -50,54 +54,6 @@ log = logging.getLogger("orrery.engine")
 PRUNE_SLACK = 100  # ticks recorded past `schedule_ticks_kept` before the oldest are deleted
 LATE_NOTE_S = 5.0  # a tick whose task starts later than this says why
 NO_ENGINE = "no engine was running (a restart or a failover)"
-
-Reply = dict[str, Any]  # {"ok": True} or {"ok": False, "code": ..., "detail": ...}: portable across replicas
-OK: Reply = {"ok": True}
-
-
-class ScheduleAction(StrEnum):
-    CREATE = "create"
-    PAUSE = "pause"
-    RESUME = "resume"
-    DELETE = "delete"
-
-
-@dataclass
-class ChangeSchedule(Input):
-    """A change an operator asked for; the reply is a `Reply`. Asked again (a lost answer between
-    replicas) it changes nothing more: creating the same id, pausing a paused schedule, deleting
-    one that is gone all answer as the first time did."""
-
-    action: ScheduleAction
-    schedule_id: str
-    definition: dict[str, Any] | None = None  # CREATE: the schedule's fields, as the API checked them
-
-    def as_json(self) -> dict[str, Any]:
-        return {"action": self.action.value, "schedule_id": self.schedule_id, "definition": self.definition}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ChangeSchedule:
-        return cls(ScheduleAction(data["action"]), str(data["schedule_id"]), data.get("definition"))
-
-
-@dataclass
-class ScheduleRun:
-    """A schedule as the engine keeps it."""
-
-    id: str
-    name: str
-    cron: crons.Cron
-    task: ScheduledTask
-    overlap: Overlap
-    deadline_s: float
-    max_queued: int
-    paused: bool = False
-    next_at: float | None = None  # the next tick to fire (None while paused, or when it never fires again)
-    last_tick: float | None = None  # the newest tick recorded: a tick is recorded once, in time order
-    last_task: str | None = None  # the task its newest started tick made
-    queued: list[float] = field(default_factory=list)  # ticks waiting for that task, oldest first
-    ticks: int = 0  # tick records in the store (pruned past `schedule_ticks_kept`)
-
 
 Start = Callable[[Submission, float], Awaitable[Admission]]
 
@@ -134,6 +90,7 @@ class ScheduleBook:
         self._waiting: set[str] = set()  # schedules with queued ticks
         self._prune: set[str] = set()  # schedules with more tick records than kept
         self._started: set[str] = set()  # tasks made in this step (a planned one is not `running` yet)
+        self._broken: dict[str, str] = {}  # id -> why a stored schedule cannot be evaluated (it never fires)
 
     # ---------------------------------------------------------------- recovery
 
@@ -142,9 +99,14 @@ class ScheduleBook:
         tick, which fires at once if it passed meanwhile (missed ticks: `domain.schedule`)."""
         for row in loaded.schedules:
             try:
-                entry = _entry(row.id, _definition(row), now)
-            except (crons.CronError, ValueError) as exc:
-                log.error("schedule %s (%s) cannot be loaded and will not fire: %s", row.name, row.id, exc)
+                entry = entry_from(row.id, definition_of(row), now)
+            except (crons.CronError, ValueError, KeyError) as exc:
+                # Its zone left the tz database, say: it keeps its name and can be deleted, never fires.
+                log.error("schedule %s (%s) cannot be evaluated and will not fire: %s", row.name, row.id, exc)
+                self._broken[row.id] = (
+                    f"schedule '{row.name}' cannot be evaluated ({exc}); delete it and create it again"
+                )
+                self._names[row.name] = row.id
                 continue
             entry.paused = bool(row.paused)
             entry.next_at = _ts(row.next_at)
@@ -181,9 +143,9 @@ class ScheduleBook:
             detail = f"a schedule named '{d.get('name')}' exists ({holder}); delete it first or choose another name"
             return {"ok": False, "code": "conflict", "detail": detail, "schedule_id": holder}
         try:
-            entry = _entry(item.schedule_id, d, now)
-        except (crons.CronError, ValueError) as exc:
-            return {"ok": False, "code": "validation_error", "detail": str(exc)}
+            entry = entry_from(item.schedule_id, d, now)
+        except (crons.CronError, ValueError, KeyError, TypeError) as exc:
+            return {"ok": False, "code": "validation_error", "detail": f"the schedule cannot be used: {exc}"}
         entry.paused = bool(d.get("paused"))
         if not entry.paused:
             entry.next_at = entry.cron.after(now)
@@ -215,7 +177,7 @@ class ScheduleBook:
     def _pause(self, item: ChangeSchedule, now: float) -> Reply:
         entry = self.entries.get(item.schedule_id)
         if entry is None:
-            return _gone(item.schedule_id)
+            return self._gone(item.schedule_id)
         if entry.paused:
             return OK
         entry.paused, entry.next_at = True, None
@@ -231,7 +193,7 @@ class ScheduleBook:
     def _resume(self, item: ChangeSchedule, now: float) -> Reply:
         entry = self.entries.get(item.schedule_id)
         if entry is None:
-            return _gone(item.schedule_id)
+            return self._gone(item.schedule_id)
         if not entry.paused:
             return OK
         entry.paused = False
@@ -241,6 +203,10 @@ class ScheduleBook:
 
     def _delete(self, item: ChangeSchedule, now: float) -> Reply:
         entry = self.entries.pop(item.schedule_id, None)
+        if entry is None and self._broken.pop(item.schedule_id, None) is not None:
+            self._names = {name: i for name, i in self._names.items() if i != item.schedule_id}
+            self.writer.delete(Schedule, (item.schedule_id,))
+            return OK
         if entry is None:
             return {"ok": True, "existed": False}
         self._names.pop(entry.name, None)
@@ -250,7 +216,16 @@ class ScheduleBook:
         log.info("schedule %s (%s) deleted", entry.name, entry.id)
         return OK
 
+    def _gone(self, schedule_id: str) -> Reply:
+        if schedule_id in self._broken:
+            return {"ok": False, "code": "validation_error", "detail": self._broken[schedule_id]}
+        return {"ok": False, "code": "not_found", "detail": f"no schedule '{schedule_id}' (it was deleted)"}
+
     # ---------------------------------------------------------------- every step
+
+    def due(self, now: float) -> bool:
+        """Whether `fire` has anything to do now (the step skips it otherwise)."""
+        return bool(self._waiting or self._prune or (self._due and self._due[0][0] <= now))
 
     async def fire(self, now: float) -> None:
         """Start queued ticks whose previous task ended, then act on every tick that is due."""
@@ -274,8 +249,14 @@ class ScheduleBook:
             await self._prune_ticks()
 
     async def _tick(self, entry: ScheduleRun, now: float) -> None:
-        assert entry.next_at is not None
-        due = backlog(entry.cron, entry.next_at, now, entry.deadline_s)
+        first = entry.next_at
+        if first is not None and entry.last_tick is not None and first <= entry.last_tick:
+            log.error("schedule %s: its next tick was not after its last recorded one; moving on", entry.id)
+            first = entry.cron.after(entry.last_tick)  # a tick is recorded once: never one already done
+        if first is None or first > now:
+            self._advance(entry, now)
+            return
+        due = backlog(entry.cron, first, now, entry.deadline_s)
         if due.unlisted_from is not None:
             more = "+" if due.more else ""
             until = f" before {iso(due.missed[0])}" if due.missed else ""
@@ -301,7 +282,7 @@ class ScheduleBook:
         elif outcome is TickOutcome.QUEUED:
             entry.queued.append(at)
             self._waiting.add(entry.id)
-            self._record(entry, at, outcome, None, f"waiting for task {entry.last_task} to end (overlap: queue)", now)
+            self._record(entry, at, outcome, None, f"task {entry.last_task} was still running (overlap: queue)", now)
         elif entry.overlap is Overlap.SKIP:
             self._record(entry, at, outcome, None, f"task {entry.last_task} was still running (overlap: skip)", now)
         else:
@@ -407,35 +388,6 @@ class ScheduleBook:
             entry = self.entries.get(schedule_id)
             if entry is not None:
                 entry.ticks = max(0, entry.ticks - removed)
-
-
-def _entry(schedule_id: str, d: dict[str, Any], now: float) -> ScheduleRun:
-    """A schedule from its stored fields (checked again: a zone can vanish from the tz database)."""
-    return ScheduleRun(
-        id=schedule_id,
-        name=str(d["name"]),
-        cron=crons.parse(str(d["cron"]), str(d["timezone"]), now),
-        task=ScheduledTask.from_body(d["task"]),
-        overlap=Overlap(d["overlap"]),
-        deadline_s=float(d["starting_deadline_s"]),
-        max_queued=int(d["max_queued"]),
-    )
-
-
-def _definition(row: Schedule) -> dict[str, Any]:
-    return {
-        "name": row.name,
-        "cron": row.cron,
-        "timezone": row.timezone,
-        "task": row.task,
-        "overlap": row.overlap,
-        "starting_deadline_s": row.starting_deadline_s,
-        "max_queued": row.max_queued,
-    }
-
-
-def _gone(schedule_id: str) -> Reply:
-    return {"ok": False, "code": "not_found", "detail": f"no schedule '{schedule_id}' (it was deleted)"}
 
 
 def _ts(value: datetime | None) -> float | None:

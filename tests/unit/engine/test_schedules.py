@@ -16,7 +16,7 @@ from sqlalchemy import select
 from orchestrator.cluster import wire
 from orchestrator.domain.schedule import SCHEDULE_LABEL, TICK_LABEL, tick_key
 from orchestrator.engine.records import CancelTask
-from orchestrator.engine.schedules import ChangeSchedule, ScheduleAction
+from orchestrator.engine.schedule_records import ChangeSchedule, ScheduleAction
 from orchestrator.engine.times import iso
 from orchestrator.store import schedules as stored
 from orchestrator.store.models import Schedule, ScheduleTick, Task
@@ -423,6 +423,23 @@ async def test_old_ticks_are_pruned_to_the_newest_kept(tmp_path: Path) -> None:
         assert len(await tasks_of(h)) == 115  # the tasks stay
     finally:
         await h.close()
+
+
+async def test_a_stored_schedule_that_no_longer_evaluates_never_fires_and_can_be_deleted(h: Harness) -> None:
+    """After an upgrade its time zone is gone from the tz database: the engine still starts, the
+    schedule keeps its name, fires nothing, says why when asked to change, and can be deleted."""
+    await create(h)
+    await h.store.update(Schedule, ("sch_1",), timezone="Atlantis/Capital")
+    await h.restart()
+    for _ in range(3):
+        await h.advance(MINUTE)
+    assert await tasks_of(h) == [] and h.fatal == []
+    refused = await act(h, ScheduleAction.PAUSE)
+    assert refused["code"] == "validation_error" and "delete it and create it again" in refused["detail"]
+    assert (await create(h, "sch_2"))["code"] == "conflict"  # its name is still taken
+    assert await act(h, ScheduleAction.DELETE) == {"ok": True}
+    assert await stored.get(h.store, "sch_1") is None
+    assert await create(h, "sch_2") == {"ok": True}
 
 
 def test_a_schedule_change_crosses_replicas_as_json() -> None:
