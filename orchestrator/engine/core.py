@@ -161,7 +161,9 @@ class Engine:
         self.runs.on_approval_expiry = self.approvals.expire
         self.runs.on_attempt_end = self.approvals.attempt_ended
         self.admissions = Admissions(store, self.writer)
-        self.schedules = ScheduleBook(settings, store, self.writer, self.timers, ids, self.tasks, self.llm)
+        self.schedules = ScheduleBook(
+            settings, store, self.writer, self.timers, ids, self.tasks, self.llm, self.metrics
+        )
         self.schedules.start = lambda sub, now: self._on_submit(SubmitTask(sub), now)  # ticks' tasks: the intake
         self.inbox: asyncio.Queue[Input] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None

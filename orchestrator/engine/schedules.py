@@ -45,6 +45,7 @@ from orchestrator.engine.schedule_records import (
 from orchestrator.engine.timers import Timers, Wake
 from orchestrator.engine.times import iso, utc
 from orchestrator.engine.writer import StepWriter
+from orchestrator.metrics import Metrics
 from orchestrator.store import schedules as stored
 from orchestrator.store.models import Schedule, ScheduleTick
 from orchestrator.store.repo import Store
@@ -72,6 +73,7 @@ class ScheduleBook:
         ids: Callable[[str], str],
         tasks: dict[str, TaskRun],
         llm: LlmWork,
+        metrics: Metrics,
     ) -> None:
         """`tasks` and `llm` are the engine's, read to tell whether a schedule's previous task is
         still running (or planning) and whether a planner is there; `start` is set by the engine
@@ -83,6 +85,7 @@ class ScheduleBook:
         self.ids = ids
         self.tasks = tasks
         self.llm = llm
+        self.metrics = metrics
         self.start: Start = _unwired
         self.entries: dict[str, ScheduleRun] = {}
         self._names: dict[str, str] = {}  # name -> id
@@ -349,6 +352,7 @@ class ScheduleBook:
     ) -> None:
         """A tick's outcome, in this step's writes: a new record, or (`update`) a queued one decided."""
         values = {"outcome": outcome.value, "task_id": task_id, "detail": detail[:2000], "recorded_at": utc(now)}
+        self.metrics.schedule_ticks.labels(outcome.value).inc()
         if update:
             self.writer.update(ScheduleTick, (entry.id, utc(at)), **values)
         else:

@@ -133,6 +133,7 @@ async def test_each_tick_makes_one_task_in_the_commit_that_records_it(h: Harness
     second = (await tasks_of(h))[-1]
     assert second.id != first.id
     assert [t for _, t, _ in await ticks(h)] == ["created", "created"]
+    assert h.engine.metrics.registry.get_sample_value("orrery_schedule_ticks_total", {"outcome": "created"}) == 2
 
 
 async def test_a_tick_committed_before_a_restart_is_never_fired_again(h: Harness) -> None:
