@@ -190,6 +190,7 @@ def test_what_depends_on_todays_devices_is_a_warning_and_the_schedule_is_made(fl
 def test_names_are_unique_and_lookups_answer_404_409_and_400(fleet: Fleet) -> None:
     first = post(fleet, body(name="twice", paused=True))
     assert first.status_code == 201
+    assert post(fleet, body(name="twice-other", paused=True)).status_code == 201  # two ids start with sch_
     again = post(fleet, body(name="twice"))
     assert again.status_code == 409 and again.json()["code"] == "conflict"
     assert again.json()["schedule_id"] == first.json()["id"]
@@ -207,6 +208,33 @@ def test_names_are_unique_and_lookups_answer_404_409_and_400(fleet: Fleet) -> No
         bad_outcome = c.get("/v1/schedules/twice/ticks", params={"outcome": "exploded"})
         assert bad_outcome.status_code == 422 and bad_outcome.json()["code"] == "validation_error"
         assert c.get("/v1/schedules/%00").status_code == 404
+
+
+def test_listings_page_with_their_cursors(fleet: Fleet) -> None:
+    for name in ("page-a", "page-b", "page-c"):
+        assert post(fleet, body(name=name, paused=True)).status_code == 201
+    names: list[str] = []
+    cursor = None
+    while True:
+        page = get(fleet, "/v1/schedules", limit=1, **({"cursor": cursor} if cursor else {}))
+        names += [s["name"] for s in page["items"]]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert names == sorted(names) and {"page-a", "page-b", "page-c"} <= set(names)
+    busy = post(fleet, {"name": "page-ticks", "cron": EVERY_2S, "task": echo_task("paged")}).json()
+    wait_until(lambda: len(ticks(fleet, busy["id"])) >= 3, 60, "three ticks")
+    fleet_post(fleet, f"/v1/schedules/{busy['id']}/pause")
+    every = ticks(fleet, busy["id"])
+    paged: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page = get(fleet, f"/v1/schedules/{busy['id']}/ticks", limit=2, **({"cursor": cursor} if cursor else {}))
+        paged += page["items"]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert list(reversed(paged)) == every
+    created = get(fleet, f"/v1/schedules/{busy['id']}/ticks", outcome="created")["items"]
+    assert created and all(t["outcome"] == "created" for t in created)
 
 
 def test_a_viewer_may_look_but_not_change_schedules(fleet: Fleet) -> None:
