@@ -23,7 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import __version__, web
-from orchestrator.api import approvals, devices, errors, health, keys, tasks
+from orchestrator.api import approvals, devices, errors, health, keys, schedules, tasks
 from orchestrator.api.deps import Components
 from orchestrator.api.errors import problem_response
 from orchestrator.bus.local import LocalBus
@@ -67,6 +67,7 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
     errors.install(app)
     for module in (health, tasks, devices, keys, approvals):
         app.include_router(module.router)
+    app.include_router(schedules.router)  # issue 20
     web.mount(app)
     install_docs(app)
 

@@ -35,10 +35,12 @@ devices_app = typer.Typer(no_args_is_help=True, help="Enroll and manage devices.
 tasks_app = typer.Typer(no_args_is_help=True, help="List, inspect, watch and cancel tasks.")
 keys_app = typer.Typer(no_args_is_help=True, help="Create and revoke API keys.")
 approvals_app = typer.Typer(no_args_is_help=True, help="Commands waiting for a person's approval: list, approve, deny.")
+schedules_app = typer.Typer(no_args_is_help=True, help="Cron schedules that submit a task at every tick.")
 app.add_typer(devices_app, name="devices")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(keys_app, name="api-keys")
 app.add_typer(approvals_app, name="approvals")
+app.add_typer(schedules_app, name="schedules")
 
 console = Console()
 err = Console(stderr=True)
@@ -682,6 +684,120 @@ def approvals_deny(
 ) -> None:
     """Deny a waiting command: it never runs, and its node fails with approval_denied."""
     _decide_cli(approval_id, "deny", reason, json_out, server, api_key)
+
+
+# ---------------------------------------------------------------- schedules (issue 20)
+
+
+@schedules_app.command("create")
+def schedules_create(
+    file: Annotated[
+        Path | None, typer.Argument(help="a schedule (YAML/JSON: name, cron, task, ...) or a DAG file")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="the schedule's name (unique)")] = None,
+    cron: Annotated[str | None, typer.Option(help="e.g. '0 2 * * *' (02:00 daily), '@hourly'")] = None,
+    timezone: Annotated[str | None, typer.Option(help="IANA time zone of the cron fields (default UTC)")] = None,
+    overlap: Annotated[str | None, typer.Option(help="while the previous task runs: skip (default) or queue")] = None,
+    request: Annotated[str | None, typer.Option(help="a plain-language task instead of FILE (needs an LLM)")] = None,
+    paused: Annotated[bool | None, typer.Option("--paused", help="create it paused")] = None,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Create a schedule: from a schedule file, or a DAG file (or --request) with --name and --cron."""
+    from orchestrator.schedule_console import schedule_body
+
+    if file is not None and request is not None:
+        _fail("give a FILE or --request, not both", 2)
+    try:
+        body = schedule_body(file, request, name=name, cron=cron, timezone=timezone, overlap=overlap, paused=paused)
+    except DagFileError as exc:
+        _fail(str(exc), 2)
+    with _api(server, api_key) as c:
+        made = c.create_schedule(body)
+    _print_warnings(made)
+    if json_out:
+        _print_json(made)
+    else:
+        first = (made.get("next_runs") or ["none (paused)"])[0]
+        console.print(f"schedule {made['name']} {made['id']}: next run {first}", markup=False, highlight=False)
+
+
+@schedules_app.command("list")
+def schedules_list(json_out: JsonOpt = False, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
+    """List schedules with their next run and their last run's task."""
+    from orchestrator.schedule_console import schedules_table
+
+    with _api(server, api_key) as c:
+        items = c.schedules()
+    if json_out:
+        _print_json(items)
+    elif not items:
+        console.print("no schedules")
+    else:
+        from orchestrator.console import print_table
+
+        print_table(console, schedules_table(items))
+
+
+@schedules_app.command("show")
+def schedules_show(
+    schedule_id: str, json_out: JsonOpt = False, server: ServerOpt = None, api_key: KeyOpt = None
+) -> None:
+    """A schedule: its cron in words, next runs, last run, queued ticks and newest ticks."""
+    from orchestrator.schedule_console import schedule_view
+
+    with _api(server, api_key) as c:
+        found = c.schedule(schedule_id)
+        ticks = c.schedule_ticks(found["id"], limit=10)["items"]
+    if json_out:
+        _print_json({**found, "ticks": ticks})
+    else:
+        console.print(schedule_view(found, ticks))
+
+
+@schedules_app.command("ticks")
+def schedules_ticks(
+    schedule_id: str,
+    limit: Annotated[int, typer.Option(help="at most this many")] = 50,
+    outcome: Annotated[str | None, typer.Option(help="created, queued, skipped, missed or failed")] = None,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """What happened at each tick, newest first (its task, or why none was made)."""
+    from orchestrator.console import print_table
+    from orchestrator.schedule_console import ticks_table
+
+    with _api(server, api_key) as c:
+        items = c.schedule_ticks(schedule_id, limit, outcome)["items"]
+    if json_out:
+        _print_json(items)
+    else:
+        print_table(console, ticks_table(items))
+
+
+def _schedule_action(action: str) -> Any:
+    def command(schedule_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
+        with _api(server, api_key) as c:
+            result = c.schedule_action(schedule_id, action)
+        if action == "delete":
+            console.print(f"schedule {result['name']} {result['id']} deleted (its tasks stay)", markup=False)
+        else:
+            first = (result.get("next_runs") or ["none"])[0]
+            state = "paused" if result["paused"] else f"active, next run {first}"
+            console.print(f"schedule {result['name']} {result['id']}: {state}", markup=False, highlight=False)
+
+    command.__doc__ = {
+        "pause": "No more ticks until resumed (ticks waiting in its queue are skipped).",
+        "resume": "Tick again from the next future tick (the paused time is not caught up).",
+        "delete": "Delete a schedule and its tick history; the tasks it made stay.",
+    }[action]
+    return command
+
+
+for _action in ("pause", "resume", "delete"):
+    schedules_app.command(_action)(_schedule_action(_action))
 
 
 @app.command()

@@ -183,6 +183,39 @@ class Client:
         )
         return result
 
+    def create_schedule(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("POST", "/v1/schedules", json=body)
+        return result
+
+    def schedules(self, limit: int = 500) -> list[dict[str, Any]]:
+        """Every schedule, by name (page after page)."""
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+            page = self.request("GET", "/v1/schedules", params=params)
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return items
+
+    def schedule(self, ref: str, next_runs: int = 5) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/v1/schedules/{ref}", params={"next": next_runs})
+        return result
+
+    def schedule_ticks(self, ref: str, limit: int = 50, outcome: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit, **({"outcome": outcome} if outcome else {})}
+        result: dict[str, Any] = self.request("GET", f"/v1/schedules/{ref}/ticks", params=params)
+        return result
+
+    def schedule_action(self, ref: str, action: str) -> dict[str, Any]:
+        """`pause`, `resume` or `delete` a schedule."""
+        if action == "delete":
+            result: dict[str, Any] = self.request("DELETE", f"/v1/schedules/{ref}")
+        else:
+            result = self.request("POST", f"/v1/schedules/{ref}/{action}")
+        return result
+
     def events(self, task_id: str, after: int = 0) -> Iterator[tuple[int, str, dict[str, Any]]]:
         """Server-sent events of a task: (id, type, data), until the task ends."""
         params = {"after": after}

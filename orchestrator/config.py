@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     device_history_kept: int = Field(
         default=1000, ge=10, description="state changes kept per device in its history (the newest)"
     )
+    schedule_ticks_kept: int = Field(
+        default=1000, ge=10, description="past ticks kept per schedule in its history (the newest; queued ones stay)"
+    )
     log_format: str = "text"
     log_level: str = "info"
 

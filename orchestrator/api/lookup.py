@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.api.errors import ApiError
-from orchestrator.store.models import Device, Task
+from orchestrator.store import schedules as stored_schedules
+from orchestrator.store.models import Device, Schedule, Task
 from orchestrator.store.repo import MIN_PREFIX, Store
 
 
@@ -28,6 +29,17 @@ async def find_device(store: Store, ref: str) -> Device:
     if row is not None:
         return row
     _refuse("device", ref, [{"id": d.id, "name": d.name} for d in candidates])
+    raise AssertionError  # unreachable
+
+
+async def find_schedule(store: Store, ref: str) -> Schedule:
+    """The schedule `ref` names: its id, a unique id prefix (at least 4 characters) or its name;
+    errors as `find_task`."""
+    check_ref("schedule", ref)
+    row, candidates = await stored_schedules.resolve(store, ref)
+    if row is not None:
+        return row
+    _refuse("schedule", ref, [{"id": s.id, "name": s.name} for s in candidates])
     raise AssertionError  # unreachable
 
 

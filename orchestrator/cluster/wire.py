@@ -19,6 +19,7 @@ from orchestrator.engine.records import (
     SubmitTask,
     TaskCreated,
 )
+from orchestrator.engine.schedule_records import ChangeSchedule
 from protocol.codec import decode, encode
 
 
@@ -59,6 +60,8 @@ def dump(item: Input) -> dict[str, Any]:
         return {"kind": "links", "replica": item.replica, "links": links}
     if isinstance(item, FrameIn):
         return {"kind": "frame", "device_id": item.device_id, "frame": encode(item.message)}
+    if isinstance(item, ChangeSchedule):
+        return {"kind": "schedule", **item.as_json()}
     raise NotPortable(f"{type(item).__name__} cannot cross replicas")
 
 
@@ -87,4 +90,6 @@ def load(data: dict[str, Any]) -> Input:
         )
     if kind == "frame":
         return FrameIn(data["device_id"], decode(data["frame"]))
+    if kind == "schedule":
+        return ChangeSchedule.from_json(data)
     raise NotPortable(f"unknown input kind {kind!r}")

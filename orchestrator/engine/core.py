@@ -23,7 +23,7 @@ import os
 import random
 import signal
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,6 +37,7 @@ from orchestrator.engine.admissions import Admissions
 from orchestrator.engine.approvals import ApprovalBook
 from orchestrator.engine.attempts import Applied, Attempts, Duplicate
 from orchestrator.engine.fleet import Fleet
+from orchestrator.engine.inbox import Inbox
 from orchestrator.engine.intake import Admission
 from orchestrator.engine.llm_work import LlmWork, PlannerHooks
 from orchestrator.engine.outbox import DeviceLinks, Outbox
@@ -63,6 +64,8 @@ from orchestrator.engine.records import (
     Wake,
 )
 from orchestrator.engine.runs import Runs
+from orchestrator.engine.schedule_records import ChangeSchedule
+from orchestrator.engine.schedules import ScheduleBook
 from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTimeout, Sweep, Timers
 from orchestrator.engine.times import utc
 from orchestrator.engine.validation import validate_against
@@ -70,6 +73,7 @@ from orchestrator.engine.writer import EventSink, StepWriter
 from orchestrator.ids import new_id
 from orchestrator.metrics import EngineGauges, Metrics
 from orchestrator.store import approvals as stored_approvals
+from orchestrator.store import schedules as stored_schedules
 from orchestrator.store.repo import Store
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -158,6 +162,10 @@ class Engine:
         self.runs.on_approval_expiry = self.approvals.expire
         self.runs.on_attempt_end = self.approvals.attempt_ended
         self.admissions = Admissions(store, self.writer)
+        self.schedules = ScheduleBook(
+            settings, store, self.writer, self.timers, ids, self.tasks, self.llm, self.metrics
+        )
+        self.schedules.start = lambda sub, now: self._on_submit(SubmitTask(sub), now)  # ticks' tasks: the intake
         self.inbox = Inbox()
         self._task: asyncio.Task[None] | None = None
         self.ready_event = asyncio.Event()
@@ -185,6 +193,7 @@ class Engine:
             ReplanDone: self._sync(self.llm.replan_done),
             PlanReady: self._sync(self.llm.plan_ready),
             PlanFailed: self._sync(self.llm.plan_failed),
+            ChangeSchedule: self._sync(self.schedules.change),
         }
 
     @staticmethod
@@ -300,6 +309,8 @@ class Engine:
             if item.done:
                 replies.append((item.done, reply))
         self.runs.fire_timers(now)
+        if self.schedules.due(now):
+            await self.schedules.fire(now)
         await self._reconcile_if_due(now)
         self._schedule(now)
         await self.writer.commit()
@@ -467,6 +478,7 @@ class Engine:
         now = self.clock()
         self._settle(restore.load(await self.store.load_runtime(), now), now)
         self.approvals.restore(await stored_approvals.pending(self.store), now)
+        self.schedules.restore(await stored_schedules.load(self.store), now)
         self.recovered_at = now
         self._next_reconcile = now + self.settings.reconcile_interval_s
         self.timers.add(self._next_reconcile, timers.Wake())
@@ -554,59 +566,6 @@ class Engine:
             nodes=Counter(r.state.value for run in self.tasks.values() for r in run.nodes.values()),
             queue_depth=self.queues.depth(),
         )
-
-
-class Inbox:
-    """The engine's inputs in arrival order, and the loop's wait for the next one. One future per
-    wait, and a timer only when one is due: an `asyncio.Queue` read under `asyncio.timeout` cost
-    a timeout context, a timer handle and a getter future on every step."""
-
-    def __init__(self) -> None:
-        self._items: deque[Input] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put_nowait(self, item: Input) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def qsize(self) -> int:
-        return len(self._items)
-
-    def get_nowait(self) -> Input:
-        return self._items.popleft()
-
-    def take(self, limit: int) -> list[Input]:
-        """Up to `limit` inputs, oldest first."""
-        items = self._items
-        if len(items) <= limit:
-            taken = list(items)
-            items.clear()
-            return taken
-        return [items.popleft() for _ in range(limit)]
-
-    async def wait(self, delay: float | None) -> None:
-        """Until an input arrives, or `delay` seconds pass (None: no limit)."""
-        if self._items:
-            return
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(delay, _wake, waiter) if delay is not None else None
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-            if timer is not None:
-                timer.cancel()
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 def _terminate(_exc: BaseException) -> None:

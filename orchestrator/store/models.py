@@ -187,6 +187,50 @@ class Approval(Base):
     decision_reason: Mapped[str | None] = mapped_column(Text)
 
 
+class Schedule(Base):
+    """A cron schedule that submits a task per tick (issue 20). Written only by the engine leader:
+    a tick's task and the schedule's move to its next tick are one commit."""
+
+    __tablename__ = "schedules"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    cron: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    task: Mapped[dict[str, Any]] = mapped_column(JSON)  # the task body submitted at each tick
+    overlap: Mapped[str] = mapped_column(String(10))  # skip queue
+    starting_deadline_s: Mapped[float]
+    max_queued: Mapped[int] = mapped_column(Integer)
+    paused: Mapped[bool] = mapped_column(default=False)
+    paused_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    next_at: Mapped[datetime | None]  # the next tick the engine fires (null while paused)
+    last_tick_at: Mapped[datetime | None]  # the newest tick recorded: ticks only ever grow
+    last_task_id: Mapped[str | None] = mapped_column(String(40))
+    last_run_at: Mapped[datetime | None]  # the tick of that task
+
+
+# The ticks waiting for their schedule's previous task: few, read at every engine start.
+QUEUED_TICK = text("outcome = 'queued'")
+
+
+class ScheduleTick(Base):
+    """What happened at one tick of a schedule: created (with its task), queued, skipped, missed
+    or failed. The newest `schedule_ticks_kept` per schedule are kept."""
+
+    __tablename__ = "schedule_ticks"
+    __table_args__ = (
+        Index("ix_schedule_ticks_queued", "schedule_id", "at", sqlite_where=QUEUED_TICK, postgresql_where=QUEUED_TICK),
+    )
+
+    schedule_id: Mapped[str] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"), primary_key=True)
+    at: Mapped[datetime] = mapped_column(primary_key=True)
+    outcome: Mapped[str] = mapped_column(String(20))
+    task_id: Mapped[str | None] = mapped_column(String(40))
+    detail: Mapped[str] = mapped_column(Text, default="")
+    recorded_at: Mapped[datetime]
+
+
 class Event(Base):
     __tablename__ = "events"
     __table_args__ = (Index("ix_events_task", "task_id", "id"),)
@@ -277,6 +321,8 @@ __all__ = [
     "Lease",
     "LlmCall",
     "Node",
+    "Schedule",
+    "ScheduleTick",
     "ServerMeta",
     "Task",
     "Text",

@@ -32,6 +32,8 @@ from orchestrator.store.models import (
     Lease,
     LlmCall,
     Node,
+    Schedule,
+    ScheduleTick,
     ServerMeta,
     Task,
 )
@@ -115,6 +117,8 @@ _INSERT_ORDER: tuple[type[Base], ...] = (
     DagEdit,
     LlmCall,
     DeviceHistory,
+    Schedule,
+    ScheduleTick,
 )
 
 
@@ -733,6 +737,11 @@ def _id_prefix(column: Any, ref: str, kind: str) -> Any:
     if ref.startswith(own):
         return column.startswith(ref, autoescape=True)
     return or_(column.startswith(ref, autoescape=True), column.startswith(own + ref, autoescape=True))
+
+
+def id_prefix(column: Any, ref: str, kind: str) -> Any:
+    """Ids starting with `ref`, with or without their kind prefix (see `_id_prefix`)."""
+    return _id_prefix(column, ref, kind)
 
 
 def _table(model: type[Base]) -> Table:

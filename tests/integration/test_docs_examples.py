@@ -7,6 +7,10 @@ with ``role=web``, ``analysis`` with ``role=analysis``, as in the demo) and an L
 OpenAI-compatible model of tests/fakellm.py, which answers every ``kind: agent`` step with a
 ``finish`` call, so agent nodes really run their step loop (no dry run).
 
+Schedule examples (blocks with a top-level ``cron`` key, issue 20) are created as written with
+``orrery schedules create FILE`` (no warning against that fleet), and the task each tick would
+submit is submitted once with ``orrery submit``; it must succeed.
+
 Shell examples (``sh`` blocks) run line by line in a fresh directory, one session per block, with
 the venv's ``orrery`` first on PATH. Lines starting with ``orrery`` (after ``VAR=value``
 prefixes) run for real: ``orrery serve`` and ``orrery agent`` stay in the background (waited on
@@ -28,6 +32,7 @@ Lines that cannot run here are listed in ``NOT_RUN`` with the reason; any other 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -111,8 +116,17 @@ def code_blocks() -> list[Block]:
 
 def dag_examples() -> list[Block]:
     return [
-        b for b in code_blocks() if b.lang in ("yaml", "yml", "json") and re.search(r'^\s*"?nodes"?\s*:', b.text, re.M)
+        b
+        for b in code_blocks()
+        if b.lang in ("yaml", "yml", "json")
+        and re.search(r'^\s*"?nodes"?\s*:', b.text, re.M)
+        and b not in schedule_examples()
     ]
+
+
+def schedule_examples() -> list[Block]:
+    """Schedule files (issue 20): a top-level `cron:` key, their task's DAG inside."""
+    return [b for b in code_blocks() if b.lang in ("yaml", "yml", "json") and re.search(r'^"?cron"?\s*:', b.text, re.M)]
 
 
 def shell_examples() -> list[Block]:
@@ -122,6 +136,7 @@ def shell_examples() -> list[Block]:
 def test_the_docs_have_the_examples_this_test_expects() -> None:
     """The extraction itself: the README's DAG and its `Running it` block are found."""
     assert any(b.file_name == "dag.yaml" for b in dag_examples())
+    assert any(b.file_name == "nightly.yaml" for b in schedule_examples())
     commands = [line for b in shell_examples() for line in b.text.splitlines()]
     assert any(line.startswith("orrery serve") for line in commands)
     assert any("orrery submit dag.yaml --watch" in line for line in commands)
@@ -191,6 +206,36 @@ def test_a_dag_example_is_accepted_and_runs_to_success(block: Block, docs_fleet:
         assert nodes["save"]["output"]["path"] == "uname.txt"
         assert nodes["save"]["output"]["size"] == len(stdout.encode())
         assert nodes["tidy"]["state"] == "succeeded"
+
+
+@pytest.mark.parametrize("block", schedule_examples(), ids=lambda b: b.where)
+def test_a_schedule_example_is_created_and_its_task_runs_to_success(
+    block: Block, docs_fleet: Fleet, tmp_path: Path
+) -> None:
+    """Created as written with `orrery schedules create FILE` (no warning against the docs' fleet),
+    and the task it would submit at each tick submitted once now, with `orrery submit`: it succeeds."""
+    import yaml
+
+    path = tmp_path / (block.file_name or "schedule.yaml")
+    path.write_text(block.text)
+    env = orrery_env(ORRERY_URL=docs_fleet.server.url, ORRERY_API_KEY=docs_fleet.server.api_key)
+
+    def orrery(*args: str) -> subprocess.CompletedProcess[str]:
+        cli = [sys.executable, "-m", "orchestrator.cli", *args]
+        return subprocess.run(cli, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180, check=False)
+
+    made = orrery("schedules", "create", str(path), "--json")
+    assert made.returncode == 0, f"{block.where}: `orrery schedules create` failed:\n{made.stdout}\n{made.stderr}"
+    schedule = json.loads(made.stdout)
+    assert schedule["warnings"] == [], schedule["warnings"]
+    try:
+        task = yaml.safe_load(block.text)["task"]
+        dag = tmp_path / "task.yaml"
+        dag.write_text(json.dumps({**task["dag"], "name": task.get("name", schedule["name"])}))
+        ran = orrery("submit", str(dag), "--watch")
+        assert ran.returncode == 0, f"{block.where}: its task failed:\n{ran.stdout}\n{ran.stderr}"
+    finally:
+        assert orrery("schedules", "delete", schedule["id"]).returncode == 0
 
 
 def test_the_readme_dag_reads_on_as_an_edge_condition(tmp_path: Path) -> None:

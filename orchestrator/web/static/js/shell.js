@@ -1,5 +1,5 @@
 // shell.js: the page frame once signed in: header with the logo, navigation (Devices,
-// Tasks, Approvals with the number of pending approvals, polled), the server this tab talks
+// Tasks, Schedules, Approvals with the number of pending approvals, polled), the server this tab talks
 // to (with its version) and sign out; views render below. `stop()` ends the polling.
 
 import { api } from "./api.js";
@@ -23,6 +23,7 @@ export function createShell({ onSignOut }) {
   const links = {
     devices: h("a", { href: "#/devices", class: "nav-link", dataset: { nav: "devices" } }, icon("devices"), "Devices"),
     tasks: h("a", { href: "#/tasks", class: "nav-link", dataset: { nav: "tasks" } }, icon("tasks"), "Tasks"),
+    schedules: h("a", { href: "#/schedules", class: "nav-link", dataset: { nav: "schedules" } }, icon("schedules"), "Schedules"),
     approvals: h("a", { href: "#/approvals", class: "nav-link", dataset: { nav: "approvals" } }, icon("approvals"), "Approvals"),
   };
   const pending = h("span", { class: "nav-count", id: "approvals-count", hidden: true, "aria-live": "polite" });
@@ -39,7 +40,7 @@ export function createShell({ onSignOut }) {
     "header",
     { class: "topbar" },
     h("a", { class: "brand", href: "#/devices" }, logo(), h("span", {}, "Orrery")),
-    h("nav", { class: "nav", "aria-label": "Main" }, links.devices, links.tasks, links.approvals),
+    h("nav", { class: "nav", "aria-label": "Main" }, links.devices, links.tasks, links.schedules, links.approvals),
     h("div", { class: "spacer" }),
     server,
     h(
