@@ -27,7 +27,7 @@ import httpx2
 
 from device_agent.transfer import Connection, Refused, TransferError, Transient
 
-WRITE_PIECE = 1024 * 1024  # a fetch buffers at most this much before writing it out
+WRITE_PIECE = 256 * 1024  # a fetch buffers at most this much before writing it out
 HASH_PIECE = 1024 * 1024
 INTEGRITY_TRIES = 2
 

@@ -8,7 +8,8 @@ stores stream: they take one piece at a time and hand back pieces, never a whole
 the artifact dir (default `<data dir>/artifacts`, 0700, files 0600). A piece is appended to the
 staging file, so what is staged is the file's length, which survives a killed process; a
 promotion fsyncs the file, renames it into place and fsyncs both directories, so a blob that
-exists is whole. A replicated deployment uses the database store (`dbblobs.DatabaseBlobs`).
+exists is whole (a reader with the old file open keeps reading it). A replicated deployment uses
+the database store (`dbblobs.DatabaseBlobs`).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class BlobStore(Protocol):
         ...
 
     async def promote(self, upload_id: str, sha256: str, size: int) -> None:
-        """Make the staged bytes (checked by the caller) the blob `sha256`; idempotent: a blob
-        that is there already stays, and the staged copy goes."""
+        """Make the staged bytes (checked by the caller) the blob `sha256`; idempotent, and the
+        staged copy is gone afterwards."""
         ...
 
     async def discard(self, upload_id: str) -> None:
@@ -110,9 +111,8 @@ class FileBlobs:
             if blob.exists():
                 return  # promoted already (the answer was lost, or a twin upload won)
             raise IntegrityFailed("the upload's staged bytes are gone; publish the file again")
-        if blob.exists():
-            staged.unlink()  # the same content is stored already
-            return
+        # A blob stored already is replaced by this checked copy (a rename): the same content, and
+        # a stored copy damaged since (bit rot, a careless hand) heals with its next upload.
         with staged.open("rb+") as f:
             if os.fstat(f.fileno()).st_size != size:
                 raise IntegrityFailed("the upload's staged bytes changed size; publish the file again")

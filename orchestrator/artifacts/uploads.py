@@ -9,9 +9,10 @@
    the upload went to another replica or to this one before a restart, the staged bytes are
    hashed again when the last one is in.
 3. The piece that completes the upload (or an empty piece at `offset == size`, to finish one
-   whose answer was lost) checks the sha256: a mismatch fails the upload and drops its bytes
-   (`IntegrityFailed`); a match promotes the bytes to their blob and records the artifact. The
-   record is committed before the answer, so a device told "complete" has a durable artifact.
+   whose answer was lost; before that it is refused, `UploadIncomplete`) checks the sha256: a
+   mismatch fails the upload and drops its bytes (`IntegrityFailed`); a match promotes the bytes
+   to their blob and records the artifact. The record is committed before the answer, so a
+   device told "complete" has a durable artifact.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from orchestrator.artifacts.errors import (
     OffsetMismatch,
     TooLarge,
     UploadFailed,
+    UploadIncomplete,
 )
 from orchestrator.artifacts.model import UploadId, UploadState, UploadView, artifact_name, content_address
 from orchestrator.engine.times import utc
@@ -105,10 +107,16 @@ class Uploads:
             if data:
                 end = await self.blobs.append(upload_id, offset, data)
                 await self._hashed(upload_id, offset, data)
-            else:
+            else:  # asked to finish
                 end = await self.blobs.staged(upload_id)
                 if end != offset:
                     raise OffsetMismatch.at(end, offset)
+                if end < row.size:
+                    raise UploadIncomplete(
+                        f"this upload holds {end} of its {row.size} bytes, so it cannot be finished: send the rest "
+                        f"from offset {end}",
+                        offset=end,
+                    )
             if end == row.size:
                 return await self._finish(row)
         return UploadView(UploadId(row.id), UploadState.OPEN, end, row.size, self.chunk_bytes)
