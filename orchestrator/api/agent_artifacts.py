@@ -25,7 +25,7 @@ from orchestrator.api.deps import Comp, components
 from orchestrator.api.errors import ApiError
 from orchestrator.api.schemas import NO_NUL
 from orchestrator.artifacts import records
-from orchestrator.artifacts.errors import ArtifactNotFound, BatchClosed, InvalidArtifact, NotYourBatch
+from orchestrator.artifacts.errors import ArtifactNotFound, InvalidArtifact
 from orchestrator.artifacts.model import SHA256_PATTERN, artifact_name, content_address
 from orchestrator.domain.model import AdminState
 from orchestrator.security import DEVICE_TOKEN_PREFIX, bearer
@@ -98,7 +98,7 @@ async def lookup(
     sha256: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict[str, Any]:
     """The newest artifact of the batch's task with this name and/or content."""
-    task_id = await _task_of_open_batch(comp, device, batch_id)
+    task_id = (await records.open_batch(comp.store, device.id, batch_id, "fetch")).task_id
     if name is None and sha256 is None:
         raise InvalidArtifact("name an artifact: give name, sha256 or both")
     found = await records.newest(
@@ -125,20 +125,11 @@ async def content(
     range_: RangeHeader = None,
     if_range: IfRange = None,
 ) -> Response:
-    task_id = await _task_of_open_batch(comp, device, batch_id)
+    task_id = (await records.open_batch(comp.store, device.id, batch_id, "fetch")).task_id
     found = await records.newest(comp.store, task_id, None, content_address(sha256))
     if found is None:
         raise ArtifactNotFound(f"task {task_id} has no artifact with sha256 {sha256}")
     return await content_response(comp.artifacts, found, range_, if_range, None)
-
-
-async def _task_of_open_batch(comp: Comp, device: Device, batch_id: str) -> str:
-    owner = await records.batch_owner(comp.store, batch_id)
-    if owner is None or owner.device_id != device.id:
-        raise NotYourBatch(f"batch {batch_id} was not sent to this device; a device fetches only for the batch it runs")
-    if not owner.open:
-        raise BatchClosed(f"batch {batch_id} has ended: fetch from the batch that runs now")
-    return owner.task_id
 
 
 def _upload_ref(upload_id: str) -> str:

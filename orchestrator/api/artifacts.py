@@ -32,7 +32,8 @@ from orchestrator.engine.times import utc
 log = logging.getLogger("orrery.api")
 
 router = APIRouter(prefix="/v1/tasks", tags=["artifacts"], responses={**COMMON, **problems(404, 409)})
-links = APIRouter(prefix="/v1/artifact-links", tags=["artifacts"])
+# Outside /v1: every /v1 route takes an API key, and a link is its own permission.
+links = APIRouter(prefix="/artifact-links", tags=["artifacts"])
 
 _BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 _CONTENT_HEADERS = {
@@ -153,7 +154,7 @@ async def artifact_link(task_id: str, name: str, comp: Comp, principal: Viewer, 
     found, current = await _find(comp, task_id, name, version)
     token, claims = make_link(comp.hasher, found.task_id, found.id, principal.key_id, time.time())
     return LinkOut(
-        url=f"/v1/artifact-links/{token}",
+        url=f"/artifact-links/{token}",
         expires_at=utc(float(claims.expires)).isoformat(),
         artifact=artifact_out(found, current),
     )

@@ -15,7 +15,7 @@ from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import aliased
 
 from orchestrator.artifacts import sql
-from orchestrator.artifacts.errors import BatchClosed
+from orchestrator.artifacts.errors import BatchClosed, NotYourBatch
 from orchestrator.artifacts.model import ArtifactId, ArtifactRecord, Sha256, UploadState
 from orchestrator.ids import new_id
 from orchestrator.store.models import Artifact, ArtifactUpload, Attempt
@@ -60,6 +60,19 @@ async def batch_owner(store: Store, batch_id: str) -> BatchOwner | None:
     async with store.sessions() as s:
         row = (await s.execute(q)).first()
     return None if row is None else BatchOwner(row[0], row[1], row[2], row[3] is None)
+
+
+async def open_batch(store: Store, device_id: str, batch_id: str, verb: str) -> BatchOwner:
+    """The batch, if it is `device_id`'s own and still open (`NotYourBatch`, `BatchClosed`);
+    `verb` (publish, fetch) says what the device asked to do, for the refusal."""
+    owner = await batch_owner(store, batch_id)
+    if owner is None or owner.device_id != device_id:
+        raise NotYourBatch(
+            f"batch {batch_id} was not sent to this device; a device may {verb} only for the batch it runs"
+        )
+    if not owner.open:
+        raise BatchClosed(f"batch {batch_id} has ended; a device may {verb} only for a batch that still runs")
+    return owner
 
 
 async def open_upload(

@@ -32,7 +32,6 @@ from orchestrator.artifacts.errors import (
     BatchClosed,
     IntegrityFailed,
     InvalidArtifact,
-    NotYourBatch,
     OffsetMismatch,
     TooLarge,
     UploadFailed,
@@ -78,7 +77,7 @@ class Uploads:
                 f"{name!r} is {size} bytes, over this orchestrator's limit of {self.max_bytes} bytes per artifact "
                 "(ORRERY_MAX_ARTIFACT_BYTES); publish a smaller file, e.g. compressed or split"
             )
-        await self._open_batch_of(device_id, batch_id)
+        await records.open_batch(self.store, device_id, batch_id, "publish")
         await self._sweep()
         row = await records.find_open_upload(self.store, batch_id, name, size, digest)
         if row is None:
@@ -122,15 +121,6 @@ class Uploads:
         return UploadView(UploadId(row.id), UploadState.OPEN, end, row.size, self.chunk_bytes)
 
     # ---------------------------------------------------------------- steps
-
-    async def _open_batch_of(self, device_id: str, batch_id: str) -> None:
-        owner = await records.batch_owner(self.store, batch_id)
-        if owner is None or owner.device_id != device_id:
-            raise NotYourBatch(
-                f"batch {batch_id} was not sent to this device; a device publishes only for the batch it runs"
-            )
-        if not owner.open:
-            raise BatchClosed(f"batch {batch_id} has ended: nothing more can be published for it")
 
     async def _mine(self, device_id: str, upload_id: str) -> ArtifactUpload:
         row = await records.get_upload(self.store, upload_id)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import os
 import signal
 import threading
 import time
@@ -23,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_artifacts import MiB, random_file, sha_of
 from tests.services import fresh_database
 from tests.support import Agent, Fleet, free_port, wait_until
 
-MiB = 1024 * 1024
 SIZE = 40 * MiB
 RATE = 10 * MiB  # bytes per second each way through the proxy: a transfer takes ~4 s
 FAULT_AT = 16 * MiB  # the fault comes once this much has crossed
@@ -112,24 +110,6 @@ class SlowLink:
         self._thread.join(10)
 
 
-def random_file(path: Path, size: int) -> str:
-    digest = hashlib.sha256()
-    with path.open("wb") as f:
-        for _ in range(size // MiB):
-            piece = os.urandom(MiB)
-            f.write(piece)
-            digest.update(piece)
-    return digest.hexdigest()
-
-
-def sha_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while piece := f.read(MiB):
-            digest.update(piece)
-    return digest.hexdigest()
-
-
 @contextlib.contextmanager
 def fleet_on(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     with contextlib.ExitStack() as stack:
@@ -194,42 +174,26 @@ def check_moved(fleet: Fleet, task: dict[str, Any], consumer: Agent, digest: str
 BACKENDS = ["sqlite", "postgres"]
 
 
+@pytest.mark.parametrize("way", ["upload", "download"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_an_orchestrator_killed_mid_upload_comes_back_and_the_upload_resumes(
-    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+def test_an_orchestrator_killed_mid_transfer_comes_back_and_the_transfer_resumes(
+    tmp_path: Path, backend: str, way: str, request: pytest.FixtureRequest
 ) -> None:
     with fleet_on(backend, tmp_path, request) as f:
         link = SlowLink(f.server.port, RATE)
         try:
-            producer, consumer = agent_via(f, "producer", link), agent_via(f, "consumer", None)
+            slow = "producer" if way == "upload" else "consumer"  # the agent whose transfer is watched
+            producer = agent_via(f, "producer", link if slow == "producer" else None)
+            consumer = agent_via(f, "consumer", link if slow == "consumer" else None)
             digest = random_file(producer.workspace / "big.bin", SIZE)
             task = f.submit(moving(producer, consumer))
-            wait_until(lambda: link.up >= FAULT_AT, 60, "the upload to be well under way", interval=0.01)
+            crossed = (lambda: link.up) if way == "upload" else (lambda: link.down)
+            wait_until(lambda: crossed() >= FAULT_AT, 90, f"the {way} to be well under way", interval=0.01)
             restart(f)
-            retried, _ = check_moved(f, task, consumer, digest)
-            print(f"upload through a restart ({backend}): {link.up} bytes crossed, {retried} retries")
-            assert retried >= 1  # the upload was cut, and went on
-            assert link.up < SIZE + LOST_AT_MOST, f"{link.up} bytes crossed: the upload started over"
-        finally:
-            link.close()
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_an_orchestrator_killed_mid_download_comes_back_and_the_download_resumes(
-    tmp_path: Path, backend: str, request: pytest.FixtureRequest
-) -> None:
-    with fleet_on(backend, tmp_path, request) as f:
-        link = SlowLink(f.server.port, RATE)
-        try:
-            producer, consumer = agent_via(f, "producer", None), agent_via(f, "consumer", link)
-            digest = random_file(producer.workspace / "big.bin", SIZE)
-            task = f.submit(moving(producer, consumer))
-            wait_until(lambda: link.down >= FAULT_AT, 90, "the download to be well under way", interval=0.01)
-            restart(f)
-            _, retried = check_moved(f, task, consumer, digest)
-            print(f"download through a restart ({backend}): {link.down} bytes crossed, {retried} retries")
-            assert retried >= 1
-            assert link.down < SIZE + LOST_AT_MOST, f"{link.down} bytes crossed: the download started over"
+            retries = dict(zip(("upload", "download"), check_moved(f, task, consumer, digest), strict=True))
+            print(f"{way} through a restart ({backend}): {crossed()} bytes crossed, {retries[way]} retries")
+            assert retries[way] >= 1  # it was cut, and went on
+            assert crossed() < SIZE + LOST_AT_MOST, f"{crossed()} bytes crossed: the {way} started over"
         finally:
             link.close()
 

@@ -53,6 +53,15 @@ def dag(*nodes: dict[str, Any], edges: list[tuple[str, str]] | None = None) -> d
     return {"nodes": list(nodes), "edges": [{"from": a, "to": b} for a, b in edges or []]}
 
 
+def hand_over(producer: Agent, path: str, consumer: Agent, target: str, name: str) -> dict[str, Any]:
+    """A DAG: `producer` publishes `path` as `name`, then `consumer` fetches it to `target`."""
+    return dag(
+        node("pub", producer.device_id, publish(path, name=name)),
+        node("get", consumer.device_id, fetch(target, name=name)),
+        edges=[("pub", "get")],
+    )
+
+
 def random_file(path: Path, size: int) -> str:
     """Write `size` random bytes to `path` in pieces; their sha256."""
     digest = hashlib.sha256()
@@ -176,29 +185,16 @@ def test_a_50_mb_file_moves_between_two_agents_streamed_checked_and_in_bounded_m
     # caches) is not what this measures. Growth was ~8 MiB for 50 and for 100 MiB on the fetching
     # agent, 1-3 MiB on the others: bounded, whatever the file's size.
     random_file(producer.workspace / "warm.bin", MiB)
-    warm = dag(
-        node("pub", producer.device_id, publish("warm.bin")),
-        node("get", consumer.device_id, fetch("warm.bin", name="warm.bin")),
-        edges=[("pub", "get")],
-    )
-    assert run(fleet, warm)["state"] == "succeeded"
+    assert run(fleet, hand_over(producer, "warm.bin", consumer, "warm.bin", "warm.bin"))["state"] == "succeeded"
     size = 50 * MiB
     digest = random_file(producer.workspace / "logs" / "merged.log", size)
     assert fleet.server.proc is not None and producer.proc is not None and consumer.proc is not None
     pids = {"server": fleet.server.proc.pid, "producer": producer.proc.pid, "consumer": consumer.proc.pid}
     before = {name: reset_peak(pid) for name, pid in pids.items()}
-    task = run(
-        fleet,
-        dag(
-            node("merge", producer.device_id, publish("logs/merged.log")),
-            node("analyse", consumer.device_id, fetch("in/merged.log", name="merged.log")),
-            edges=[("merge", "analyse")],
-        ),
-        timeout=240,
-    )
+    task = run(fleet, hand_over(producer, "logs/merged.log", consumer, "in/merged.log", "merged.log"), timeout=240)
     grown = {name: memory(pid)["VmHWM"] - before[name] for name, pid in pids.items()}
     assert task["state"] == "succeeded", task
-    published, fetched = output(fleet, task, "merge"), output(fleet, task, "analyse")
+    published, fetched = output(fleet, task, "pub"), output(fleet, task, "get")
     assert {k: published[k] for k in ("name", "version", "sha256", "size")} == {
         "name": "merged.log",
         "version": 1,
@@ -481,14 +477,7 @@ def test_over_a_limit_nothing_moves_and_the_error_says_which_limit(fleet: Fleet)
     own = run(fleet, dag(node("pub", tiny.device_id, publish("big.txt"))))
     error = failure_of(own, "pub")
     assert error["code"] == "artifact_too_large" and "this device's limit" in error["message"]
-    task = run(
-        fleet,
-        dag(
-            node("pub", producer.device_id, publish("small.txt")),
-            node("get", tiny.device_id, fetch("small.txt", name="small.txt")),
-            edges=[("pub", "get")],
-        ),
-    )
+    task = run(fleet, hand_over(producer, "small.txt", tiny, "small.txt", "small.txt"))
     assert failure_of(task, "get")["code"] == "artifact_too_large"
     assert not (tiny.workspace / "small.txt").exists()
 

@@ -27,6 +27,7 @@ export class ArtifactList {
     this.deviceName = deviceName;
     this.signal = signal;
     this.items = [];
+    this.signature = "";
     this.busy = false;
     this.again = false;
     this.el = h("section", { class: "card artifacts-card", id: "task-artifacts", hidden: true });
@@ -54,9 +55,13 @@ export class ArtifactList {
     }
   }
 
+  /** Draw the list; unchanged (same artifacts, same device names) it is left alone, so a button
+   * being clicked is never swapped for a new one. */
   draw() {
     this.el.hidden = !this.items.length;
-    if (!this.items.length) return;
+    const signature = JSON.stringify(this.items.map((a) => [a.id, this.deviceName(a.device_id)]));
+    if (!this.items.length || signature === this.signature) return;
+    this.signature = signature;
     replace(
       this.el,
       h("h2", { class: "card-title" }, this.items.length === 1 ? "1 artifact" : `${this.items.length} artifacts`),
