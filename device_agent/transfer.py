@@ -1,7 +1,7 @@
 """The agent's HTTP(S) line to the orchestrator's artifact routes (`/v1/agent/artifacts`, issue 20).
 
 It uses what the agent's WebSocket uses: the server URLs (`--server`, then each `--also-server`
-in turn after a connection failure), the device token as `Authorization: Bearer`, and the CA
+in turn after a failed or cut connection), the device token as `Authorization: Bearer`, and the CA
 file for https. A request that fails for a reason that may pass (no connection, a timeout, a
 dropped stream, 408, 429, 5xx: an orchestrator restarting or failing over) is tried again after
 a capped exponential backoff with full jitter (`device_agent.reconnect.Backoff`) until the
@@ -150,8 +150,11 @@ class Connection:
         """Wait before trying again after `exc`, or raise `TransferError("timeout")` if the
         deadline leaves no time for another try."""
         self.retries += 1
-        if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout) and len(self.link.servers) > 1:
-            self._turn += 1  # the next server URL, as the WebSocket does after a failed connection
+        cut = exc.__cause__ if isinstance(exc, Transient) else exc
+        if isinstance(cut, httpx2.TransportError) and len(self.link.servers) > 1:
+            # The connection failed, not the server's answer: the next server URL, as the
+            # WebSocket does after each failed connection (a killed replica, its proxy closing).
+            self._turn += 1
             await self.__aexit__()
         delay = self.backoff.next_delay()
         if self.left() - delay < 0.5:

@@ -65,8 +65,10 @@ class SlowLink:
         self._ready.set()
         async with server:
             await self._stop.wait()
-        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        rest = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in rest:
             task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -104,6 +106,9 @@ class SlowLink:
         self._loop.call_soon_threadsafe(cut)
 
     def close(self) -> None:
+        """Stop forwarding (new connections are refused); closing again does nothing."""
+        if self._loop.is_closed():
+            return
         self.sever()
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
