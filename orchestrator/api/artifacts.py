@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -167,12 +167,11 @@ async def artifact_link(task_id: str, name: str, comp: Comp, principal: Viewer, 
 )
 async def follow_link(
     token: Annotated[str, Path(max_length=1000)],
-    request: Request,
+    comp: Comp,
     range_: RangeHeader = None,
     if_range: IfRange = None,
 ) -> Response:
     """The bytes a download link names, as an attachment (no API key: the link is the permission)."""
-    comp = request.app.state.components
     claims = read_link(comp.hasher, token, time.time())
     if not await comp.store.api_key_active(claims.key_id):
         raise LinkExpired("the API key that made this link has been revoked; sign in again and ask for a new one")

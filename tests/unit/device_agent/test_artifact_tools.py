@@ -15,6 +15,7 @@ import pytest
 
 from device_agent.artifacts import file_digest, refusal
 from device_agent.config import AgentConfig
+from device_agent.policy import Policy
 from device_agent.router import CallLimit, ToolsetHost
 from device_agent.toolsets.base import ToolsetContext
 from device_agent.toolsets.files import build
@@ -136,3 +137,21 @@ def test_the_artifact_routes_are_reached_like_the_websocket() -> None:
     assert http_base("https://orch.example/") == "https://orch.example"
     cfg = AgentConfig(server="https://a:1", servers=["http://b:2"], token="orrd_dev_1.s", max_artifact_bytes=5)
     assert cfg.artifact_link() == ArtifactLink(("https://a:1", "http://b:2"), "orrd_dev_1.s", None, 5)
+
+
+async def test_the_kill_switch_lets_a_publish_run_and_refuses_a_fetch_and_a_stop_refuses_both(
+    workspace: Path, tmp_path: Path
+) -> None:
+    ctx = make_ctx(workspace)  # no batch runs: a publish that gets past the policy says so
+    host = ToolsetHost("files", build(ctx), strict_arguments=True, in_process=True)
+    publish = Command(call_id="p", tool="files.publish_artifact", arguments={"path": "report.txt"})
+    fetch = Command(call_id="f", tool="files.fetch_artifact", arguments={"path": "x", "name": "report.txt"})
+    async with routing(Policy(kill_switch=True), tmp_path / "audit.jsonl", host) as r:
+        ran = await r.call(publish, "b_1", CallLimit(10))
+        refused = await r.call(fetch, "b_1", CallLimit(10))
+        assert ran.error is not None and ran.error.code == "tool_error"  # it ran: it changes nothing here
+        assert refused.error is not None and refused.error.code == "policy_denied"
+        await r.stop_latch.engage("test")
+        for cmd in (publish, fetch):
+            stopped = await r.call(cmd, "b_1", CallLimit(10))
+            assert stopped.error is not None and stopped.error.code == "device_stopped"
