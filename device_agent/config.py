@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from device_agent.killswitch import default_path as default_kill_switch_path
 from device_agent.policy import Policy
 from device_agent.sandbox import Limits
+from device_agent.transfer import ArtifactLink, http_base
 
 TOKEN_PREFIX = "orrd_"
 # Without --data-dir, each device gets `<this>/<device id>/` under the directory the agent is
@@ -211,6 +212,8 @@ class AgentConfig(BaseSettings):
     max_output_bytes: int = Field(default=1_000_000, ge=1024)
     max_result_bytes: int = Field(default=256 * 1024, ge=1024)
     max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # Issue 20: the largest artifact this device publishes or fetches (files.publish_artifact/fetch_artifact).
+    max_artifact_bytes: int = Field(default=1024 * 1024 * 1024, ge=0)
     log_format: Literal["text", "json"] = "text"
     # debug also shows the MCP SDK's and HTTP client's lines (they include tool arguments)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -262,6 +265,11 @@ class AgentConfig(BaseSettings):
 
     def server_urls(self) -> list[str]:
         return [agent_url(u) for u in [self.server, *self.servers]]
+
+    def artifact_link(self) -> ArtifactLink:
+        """How the artifact tools reach the orchestrator: the same URLs, token and CA file."""
+        servers = tuple(http_base(u) for u in self.server_urls())
+        return ArtifactLink(servers, self.token, self.ca_file, self.max_artifact_bytes)
 
     def policy_report(self) -> dict[str, Any]:
         """What the owner allows, as `hello.info.policy` reports it (the server keeps it as given)."""

@@ -116,7 +116,9 @@ def build(config: AgentConfig) -> Agent:
     if ctx.sandbox is None and "shell" in config.toolsets:
         log.info("shell.run is not sandboxed: shell_allow/shell_deny are guardrails only (see sandbox = 'bwrap')")
     info = {**system.device_info(), "policy": config.policy_report()}
-    return Agent(config, router, ledger, info, crash)
+    agent = Agent(config, router, ledger, info, crash)
+    ctx.current_batch = lambda: agent.current  # the artifact tools act for the running batch (issue 20)
+    return agent
 
 
 def mcp_host(server: McpServerConfig, workspace: Path, on_change: Callable[[], None] | None = None) -> ToolsetHost:
@@ -186,7 +188,13 @@ def toolset_context(config: AgentConfig) -> ToolsetContext:
     if config.sandbox == "bwrap":
         sandbox = Sandbox.create(workspace, data_dir, network=config.sandbox_network, limits=config.sandbox_limits())
         sandbox.probe()
-    return ToolsetContext(workspace=workspace, policy=config.policy(), data_dir=data_dir, sandbox=sandbox)
+    return ToolsetContext(
+        workspace=workspace,
+        policy=config.policy(),
+        data_dir=data_dir,
+        sandbox=sandbox,
+        artifacts=config.artifact_link() if config.token else None,
+    )
 
 
 async def check(config: AgentConfig) -> dict[str, Any]:

@@ -23,9 +23,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import __version__, web
-from orchestrator.api import approvals, devices, errors, health, keys, schedules, tasks
+from orchestrator.api import agent_artifacts, approvals, artifacts, devices, errors, health, keys, schedules, tasks
 from orchestrator.api.deps import Components
 from orchestrator.api.errors import problem_response
+from orchestrator.artifacts.service import Artifacts
 from orchestrator.bus.local import LocalBus
 from orchestrator.bus.redis import RedisBus
 from orchestrator.cluster import Cluster, LocalCluster
@@ -68,6 +69,8 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
     for module in (health, tasks, devices, keys, approvals):
         app.include_router(module.router)
     app.include_router(schedules.router)  # issue 20
+    for router in (artifacts.router, artifacts.links, agent_artifacts.router):  # issue 20
+        app.include_router(router)
     web.mount(app)
     install_docs(app)
 
@@ -166,6 +169,7 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         auth_failures=auth_failures,
         planner=planner,
         cluster=cluster,
+        artifacts=Artifacts.create(settings, store),
         redis=redis,
     )
 

@@ -36,10 +36,12 @@ tasks_app = typer.Typer(no_args_is_help=True, help="List, inspect, watch and can
 keys_app = typer.Typer(no_args_is_help=True, help="Create and revoke API keys.")
 approvals_app = typer.Typer(no_args_is_help=True, help="Commands waiting for a person's approval: list, approve, deny.")
 schedules_app = typer.Typer(no_args_is_help=True, help="Cron schedules that submit a task at every tick.")
+artifacts_app = typer.Typer(no_args_is_help=True, help="Files a task's commands published: list, get.")
 app.add_typer(devices_app, name="devices")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(keys_app, name="api-keys")
 app.add_typer(approvals_app, name="approvals")
+app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(schedules_app, name="schedules")
 
 console = Console()
@@ -798,6 +800,57 @@ def _schedule_action(action: str) -> Any:
 
 for _action in ("pause", "resume", "delete"):
     schedules_app.command(_action)(_schedule_action(_action))
+
+
+# ---------------------------------------------------------------- artifacts (issue 20)
+
+
+@artifacts_app.command("list")
+def artifacts_list(
+    task_id: str,
+    history: Annotated[bool, typer.Option("--history", help="every version, not only each name's newest")] = False,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """A task's artifacts, newest first: name, version, size, sha256, node and device."""
+    from orchestrator.console import artifacts_table, device_names, print_table
+
+    with _api(server, api_key) as c:
+        page = c.artifacts(task_id, history)
+        names = device_names(c) if page["items"] and not json_out else {}
+    if json_out:
+        _print_json(page["items"])
+    elif not page["items"]:
+        console.print(f"task {task_id} has no artifacts", markup=False, highlight=False)
+    else:
+        print_table(console, artifacts_table(page["items"], names))
+
+
+@artifacts_app.command("get")
+def artifacts_get(
+    task_id: str,
+    name: str,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="file to write (default: ./NAME)")] = None,
+    version: Annotated[int | None, typer.Option(help="this version (default: the newest)")] = None,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Download an artifact, checked against its sha256 before it is saved (resumes a dropped download)."""
+    from orchestrator.artifacts.download import save
+
+    dest = output or Path(name)
+    if dest.is_dir():
+        dest = dest / name
+    with _api(server, api_key) as c:
+        artifact = save(c, task_id, name, version, dest)
+    if json_out:
+        _print_json({**artifact, "path": str(dest)})
+    else:
+        what = f"{artifact['name']} v{artifact['version']} ({artifact['size']:,} bytes, sha256 {artifact['sha256']})"
+        line = f"saved {what} to {dest}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

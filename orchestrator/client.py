@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -215,6 +216,26 @@ class Client:
         else:
             result = self.request("POST", f"/v1/schedules/{ref}/{action}")
         return result
+    # ---- issue 20, artifacts
+
+    def artifacts(self, task_id: str, history: bool = False, limit: int = 500) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit, "history": str(history).lower()}
+        result: dict[str, Any] = self.request("GET", f"/v1/tasks/{task_id}/artifacts", params=params)
+        return result
+
+    def artifact(self, task_id: str, name: str, version: int | None = None) -> dict[str, Any]:
+        params = {"version": version} if version is not None else {}
+        result: dict[str, Any] = self.request("GET", f"/v1/tasks/{task_id}/artifacts/{name}", params=params)
+        return result
+
+    @contextlib.contextmanager
+    def stream(self, path: str, headers: dict[str, str]) -> Iterator[httpx.Response]:
+        """A streamed GET of `path` (a problem answer raises `ClientError`)."""
+        with self._http.stream("GET", path, headers=headers, timeout=httpx.Timeout(30, read=300)) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise self._problem(resp)
+            yield resp
 
     def events(self, task_id: str, after: int = 0) -> Iterator[tuple[int, str, dict[str, Any]]]:
         """Server-sent events of a task: (id, type, data), until the task ends."""

@@ -100,6 +100,14 @@ class Settings(BaseSettings):
     )
     log_format: str = "text"
     log_level: str = "info"
+    # ---- issue 20, artifacts: files commands publish (orchestrator/artifacts/)
+    max_artifact_bytes: int = Field(default=1024 * MiB, ge=0, description="largest artifact a device may publish")
+    artifact_store: str = Field(
+        default="auto",
+        description="where artifact bytes live: files (under artifact_dir), database (chunks in the store: "
+        "every replica serves them), or auto (database on Postgres, files on SQLite)",
+    )
+    artifact_dir: Path | None = Field(default=None, description="the files store's directory (<data-dir>/artifacts)")
 
     @field_validator("prompts_dir")
     @classmethod
@@ -112,6 +120,13 @@ class Settings(BaseSettings):
                 check_dir(value)
             except PromptError as exc:
                 raise ValueError(exc.message) from None
+        return value
+
+    @field_validator("artifact_store")
+    @classmethod
+    def _artifact_store(cls, value: str) -> str:
+        if value not in ("auto", "files", "database"):
+            raise ValueError(f"artifact_store must be auto, files or database, got {value!r}")
         return value
 
     @property

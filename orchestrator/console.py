@@ -414,3 +414,25 @@ def _watch_lines(
     task = client.task(task_id)
     console.print(task_view(task, show_outputs=True, names=names))
     return task
+
+
+# ---- issue 20, artifacts
+
+
+def artifacts_table(items: list[dict[str, Any]], names: dict[str, str]) -> Table:
+    """A task's artifacts (`orrery artifacts list`): name, version, size, sha256, where from."""
+    table = Table(title="Artifacts", header_style="bold")
+    for col in ("name", "version", "size", "sha256", "node", "device", "published"):
+        table.add_column(col, overflow="fold")
+    for a in items:
+        version = f"{a['version']}" + ("" if a.get("current", True) else " (old)")
+        table.add_row(
+            a["name"],
+            version,
+            f"{a['size']:,}",
+            a["sha256"],
+            a["node_id"],
+            names.get(a["device_id"], a["device_id"]),
+            (a.get("created_at") or "")[:19].replace("T", " "),
+        )
+    return table

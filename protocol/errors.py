@@ -68,6 +68,13 @@ TOOLSET_ERROR_CODES = frozenset({"stale_observation", "id_conflict", "busy", "st
     "element_mismatch",  # the element_id does not carry the name the caller gave: nothing was done
     "element_not_actionable",  # the element is disabled or not visible now: nothing was done
 }
+# ---- issue 20, artifacts: the codes of files.publish_artifact and files.fetch_artifact
+TOOLSET_ERROR_CODES |= {
+    "artifact_too_large",  # over the device's or the orchestrator's limit: nothing was sent
+    "artifact_not_found",  # the task has no artifact by that name or sha256
+    "integrity_error",  # the bytes did not have their sha256: nothing was recorded or written
+    "transfer_failed",  # the orchestrator refused the transfer (the batch ended, the token)
+}
 RESULT_ERROR_CODES = frozenset(c.value for c in ErrorCode) | TOOLSET_ERROR_CODES
 MAX_REPORTED_CODE_CHARS = 64
 MAX_ERROR_MESSAGE_CHARS = 4000

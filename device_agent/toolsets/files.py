@@ -1,4 +1,5 @@
-"""The `files` toolset: read, write, append, list and delete files inside the workspace (SPEC section 5).
+"""The `files` toolset: read, write, append, list and delete files inside the workspace (SPEC section 5);
+publish and fetch artifacts (issue 20, device_agent/toolsets/artifacts.py).
 
 Every path goes through `policy.contain`, so `..`, absolute paths and symlinks that lead out of
 the workspace are refused with `policy_denied`. The file work itself is blocking, so it runs in a
@@ -25,6 +26,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from device_agent.policy import PolicyDenied, check_action, contain
+from device_agent.toolsets import artifacts
 from device_agent.toolsets.base import READ_ONLY, ToolsetContext, action, failure, success, tool
 
 Encoding = Literal["utf-8", "base64"]
@@ -135,6 +137,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
         """
         return await _in_thread(_delete, ctx, path, recursive)
 
+    artifacts.register(server, ctx)  # publish_artifact, fetch_artifact (issue 20)
     return server
 
 

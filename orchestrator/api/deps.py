@@ -18,6 +18,7 @@ from orchestrator.store.repo import Store
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
+    from orchestrator.artifacts.service import Artifacts
     from orchestrator.bus.local import LocalBus
     from orchestrator.cluster import Cluster
     from orchestrator.engine.core import Engine
@@ -35,6 +36,7 @@ class Components:
     bus: LocalBus
     auth_failures: RateLimiter
     cluster: Cluster
+    artifacts: Artifacts  # issue 20
     planner: PlannerService | None = None
     redis: Redis | None = None
 

@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from orchestrator.artifacts.errors import ArtifactError
 from orchestrator.cluster import ClusterUnavailable
 from orchestrator.domain.problems import DomainError
 from orchestrator.store.repo import BadCursor
@@ -29,8 +30,10 @@ _TITLES = {
     405: "Method not allowed",
     408: "Request timeout",
     409: "Conflict",
+    410: "Gone",
     413: "Payload too large",
     415: "Unsupported media type",
+    416: "Range not satisfiable",
     422: "Unprocessable request",
     429: "Too many requests",
     431: "Request header fields too large",
@@ -143,6 +146,11 @@ def install(app: FastAPI) -> None:
         return problem_response(
             exc.status, exc.code, exc.problems[0].message, problems=[p.as_dict() for p in exc.problems]
         )
+
+    @app.exception_handler(ArtifactError)
+    async def _artifact_error(req: Request, exc: ArtifactError) -> JSONResponse:
+        _count(req, exc.code)  # issue 20: uploads, downloads and links (orchestrator/artifacts/errors.py)
+        return problem_response(exc.status, exc.code, exc.detail, **exc.extra)
 
     @app.exception_handler(BadCursor)
     async def _bad_cursor(req: Request, exc: BadCursor) -> JSONResponse:

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import LargeBinary  # artifact chunks (issue 20)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -309,8 +310,84 @@ class DagEdit(Base):
     at: Mapped[datetime]
 
 
+# ---- issue 20, artifacts: files published by commands (orchestrator/artifacts/)
+
+
+class ArtifactUpload(Base):
+    """An artifact on its way in: a device's upload for one of its open batches. Its bytes are
+    staged in the blob store under the upload's id (resumable from what is staged) until they
+    are all there and their sha256 is the one declared; then the artifact is recorded."""
+
+    __tablename__ = "artifact_uploads"
+    __table_args__ = (
+        Index("ix_artifact_uploads_batch", "batch_id", "name"),
+        Index("ix_artifact_uploads_state", "state", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    node_id: Mapped[str] = mapped_column(String(64))
+    batch_id: Mapped[str] = mapped_column(String(40))
+    device_id: Mapped[str] = mapped_column(String(40))
+    name: Mapped[str] = mapped_column(String(200))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(20))  # open complete failed
+    reason: Mapped[str | None] = mapped_column(String(300))  # why it failed
+    artifact_id: Mapped[str | None] = mapped_column(String(40))  # the record it made
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Artifact(Base):
+    """One published version of a task's artifact `name`: the newest version is the artifact,
+    the older ones its history. Content-addressed: the bytes are the blob `sha256`."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (Index("uq_artifacts_version", "task_id", "name", "version", unique=True),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    node_id: Mapped[str] = mapped_column(String(64))
+    batch_id: Mapped[str] = mapped_column(String(40))
+    device_id: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[datetime]
+
+
+class ArtifactBlob(Base):
+    """The database blob store: which upload's chunks hold the blob `sha256` (blobs are shared
+    by every artifact with that content, in any task)."""
+
+    __tablename__ = "artifact_blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    upload_id: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[datetime]
+
+
+class ArtifactChunk(Base):
+    """The database blob store: an upload's bytes in pieces of at most one request body, so
+    that every replica can stream them (in and out) without holding a whole blob."""
+
+    __tablename__ = "artifact_chunks"
+
+    upload_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    start_byte: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    size: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 __all__ = [
     "ApiKey",
+    "Artifact",
+    "ArtifactBlob",
+    "ArtifactChunk",
+    "ArtifactUpload",
     "Attempt",
     "Base",
     "DagEdit",

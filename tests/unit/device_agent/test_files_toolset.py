@@ -235,6 +235,9 @@ async def test_tools_carry_documented_annotations(workspace: Path) -> None:
         "write": (False, True, True),
         "append": (False, False, True),  # appending twice adds twice: never retried automatically
         "delete": (False, True, True),
+        # issue 20: publishing changes nothing here, and the same content is the same artifact
+        "publish_artifact": (False, True, False),
+        "fetch_artifact": (False, True, True),  # it writes (or replaces) a file, the same one each time
     }
     assert "append" not in tools["write"].input_schema["properties"]
     assert all(t.description for t in tools.values())

@@ -86,6 +86,11 @@ CALLS: dict[str, list[Call]] = {
         ("files.delete", {"path": "b.bin"}),
         ("files.delete", {"path": "b.bin"}),
         ("files.delete", {"path": ".", "recursive": "yes"}),
+        ("files.publish_artifact", {"path": "a.txt"}),  # no batch runs: a tool_error
+        ("files.publish_artifact", {"path": "../a.txt", "name": "a"}),
+        ("files.fetch_artifact", {"path": "c.txt", "name": "a.txt"}),
+        ("files.fetch_artifact", {"path": "c.txt"}),  # neither name nor sha256
+        ("files.fetch_artifact", {"path": "c.txt", "sha256": "not-hex"}),
     ],
     "gui": [
         ("gui.observe", {}),

@@ -5,9 +5,11 @@
 // the page then moves to the new task, which says which task it re-runs.
 // A node waiting for approval (`waiting_approval`) is named in a banner under the title; its
 // panel shows its approvals with Approve / Deny (approvals.js). `?node=<id>` opens a node's panel.
+// What the task's commands published is listed above the graph, with downloads (artifacts.js).
 
 import { api, myRole, query } from "../api.js";
 import { ApprovalList } from "../approvals.js";
+import { ArtifactList } from "../artifacts.js";
 import { h, icon, pill, replace } from "../dom.js";
 import { labelList, shortId } from "../format.js";
 import { DagView } from "../graph.js";
@@ -16,6 +18,7 @@ import { confirmButton, countChips, emptyState, flash, liveDuration, loading, TE
 import { NodePanel } from "./nodepanel.js";
 
 const REFETCH_MS = 500;
+const TERMINAL_NODE = new Set(["succeeded", "failed", "skipped", "cancelled"]);
 
 export function mountTask(root, taskId, params = new URLSearchParams()) {
   const base = `/v1/tasks/${encodeURIComponent(taskId)}`;
@@ -53,7 +56,8 @@ export function mountTask(root, taskId, params = new URLSearchParams()) {
   });
   const graphCard = h("div", { class: "card graph-card" }, dag.el);
   const bodyEl = h("div", { class: "task-body" }, graphCard, panel.el);
-  const page = h("div", { class: "page task-page" }, head, bodyEl);
+  const artifacts = new ArtifactList({ taskId, deviceName: (id) => deviceName(id), signal: controller.signal });
+  const page = h("div", { class: "page task-page" }, head, artifacts.el, bodyEl);
   root.append(h("div", { class: "page" }, loading("Loading task…")));
 
   const connection = h("span", { class: "conn", id: "stream-status" });
@@ -130,6 +134,7 @@ export function mountTask(root, taskId, params = new URLSearchParams()) {
       replace(root, page);
       startFeed();
       loadApprovals();
+      artifacts.refresh();
     }
     drawHead();
     dag.render(task);
@@ -171,6 +176,7 @@ export function mountTask(root, taskId, params = new URLSearchParams()) {
         ),
       );
       if (stopped || !task) return;
+      artifacts.draw();
       dag.render(task); // same shape: updates the device names on the nodes in place
       panel.approvalList?.refresh();
       if (selected) {
@@ -287,6 +293,7 @@ export function mountTask(root, taskId, params = new URLSearchParams()) {
       if (selected === node.id) panel.show(task, node);
       scheduleFetch();
       if (data.state === "waiting_approval") loadApprovals();
+      if (TERMINAL_NODE.has(data.state)) artifacts.refresh(); // a node's artifacts are recorded before it ends
     } else if (type === "approval.requested" || type === "approval.decided") {
       loadApprovals();
     } else if (type === "node.attempt") {
