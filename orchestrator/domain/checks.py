@@ -5,10 +5,11 @@ moot, and what a device's reported policy would refuse. Pure: the caller hands i
 
 from __future__ import annotations
 
+import difflib
 import json
 import posixpath
 import re
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +17,10 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from jsonschema.protocols import Validator
 from referencing import Registry
 
+from orchestrator.domain import templates
 from orchestrator.domain.model import AdminState, CommandSpec, DagSpec, NodeKind, NodeSpec
 from orchestrator.domain.placement import DeviceView, capable, signature
+from orchestrator.domain.placement import refusals as placement_refusals
 from orchestrator.domain.problems import Problem
 
 REFERENCE = "${nodes."  # SPEC section 2: `${nodes.<id>...}` is filled in at run time
@@ -104,23 +107,47 @@ def catalog(devices: Sequence[CatalogDevice] | Catalog) -> Catalog:
 
 
 def argument_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
-    """`invalid_arguments` for every command whose arguments fit the input schema of its tool on
-    none of the node's candidate devices (arguments that fit one of them are accepted)."""
+    """`invalid_arguments` for every command (and verify command) whose arguments fit the input
+    schema of its tool on none of the node's candidate devices (arguments that fit one of them
+    are accepted). An argument that is exactly a fan-out node's `${nodes.<id>.output}` is judged
+    as the object it will be (a map from device name to output)."""
     fleet = catalog(devices)
+    fanned = {n.id for n in spec.nodes if n.for_each is not None}
     problems: list[Problem] = []
     for node in spec.nodes:
-        if node.kind is not NodeKind.TOOL:
-            continue
-        for index, command in enumerate(node.commands):
-            for where, message in _command_errors(command, fleet.judges(node, command.tool)):
+        listed = [("command", i, c) for i, c in enumerate(node.commands)] if node.kind is NodeKind.TOOL else []
+        listed += [("verify", i, c) for i, c in enumerate(node.verify)]
+        for label, index, command in listed:
+            typed, maps = _typed(command, fanned)
+            for where, said in _command_errors(typed, fleet.judges(node, command.tool)):
+                message = said
+                if where in maps:
+                    message = (
+                        f"argument '{where}' is ${{nodes.{maps[where]}.output}}, a map from device name to output "
+                        f"(node '{maps[where]}' fans out), which {command.tool} does not take here; use one "
+                        f"device's: ${{nodes.{maps[where]}.output.<device>...}}"
+                    )
+                what = "command" if label == "command" else "verify command"
                 problems.append(
                     Problem(
                         "invalid_arguments",
-                        f"node '{node.id}' command {index} ({command.tool}): {message}",
-                        {"node": node.id, "node_id": node.id, "command": index, "tool": command.tool, "field": where},
+                        f"node '{node.id}' {what} {index} ({command.tool}): {message}",
+                        {"node": node.id, "node_id": node.id, label: index, "tool": command.tool, "field": where},
                     )
                 )
     return problems
+
+
+def _typed(command: CommandSpec, fanned: Collection[str]) -> tuple[CommandSpec, dict[str, str]]:
+    """`command` with each top-level argument that is a fan-out node's whole output replaced by an
+    object, and those arguments (name -> node)."""
+    if not fanned:
+        return command, {}
+    maps = {k: n for k, v in command.arguments.items() if (n := templates.whole_output(v, fanned)) is not None}
+    if not maps:
+        return command, {}
+    arguments = {k: ({} if k in maps else v) for k, v in command.arguments.items()}
+    return command.model_copy(update={"arguments": arguments}), maps
 
 
 def _command_errors(command: CommandSpec, judges: Iterable[Judge]) -> list[tuple[str, str]]:
@@ -300,6 +327,96 @@ def retry_warnings(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) ->
 def retry_safe_tool(tool: Mapping[str, Any] | None) -> bool:
     annotations = (tool or {}).get("annotations") or {}
     return bool(annotations.get("read_only")) or bool(annotations.get("idempotent"))
+
+
+# ---------------------------------------------------------------- issue 20: verify, fan-out
+
+
+def verify_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
+    """`verify_not_read_only`: a verify command's tool is not annotated read-only on a device the
+    node may run on. Verify commands run again whenever an outcome needs deciding (after a
+    restart, on another device), so they must not change anything."""
+    fleet = catalog(devices)
+    problems: list[Problem] = []
+    for node in spec.nodes:
+        for index, command in enumerate(node.verify):
+            writers = sorted(
+                d.name
+                for d in fleet.candidates(node)
+                if command.tool in d.tools
+                and not bool((d.tools[command.tool].get("annotations") or {}).get("read_only"))
+            )
+            if writers:
+                shown = ", ".join(writers[:5]) + (f" and {len(writers) - 5} more" if len(writers) > 5 else "")
+                problems.append(
+                    Problem(
+                        "verify_not_read_only",
+                        f"node '{node.id}' verify command {index} uses {command.tool}, which is not read-only on "
+                        f"{shown}; verify commands may only use read-only tools (such as files.read, files.list, "
+                        "system.info), because they run again whenever an outcome must be decided",
+                        {
+                            "node": node.id,
+                            "node_id": node.id,
+                            "verify": index,
+                            "tool": command.tool,
+                            "devices": writers,
+                        },
+                    )
+                )
+    return problems
+
+
+def fan_out_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
+    """Each device a `for_each.devices` list names must be enrolled and able to run the node, and a
+    reference into such a node's output must start with one of their names (the map's keys)."""
+    fleet = catalog(devices)
+    active = [d for d in fleet.devices if d.view.admin is not AdminState.REVOKED]
+    by_key = {d.view.id: d for d in active} | {d.view.name: d for d in active if d.view.name}
+    problems: list[Problem] = []
+    names: dict[str, set[str]] = {}
+    for node in spec.nodes:
+        fan = node.for_each
+        if fan is None or fan.devices is None:
+            continue
+        names[node.id] = set()
+        for entry in fan.devices:
+            found = by_key.get(entry)
+            if found is None:
+                nearest = difflib.get_close_matches(entry, [d.name for d in active], n=3, cutoff=0.6)
+                hint = f"; did you mean {', '.join(nearest)}?" if nearest else "; enroll it first"
+                problems.append(
+                    Problem(
+                        "unknown_device",
+                        f"node '{node.id}' for_each.devices names '{entry}', which is not an enrolled device{hint}",
+                        {"node": node.id, "node_id": node.id, "device": entry, "nearest": nearest},
+                    )
+                )
+                continue
+            names[node.id].add(found.name)
+            if not capable(node, found.view):
+                why = ", ".join(placement_refusals(node, found.view))
+                problems.append(
+                    Problem(
+                        "no_capable_device",
+                        f"node '{node.id}' for_each.devices names '{entry}', which cannot run it ({why}); "
+                        "leave it out or give it the tools",
+                        {"node": node.id, "node_id": node.id, "device": entry},
+                    )
+                )
+    for node in spec.nodes:
+        args = [c.arguments for c in [*node.commands, *node.verify]]
+        for ref, root, steps, text in templates.parts(args):
+            if ref not in names or root is None or not steps or templates.first_key(steps, names[ref])[0]:
+                continue
+            problems.append(
+                Problem(
+                    "invalid_reference",
+                    f"node '{node.id}': {text} looks up a device that node '{ref}' does not run on; its output "
+                    f"has one key per device it names: {', '.join(sorted(names[ref]))}",
+                    {"node": node.id, "node_id": node.id, "reference": ref},
+                )
+            )
+    return problems
 
 
 # ---------------------------------------------------------------- device policy

@@ -47,6 +47,7 @@ def validate_against(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits
                 runnable[key] = placement.could_ever_run(node, views)
             if not runnable[key]:
                 problems.append(placement.no_capable_device(node, views))
+    problems += checks.fan_out_problems(spec, fleet) + checks.verify_problems(spec, fleet)
     return problems + checks.argument_problems(spec, fleet)
 
 

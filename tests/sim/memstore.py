@@ -26,6 +26,7 @@ from orchestrator.store.models import (
     Event,
     LlmCall,
     Node,
+    NodeChild,
     Task,
 )
 from orchestrator.store.repo import (
@@ -249,7 +250,10 @@ class MemStore:
         attempts = sorted(
             (a for a in self.table(Attempt).values() if a.task_id == task.id), key=lambda a: (a.n, a.batch_id)
         )
-        return TaskBundle(task, nodes, edges, attempts)
+        children = sorted(
+            (c for c in self.table(NodeChild).values() if c.task_id == task.id), key=lambda c: (c.node_id, c.position)
+        )
+        return TaskBundle(task, nodes, edges, attempts, children)
 
     async def get_task(self, task_id: str) -> TaskBundle | None:
         task = self.table(Task).get((task_id,))
