@@ -127,6 +127,7 @@ class Rollout:
     active: int = 0
     finished: int = 0
     failed: int = 0
+    succeeded: int = 0
     canary_ok: int = 0
     canary_bad: int = 0
     _index: dict[str, int] = field(default_factory=dict)
@@ -155,12 +156,13 @@ class Rollout:
         self.active += int(new in ACTIVE) - int(old in ACTIVE)
         self.finished += int(new.terminal) - int(old.terminal)
         self.failed += int(new is NodeState.FAILED) - int(old is NodeState.FAILED)
+        self.succeeded += int(new is NodeState.SUCCEEDED) - int(old is NodeState.SUCCEEDED)
         if self._index.get(unit, self.canary) < self.canary:
             self.canary_ok += int(new is NodeState.SUCCEEDED) - int(old is NodeState.SUCCEEDED)
             self.canary_bad += int(new is NodeState.FAILED) - int(old is NodeState.FAILED)
 
     def recount(self, states: Mapping[str, NodeState]) -> None:
-        self.active = self.finished = self.failed = self.canary_ok = self.canary_bad = 0
+        self.active = self.finished = self.failed = self.succeeded = self.canary_ok = self.canary_bad = 0
         for unit in self.units:
             self.note(unit, NodeState.PENDING, states[unit])
         self.released = next((i for i, u in enumerate(self.units) if states[u] is NodeState.PENDING), len(self.units))
@@ -196,11 +198,12 @@ class Rollout:
 
     def verdict(self) -> str | None:
         """The node's error code once every child ended, or None: it succeeded. Without a budget
-        any failed child fails the node; with budget K, fewer than K failures are tolerated."""
+        any failed child fails the node; with budget K, fewer than K failures are tolerated, as
+        long as some child succeeded (a rollout that succeeded nowhere did not succeed)."""
         halted = self.halt()
         if halted is not None:
             return halted.value
-        if self.failed and self.budget is None:
+        if self.failed and (self.budget is None or not self.succeeded):
             return FAN_OUT_FAILED
         return None
 
@@ -208,6 +211,11 @@ class Rollout:
         if code == Halt.CANARY_FAILED:
             return f"a canary failed (the first {self.canary} devices run first), so the rest were not started"
         return f"{self.failed} children failed, reaching failure_budget {self.budget}, so the rest were not started"
+
+    def failed_message(self) -> str:
+        if self.budget is None:
+            return "without a failure_budget every child must succeed"
+        return "no child succeeded"
 
     def fan_out_row(self) -> dict[str, Any]:
         """What the node's row keeps of its rollout (the children have rows of their own)."""

@@ -371,7 +371,7 @@ class TaskRun:
         failed = [(name, c) for name, c in children if c.state is NodeState.FAILED]
         named = ", ".join(f"{name} ({(c.error or {}).get('code', 'failed')})" for name, c in failed[:5])
         more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
-        why = rollout.halt_message(code) if code != fanout.FAN_OUT_FAILED else "every child must succeed"
+        why = rollout.halt_message(code) if code != fanout.FAN_OUT_FAILED else rollout.failed_message()
         rec.error = {
             "code": code,
             "message": f"{len(failed)} of {len(children)} children failed: {named}{more}; {why}",

@@ -108,7 +108,7 @@ class Verifications:
 
     def wants(self, run: TaskRun, unit: str, outcome: AttemptOutcome) -> bool:
         """Do the node's verify commands decide how this attempt ended (instead of the usual rules)?"""
-        if not run.record(unit).spec.verify or run.cancel_requested or outcome.cancelled:
+        if not run.record(unit).spec.verify or (outcome.cancelled and not outcome.succeeded):
             return False
         return outcome.succeeded or (outcome.error_code in UNKNOWN and outcome.started)
 
@@ -117,6 +117,9 @@ class Verifications:
         rec = run.record(unit)
         after = "success" if outcome.succeeded else "unknown"
         p = Pending(att.key, att.device_id, rec.spec.placement.device is not None, after, outcome)
+        if run.cancel_requested:  # nothing is verified for a cancelled task: never succeeded unverified
+            self._cancel(run, p, now)
+            return
         self.pending[p.key] = p
         self.apply(run, run.verifying(unit, outcome.output if outcome.succeeded else None, outcome.results), now)
         dev = self.fleet.devices.get(att.device_id)
@@ -149,6 +152,9 @@ class Verifications:
     def _wait(self, run: TaskRun, p: Pending, now: float) -> None:
         if p.since is None:
             p.since = now
+        if now >= p.since + self.settings.probe_timeout_s:  # its bound passed while a check ran
+            self._time_out(run, p, now)
+            return
         self.timers.add(p.since + self.settings.probe_timeout_s, ProbeTimeout(p.key, p.since))
         self._store(run, p, "probing")
 
@@ -158,6 +164,10 @@ class Verifications:
             run = self.tasks.get(p.key[0])
             if run is None or not run.has(p.key[1]):
                 self.pending.pop(p.key, None)
+                continue
+            own = self.fleet.devices.get(p.device_id)
+            if p.pinned and (own is None or own.admin is AdminState.REVOKED):
+                self._give_up(run, p, "its device was revoked, so nothing can run its verify commands", now, "revoked")
                 continue
             dev = self._device_for(run, p)
             if dev is not None:
@@ -177,14 +187,21 @@ class Verifications:
         if p is None or p.since != timer.since or p.batch is not None:
             return  # decided since, or its verify attempt is running (it decides, or waits again)
         run = self.tasks.get(p.key[0])
-        if run is None:
-            return
-        del self.pending[p.key]
+        if run is not None:
+            self._time_out(run, p, now)
+
+    def _time_out(self, run: TaskRun, p: Pending, now: float) -> None:
         limit = self.settings.probe_timeout_s
+        self._give_up(run, p, f"no device could run its verify commands within probe_timeout_s ({limit:g}s)", now)
+
+    def _give_up(self, run: TaskRun, p: Pending, why: str, now: float, state: str = "timed_out") -> None:
+        """Nothing can decide it: it ends by its attempt's own failure (or, after a success that
+        could not be checked, as `uncertain`), judged by the retry rules."""
+        del self.pending[p.key]
         a = p.attempt
-        why = f"no device could run its verify commands within probe_timeout_s ({limit:g}s), so its outcome is unknown"
+        why = f"{why}, so its outcome is unknown"
         error, message = (a.error_code, f"{a.error_message}; {why}") if not a.succeeded else ("uncertain", why)
-        self._store(run, p, "timed_out")
+        self._store(run, p, state)
         self._end(run, p, _failure(a, error, message), now)
 
     def cancel(self, run: TaskRun, now: float) -> None:
