@@ -259,6 +259,10 @@ class DryRunNode(BaseModel):
     devices: list[str]  # names of the devices that may run it (placement and tools)
     would_run_on: str | None = None  # the device whose queue it would join now
     refusals: list[RefusalOut] = Field(default_factory=list)
+    # Issue 20, a fan-out node: the devices it would run on now, in rollout order, and those it
+    # would leave out (with why); null for other nodes.
+    fans_out_to: list[str] | None = None
+    left_out: list[dict[str, str]] | None = None
 
 
 class DryRunOut(BaseModel):
