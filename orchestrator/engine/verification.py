@@ -216,6 +216,11 @@ class Verifications:
         unit = p.key[1]
         rec = run.record(unit)
         node_id, child = fanout.split_unit(unit)
+        writers = [c.tool for c in rec.spec.verify if not dev.hints(c.tool)[0]]
+        if writers:  # checked at submission; a re-plan's edit or a device's new catalogue may differ
+            why = f"{', '.join(writers)} is not read-only on {dev.name}, and verify commands must change nothing"
+            self._decide(run, p, f"its verify commands were not run: {why}", None, now)
+            return
         try:
             commands = [
                 Command(

@@ -5,12 +5,23 @@ that is what a restarted orchestrator would see."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 from orchestrator.domain.model import Liveness
-from orchestrator.engine.records import CancelTask, DeviceChanged, LivenessChanged
+from orchestrator.engine.records import (
+    AgentDone,
+    AgentStep,
+    CancelTask,
+    DeviceChanged,
+    FrameIn,
+    LivenessChanged,
+    ToolCall,
+)
+from orchestrator.store import approvals as stored
 from orchestrator.store.models import Device
-from protocol.messages import Cancel, CommandBatch
+from protocol.messages import ApprovalRequest, Cancel, CommandBatch
 from tests.unit.engine.harness import Harness, accepted, results
 
 WEB = {"role": "web"}
@@ -312,3 +323,44 @@ async def test_a_restart_mid_fan_out_rebuilds_the_rollout_and_runs_no_child_twic
     assert (await h.task(task))["state"] == "succeeded"
     attempts = (await h.task(task))["attempts"]
     assert sorted(dev for _, dev, _, _ in attempts) == ["dev_w1", "dev_w2", "dev_w3", "dev_w4"]  # one each
+
+
+# ---------------------------------------------------------------- approvals and agent nodes
+
+
+async def test_a_child_waiting_for_approval_shows_it_and_its_node_stays_running(h: Harness) -> None:
+    await fleet(h, "w1", "w2")
+    task = await h.submit({"nodes": [fan()]})
+    dev, batch = sent(h)[0]
+    await h.step(accepted(dev, batch))
+    cmd = batch.commands[0]
+    request = ApprovalRequest(approval_id="apr_1", batch_id=batch.batch_id, call_id=cmd.call_id, tool=cmd.tool)
+    await h.step(FrameIn(dev, request))
+    name = dev.removeprefix("dev_")
+    assert (await children(h, task))[name] == ("waiting_approval", None)
+    assert (await node_row(h, task)).state == "running"
+    approval = await stored.get(h.store, "apr_1")
+    assert approval is not None and (approval.node_id, approval.device_id) == ("x", dev)
+
+
+async def test_an_agent_node_fans_out_one_step_loop_per_device(tmp_path: Path) -> None:
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open(planner=True)
+    try:
+        await fleet(h, "w1", "w2")
+        task = await h.submit(
+            {"nodes": [{"id": "x", "kind": "agent", "instruction": "tidy up", "for_each": {"labels": WEB}}]}
+        )
+        assert h.planner is not None and len(h.planner.agents) == 2
+        outputs = {}
+        for i, attempt in enumerate(h.planner.agents):
+            await h.step(AgentStep(attempt, [ToolCall("sim.look", {})]))
+            dev, step = next(
+                (s.device_id, s.message) for s in reversed(h.links.sent) if isinstance(s.message, CommandBatch)
+            )
+            await h.step(results(dev, step))
+            await h.step(AgentDone(attempt, True, output=f"done {i}"))
+            outputs[dev.removeprefix("dev_")] = f"done {i}"
+        row = await node_row(h, task)
+        assert (row.state, row.output) == ("succeeded", outputs)
+    finally:
+        await h.close()

@@ -282,3 +282,17 @@ async def test_verify_tools_must_be_on_the_device_for_it_to_be_placed(h: Harness
     await h.step(DeviceHello(only_act, hello, False, epoch, "A"))
     task = await h.submit({"nodes": [checked()]})
     assert (await h.task(task))["errors"] == {"x": "no_capable_device"}
+
+
+async def test_a_verify_tool_that_is_not_read_only_on_the_device_is_never_run(h: Harness) -> None:
+    """Submission refuses it (verify_not_read_only); a re-plan's edit or a device whose catalogue
+    changed since must not get it run either: the node fails instead."""
+    box = await h.enroll("box")
+    await h.connect(box)
+    task = await h.submit({"nodes": [{**checked(), "verify": [{"tool": "sim.act"}]}]})
+    ((dev, main),) = batches(h)
+    await h.step(results(dev, main))
+    assert batches(h, kind="verify") == []
+    row = await node_row(h, task)
+    assert (row.state, row.error["code"]) == ("failed", "verification_failed")
+    assert "sim.act is not read-only on box" in row.error["message"]
