@@ -5,7 +5,6 @@ moot, and what a device's reported policy would refuse. Pure: the caller hands i
 
 from __future__ import annotations
 
-import difflib
 import json
 import posixpath
 import re
@@ -20,7 +19,6 @@ from referencing import Registry
 from orchestrator.domain import templates
 from orchestrator.domain.model import AdminState, CommandSpec, DagSpec, NodeKind, NodeSpec
 from orchestrator.domain.placement import DeviceView, capable, signature
-from orchestrator.domain.placement import refusals as placement_refusals
 from orchestrator.domain.problems import Problem
 
 REFERENCE = "${nodes."  # SPEC section 2: `${nodes.<id>...}` is filled in at run time
@@ -327,96 +325,6 @@ def retry_warnings(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) ->
 def retry_safe_tool(tool: Mapping[str, Any] | None) -> bool:
     annotations = (tool or {}).get("annotations") or {}
     return bool(annotations.get("read_only")) or bool(annotations.get("idempotent"))
-
-
-# ---------------------------------------------------------------- issue 20: verify, fan-out
-
-
-def verify_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
-    """`verify_not_read_only`: a verify command's tool is not annotated read-only on a device the
-    node may run on. Verify commands run again whenever an outcome needs deciding (after a
-    restart, on another device), so they must not change anything."""
-    fleet = catalog(devices)
-    problems: list[Problem] = []
-    for node in spec.nodes:
-        for index, command in enumerate(node.verify):
-            writers = sorted(
-                d.name
-                for d in fleet.candidates(node)
-                if command.tool in d.tools
-                and not bool((d.tools[command.tool].get("annotations") or {}).get("read_only"))
-            )
-            if writers:
-                shown = ", ".join(writers[:5]) + (f" and {len(writers) - 5} more" if len(writers) > 5 else "")
-                problems.append(
-                    Problem(
-                        "verify_not_read_only",
-                        f"node '{node.id}' verify command {index} uses {command.tool}, which is not read-only on "
-                        f"{shown}; verify commands may only use read-only tools (such as files.read, files.list, "
-                        "system.info), because they run again whenever an outcome must be decided",
-                        {
-                            "node": node.id,
-                            "node_id": node.id,
-                            "verify": index,
-                            "tool": command.tool,
-                            "devices": writers,
-                        },
-                    )
-                )
-    return problems
-
-
-def fan_out_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
-    """Each device a `for_each.devices` list names must be enrolled and able to run the node, and a
-    reference into such a node's output must start with one of their names (the map's keys)."""
-    fleet = catalog(devices)
-    active = [d for d in fleet.devices if d.view.admin is not AdminState.REVOKED]
-    by_key = {d.view.id: d for d in active} | {d.view.name: d for d in active if d.view.name}
-    problems: list[Problem] = []
-    names: dict[str, set[str]] = {}
-    for node in spec.nodes:
-        fan = node.for_each
-        if fan is None or fan.devices is None:
-            continue
-        names[node.id] = set()
-        for entry in fan.devices:
-            found = by_key.get(entry)
-            if found is None:
-                nearest = difflib.get_close_matches(entry, [d.name for d in active], n=3, cutoff=0.6)
-                hint = f"; did you mean {', '.join(nearest)}?" if nearest else "; enroll it first"
-                problems.append(
-                    Problem(
-                        "unknown_device",
-                        f"node '{node.id}' for_each.devices names '{entry}', which is not an enrolled device{hint}",
-                        {"node": node.id, "node_id": node.id, "device": entry, "nearest": nearest},
-                    )
-                )
-                continue
-            names[node.id].add(found.name)
-            if not capable(node, found.view):
-                why = ", ".join(placement_refusals(node, found.view))
-                problems.append(
-                    Problem(
-                        "no_capable_device",
-                        f"node '{node.id}' for_each.devices names '{entry}', which cannot run it ({why}); "
-                        "leave it out or give it the tools",
-                        {"node": node.id, "node_id": node.id, "device": entry},
-                    )
-                )
-    for node in spec.nodes:
-        args = [c.arguments for c in [*node.commands, *node.verify]]
-        for ref, root, steps, text in templates.parts(args):
-            if ref not in names or root is None or not steps or templates.first_key(steps, names[ref])[0]:
-                continue
-            problems.append(
-                Problem(
-                    "invalid_reference",
-                    f"node '{node.id}': {text} looks up a device that node '{ref}' does not run on; its output "
-                    f"has one key per device it names: {', '.join(sorted(names[ref]))}",
-                    {"node": node.id, "node_id": node.id, "reference": ref},
-                )
-            )
-    return problems
 
 
 # ---------------------------------------------------------------- device policy

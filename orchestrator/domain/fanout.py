@@ -11,14 +11,17 @@ and says how the node ends once every child has. Pure: no devices are looked up 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from orchestrator.domain import placement
-from orchestrator.domain.model import AdminState, Liveness, NodeSpec, NodeState, Placement
+from orchestrator.domain import placement, templates
+from orchestrator.domain.checks import Catalog, CatalogDevice, catalog
+from orchestrator.domain.model import AdminState, DagSpec, Liveness, NodeKind, NodeSpec, NodeState, Placement
 from orchestrator.domain.placement import DeviceView
+from orchestrator.domain.problems import Problem
 
 UNIT_MARK = "@"  # not in a node id (a slug): `web@dev_1f3c` is node web's child on dev_1f3c
 LEFT_OUT_SHOWN = 100  # devices listed in `left_out` (the rest are counted)
@@ -95,7 +98,7 @@ def targets(spec: NodeSpec, devices: Iterable[DeviceView]) -> tuple[list[Target]
 
 def _untooled(spec: NodeSpec) -> NodeSpec:
     """The node's selector alone (labels, platform, names): which devices it means, tools aside."""
-    return spec.model_copy(update={"commands": [], "verify": [], "kind": "tool"})
+    return spec.model_copy(update={"commands": [], "verify": [], "kind": NodeKind.TOOL})
 
 
 def _unfit(spec: NodeSpec, device: DeviceView) -> str:
@@ -207,6 +210,13 @@ class Rollout:
             return FAN_OUT_FAILED
         return None
 
+    def failure_message(self, code: str, failed: list[tuple[str, str]]) -> str:
+        """Why the node failed: its failed children (device, error code; the first 5) and the rule."""
+        named = ", ".join(f"{name} ({error})" for name, error in failed[:5])
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        why = self.halt_message(code) if code != FAN_OUT_FAILED else self.failed_message()
+        return f"{len(failed)} of {len(self.units)} children failed: {named}{more}; {why}"
+
     def halt_message(self, code: str) -> str:
         if code == Halt.CANARY_FAILED:
             return f"a canary failed (the first {self.canary} devices run first), so the rest were not started"
@@ -220,3 +230,59 @@ class Rollout:
     def fan_out_row(self) -> dict[str, Any]:
         """What the node's row keeps of its rollout (the children have rows of their own)."""
         return {"devices": len(self.units), "left_out": self.left_out}
+
+
+# ---------------------------------------------------------------- at submission
+
+
+def fan_out_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
+    """Each device a `for_each.devices` list names must be enrolled and able to run the node, and a
+    reference into such a node's output must start with one of their names (the map's keys)."""
+    fleet = catalog(devices)
+    active = [d for d in fleet.devices if d.view.admin is not AdminState.REVOKED]
+    by_key = {d.view.id: d for d in active} | {d.view.name: d for d in active if d.view.name}
+    problems: list[Problem] = []
+    names: dict[str, set[str]] = {}
+    for node in spec.nodes:
+        fan = node.for_each
+        if fan is None or fan.devices is None:
+            continue
+        names[node.id] = set()
+        for entry in fan.devices:
+            found = by_key.get(entry)
+            if found is None:
+                nearest = difflib.get_close_matches(entry, [d.name for d in active], n=3, cutoff=0.6)
+                hint = f"; did you mean {', '.join(nearest)}?" if nearest else "; enroll it first"
+                problems.append(
+                    Problem(
+                        "unknown_device",
+                        f"node '{node.id}' for_each.devices names '{entry}', which is not an enrolled device{hint}",
+                        {"node": node.id, "node_id": node.id, "device": entry, "nearest": nearest},
+                    )
+                )
+                continue
+            names[node.id].add(found.name)
+            if not placement.capable(node, found.view):
+                why = ", ".join(placement.refusals(node, found.view))
+                problems.append(
+                    Problem(
+                        "no_capable_device",
+                        f"node '{node.id}' for_each.devices names '{entry}', which cannot run it ({why}); "
+                        "leave it out or give it the tools",
+                        {"node": node.id, "node_id": node.id, "device": entry},
+                    )
+                )
+    for node in spec.nodes:
+        args = [c.arguments for c in [*node.commands, *node.verify]]
+        for ref, root, steps, text in templates.parts(args):
+            if ref not in names or root is None or not steps or templates.first_key(steps, names[ref])[0]:
+                continue
+            problems.append(
+                Problem(
+                    "invalid_reference",
+                    f"node '{node.id}': {text} looks up a device that node '{ref}' does not run on; its output "
+                    f"has one key per device it names: {', '.join(sorted(names[ref]))}",
+                    {"node": node.id, "node_id": node.id, "reference": ref},
+                )
+            )
+    return problems

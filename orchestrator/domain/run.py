@@ -368,14 +368,8 @@ class TaskRun:
         if code is None:
             rec.error = None
             return self._set(node_id, NodeState.SUCCEEDED, now) + self._progress(node_id, now)
-        failed = [(name, c) for name, c in children if c.state is NodeState.FAILED]
-        named = ", ".join(f"{name} ({(c.error or {}).get('code', 'failed')})" for name, c in failed[:5])
-        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
-        why = rollout.halt_message(code) if code != fanout.FAN_OUT_FAILED else rollout.failed_message()
-        rec.error = {
-            "code": code,
-            "message": f"{len(failed)} of {len(children)} children failed: {named}{more}; {why}",
-        }
+        failed = [(name, (c.error or {}).get("code", "failed")) for name, c in children if c.state is NodeState.FAILED]
+        rec.error = {"code": code, "message": rollout.failure_message(code, failed)}
         return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
 
     def _progress(self, node_id: str, now: float) -> list[Transition]:

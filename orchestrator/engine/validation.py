@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from orchestrator.domain import checks, dag, fanout, placement
+from orchestrator.domain import checks, dag, fanout, placement, verification
 from orchestrator.domain.model import AdminState, DagSpec, NodeKind
 from orchestrator.domain.problems import Problem
 from orchestrator.engine.records import DeviceRun
@@ -47,7 +47,7 @@ def validate_against(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits
                 runnable[key] = placement.could_ever_run(node, views)
             if not runnable[key]:
                 problems.append(placement.no_capable_device(node, views))
-    problems += checks.fan_out_problems(spec, fleet) + checks.verify_problems(spec, fleet)
+    problems += fanout.fan_out_problems(spec, fleet) + verification.verify_problems(spec, fleet)
     return problems + checks.argument_problems(spec, fleet)
 
 
