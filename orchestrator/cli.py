@@ -542,6 +542,11 @@ def _print_validation(answer: dict[str, Any]) -> None:
         else:
             placed = ("no device can run it", "red")
         may = f" (may run on: {', '.join(devices)})" if devices else ""
+        fans = node.get("fans_out_to")
+        if fans is not None:  # issue 20: a fan-out node, with the devices it would run on now
+            shown = ", ".join(fans[:10]) + (f" and {len(fans) - 10} more" if len(fans) > 10 else "")
+            placed = f"would fan out to {len(fans)} devices: {shown}" if fans else ("no device matches now", "red")
+            may = "".join(f"; leaves out {x['device']} ({x['reason']})" for x in (node.get("left_out") or [])[:10])
         out(f"node {node.get('id')}: ", placed, may)
         for r in node.get("refusals") or []:
             out(
@@ -552,7 +557,12 @@ def _print_validation(answer: dict[str, Any]) -> None:
     for p in answer.get("problems") or []:
         where = "".join(
             f" {label} {p[key]}"
-            for key, label in (("node_id", "node"), ("command", "command"), ("field", "field"))
+            for key, label in (
+                ("node_id", "node"),
+                ("command", "command"),
+                ("verify", "verify command"),
+                ("field", "field"),
+            )
             if p.get(key) is not None
         )
         out(("error", "red"), f" {p.get('code')}{where}: {p.get('message')}")

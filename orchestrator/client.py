@@ -216,6 +216,7 @@ class Client:
         else:
             result = self.request("POST", f"/v1/schedules/{ref}/{action}")
         return result
+
     # ---- issue 20, artifacts
 
     def artifacts(self, task_id: str, history: bool = False, limit: int = 500) -> dict[str, Any]:

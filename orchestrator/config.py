@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     queue_timeout_s: float = Field(default=300.0, gt=0)
     # A command waiting for a person's approval fails with `approval_timeout` after this long.
     approval_timeout_s: float = Field(default=3600.0, gt=0)
+    # Issue 20: a node whose outcome is unknown (its device died mid-command) waits this long for
+    # a capable device to run its verify commands; then it fails with its original error.
+    probe_timeout_s: float = Field(default=900.0, gt=0)
     max_frame_bytes: int = Field(default=4 * MiB, ge=1024)
     max_request_bytes: int = Field(default=2 * MiB, ge=1024)
     max_nodes_per_task: int = Field(default=1000, ge=1)

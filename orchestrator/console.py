@@ -14,6 +14,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator import rollout_view
 from orchestrator.client import Client, ClientError
 
 SYMBOLS = {
@@ -22,6 +23,7 @@ SYMBOLS = {
     "queued": ("◔", "cyan"),
     "running": ("◐", "yellow"),
     "waiting_approval": ("✋", "magenta"),  # `orrery approvals list` shows what it waits for
+    "verifying": ("⧗", "blue"),  # issue 20: its verify commands decide its outcome
     "succeeded": ("✔", "green"),
     "failed": ("✘", "red"),
     "skipped": ("↷", "dim"),
@@ -261,6 +263,8 @@ def task_view(task: dict[str, Any], show_outputs: bool = False, names: dict[str,
                 note = f"{err.get('code')}: {str(err.get('message', ''))[:80]}"
                 if err.get("not_retried"):
                     note += f" ({err['not_retried']})"
+            if n.get("children") is not None:  # a fan-out node: its children under it (issue 20)
+                where, note = f"{len(n['children'])} devices", rollout_view.summary(n) + ("  " + note if note else "")
             table.add_row(
                 Text(f"L{i}", style="dim"),
                 Text(f"{s} {node_id}", style=st),
@@ -268,6 +272,8 @@ def task_view(task: dict[str, Any], show_outputs: bool = False, names: dict[str,
                 Text(attempts_note(n), style="dim"),
                 Text(after + ("  " + note if note else ""), style="dim"),
             )
+            for child, tries, child_note in rollout_view.rows(n, SYMBOLS) if n.get("children") else []:
+                table.add_row(Text(""), child, Text(""), tries, child_note)
     total = len(nodes)
     done = sum(1 for n in nodes.values() if n["state"] in TERMINAL)
     bar = Table.grid(padding=(0, 1))
@@ -345,7 +351,7 @@ def watch(
             for _id, etype, data in client.events(task_id):
                 if on_event:
                     on_event(etype, data)
-                if etype in ("node.state", "task.state", "dag.edited", "node.attempt"):
+                if etype in ("node.state", "task.state", "dag.edited", "node.attempt", "node.child"):
                     task = client.task(task_id)
                     if any(dev not in names for dev in _devices_of(task)):
                         names = device_names(client)
@@ -358,7 +364,9 @@ def watch(
 
 
 def _devices_of(task: dict[str, Any]) -> set[str]:
-    return {a["device_id"] for n in task.get("nodes") or [] for a in n.get("attempts") or []}
+    return {a["device_id"] for n in task.get("nodes") or [] for a in n.get("attempts") or []} | {
+        c["device_id"] for n in task.get("nodes") or [] for c in n.get("children") or []
+    }
 
 
 def _running_on(client: Client, task_id: str, node_id: str) -> tuple[str, int]:
@@ -407,6 +415,8 @@ def _watch_lines(
                 if error and state in ("failed", "cancelled", "ready"):
                     line.append(f"  {error.get('code')}: {str(error.get('message', ''))[:160]}", style="dim")
                 say(line)
+            elif etype == "node.child":
+                say(rollout_view.event_line(data, SYMBOLS))
             elif etype == "dag.edited":
                 say(Text(f"{at} ✎ DAG edited: version {data.get('version', '?')}", style="blue"))
             elif etype == "task.state" and data.get("state") in FINISHED:

@@ -14,7 +14,7 @@ from orchestrator.api.schemas import AttemptOut, DeviceOut, EdgeOut, NodeOut, Ta
 from orchestrator.domain.lifecycle import device_state
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.store.models import Device, Task
-from orchestrator.store.repo import VIEW_ATTEMPT_COLUMNS, VIEW_NODE_COLUMNS, TaskBundle, TaskRows
+from orchestrator.store.repo import VIEW_ATTEMPT_COLUMNS, VIEW_CHILD_COLUMNS, VIEW_NODE_COLUMNS, TaskBundle, TaskRows
 
 
 def task_out(task: Task, counts: dict[str, int] | None = None) -> TaskOut:
@@ -49,19 +49,22 @@ _NODES = TypeAdapter(list[NodeOut])
 _EDGES = TypeAdapter(list[EdgeOut])
 
 
-def _parts(
-    bundle: TaskBundle | TaskRows | NewTask,
-) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The task (a row or an ORM object), its node rows, edges and attempt rows, as plain dicts."""
+Parts = tuple[Any, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def _parts(bundle: TaskBundle | TaskRows | NewTask) -> Parts:
+    """The task (a row or an ORM object), its node rows, edges, attempt rows and fan-out child
+    rows, as plain dicts."""
     if isinstance(bundle, NewTask):
-        return bundle.task, bundle.nodes, bundle.edges, []
+        return bundle.task, bundle.nodes, bundle.edges, [], []
     if isinstance(bundle, TaskRows):
         edges = [{"source": e["source"], "target": e["target"], "on": e["on"]} for e in bundle.edges]
-        return bundle.task, bundle.nodes, edges, bundle.attempts
+        return bundle.task, bundle.nodes, edges, bundle.attempts, bundle.children
     rows = [{f: getattr(n, f) for f in VIEW_NODE_COLUMNS} for n in bundle.nodes]
     edges = [{"source": e.source, "target": e.target, "on": e.on} for e in bundle.edges]
     attempts = [{f: getattr(a, f) for f in VIEW_ATTEMPT_COLUMNS} for a in bundle.attempts]
-    return bundle.task, rows, edges, attempts
+    children = [{f: getattr(c, f) for f in VIEW_CHILD_COLUMNS} for c in bundle.children]
+    return bundle.task, rows, edges, attempts, children
 
 
 def _attempt_fields(a: dict[str, Any]) -> dict[str, Any]:
@@ -77,14 +80,49 @@ def _attempt_fields(a: dict[str, Any]) -> dict[str, Any]:
         "commands": a["commands"] or [],
         "results": a["results"] or [],
         "error": a["error"],
+        "kind": a.get("kind") or "tool",
     }
 
 
-def _node_dicts(rows: list[dict[str, Any]], by_node: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Each node row as `NodeOut`'s fields, in its order; `by_node`: the node's attempts."""
+def _child_dicts(children: list[dict[str, Any]], by_node: dict[str, list[Any]], device: Any) -> dict[str, list[Any]]:
+    """Each node's fan-out children as `ChildOut`'s fields, in rollout order, each with the
+    attempts of its node on its device (taken out of `by_node`; `device(attempt)` reads an
+    attempt's device id, whether the attempt is a dict or a model)."""
+    out: dict[str, list[Any]] = {}
+    taken: set[str] = set()
+    for c in children:
+        node_id = c["node_id"]
+        own = [a for a in by_node.get(node_id, []) if device(a) == c["device_id"]]
+        taken.add(node_id)
+        out.setdefault(node_id, []).append(
+            {
+                "device_id": c["device_id"],
+                "device": c["device_name"],
+                "state": c["state"],
+                "queued_on": c.get("queued_on"),
+                "attempts": own,
+                "output": c.get("output"),
+                "error": c.get("error"),
+                "verification": c.get("verification"),
+                "started_at": c.get("started_at"),
+                "finished_at": c.get("finished_at"),
+            }
+        )
+    for node_id in taken:
+        by_node[node_id] = []  # a fan-out node's attempts are its children's
+    return out
+
+
+def _node_dicts(
+    rows: list[dict[str, Any]], by_node: dict[str, list[Any]], kids: dict[str, list[Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Each node row as `NodeOut`'s fields, in its order; `by_node`: the node's attempts; `kids`:
+    a fan-out node's children."""
+    kids = kids or {}
     nodes = []
     for n in rows:
         spec: dict[str, Any] = n["spec"]
+        fans_out = spec.get("for_each") is not None
         nodes.append(
             {
                 "id": n["id"],
@@ -103,6 +141,11 @@ def _node_dicts(rows: list[dict[str, Any]], by_node: dict[str, list[Any]]) -> li
                 "error": n.get("error"),
                 "started_at": n.get("started_at"),
                 "finished_at": n.get("finished_at"),
+                "for_each": spec.get("for_each"),
+                "verify": spec.get("verify") or [],
+                "verification": n.get("verification"),
+                "fan_out": n.get("fan_out"),
+                "children": kids.get(n["id"], []) if fans_out else None,
             }
         )
     return nodes
@@ -116,12 +159,13 @@ def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def task_detail(bundle: TaskBundle | TaskRows | NewTask) -> TaskOut:
-    task, rows, edges, attempts = _parts(bundle)
+    task, rows, edges, attempts, children = _parts(bundle)
     out = task_out(Task(**task) if isinstance(task, dict) else task, _counts(rows))
     by_node: dict[str, list[Any]] = {}
     for a in attempts:
         by_node.setdefault(a["node_id"], []).append(AttemptOut(**_attempt_fields(a)))
-    out.nodes = _NODES.validate_python(_node_dicts(rows, by_node))  # one validation of the list
+    kids = _child_dicts(children, by_node, lambda a: a.device_id)
+    out.nodes = _NODES.validate_python(_node_dicts(rows, by_node, kids))  # one validation of the list
     out.edges = _EDGES.validate_python(edges)
     return out
 
@@ -158,7 +202,7 @@ def task_json(bundle: TaskBundle | TaskRows | NewTask, warnings: list[dict[str, 
     came from the store, so they are JSON's own types. Anything else (an int over 64 bits, a type
     a conversion here does not cover) is rendered through the models, as before; a test holds the
     two to the same bytes."""
-    task, rows, edges, attempts = _parts(bundle)
+    task, rows, edges, attempts, children = _parts(bundle)
     field = task.get if isinstance(task, dict) else lambda name: getattr(task, name)
     try:
         by_node: dict[str, list[Any]] = {}
@@ -168,7 +212,11 @@ def task_json(bundle: TaskBundle | TaskRows | NewTask, warnings: list[dict[str, 
             for name in ("started_at", "accepted_at", "ended_at"):
                 _when(fields[name])
             by_node.setdefault(a["node_id"], []).append(fields)
-        nodes = _node_dicts(rows, by_node)
+        kids = _child_dicts(children, by_node, lambda a: a["device_id"])
+        for child in (c for group in kids.values() for c in group):
+            child["started_at"] = _when(child["started_at"])
+            child["finished_at"] = _when(child["finished_at"])
+        nodes = _node_dicts(rows, by_node, kids)
         for n in nodes:
             n["priority"] = _whole(n["priority"])
             n["queue_timeout_s"] = _seconds(n["queue_timeout_s"])

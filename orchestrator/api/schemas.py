@@ -149,6 +149,24 @@ class AttemptOut(BaseModel):
     commands: list[dict[str, Any]] = Field(default_factory=list)
     results: list[dict[str, Any]] = Field(default_factory=list)
     error: dict[str, Any] | None = None
+    kind: str = Field(
+        default="tool", description="tool, agent, step (one batch of an agent node) or verify (its verify commands)"
+    )
+
+
+class ChildOut(BaseModel):
+    """Issue 20: a fan-out node's child on one device (the node pinned there)."""
+
+    device_id: str
+    device: str  # its name when the node became ready: the key of the node's output map
+    state: str
+    queued_on: str | None = None
+    attempts: list[AttemptOut] = Field(default_factory=list)
+    output: Any = None
+    error: dict[str, Any] | None = None
+    verification: dict[str, Any] | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 class NodeOut(BaseModel):
@@ -168,6 +186,18 @@ class NodeOut(BaseModel):
     error: dict[str, Any] | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # Issue 20: fan-out (its children, in rollout order; its attempts are theirs) and verify.
+    for_each: dict[str, Any] | None = None
+    verify: list[dict[str, Any]] = Field(default_factory=list)
+    verification: dict[str, Any] | None = Field(
+        default=None,
+        description="how its verify commands are deciding (checking, probing) or decided (passed, failed, "
+        "timed_out, revoked, cancelled) its outcome",
+    )
+    fan_out: dict[str, Any] | None = Field(
+        default=None, description="a fan-out node's rollout: devices (how many children) and left_out"
+    )
+    children: list[ChildOut] | None = None
 
 
 class EdgeOut(BaseModel):
@@ -229,6 +259,10 @@ class DryRunNode(BaseModel):
     devices: list[str]  # names of the devices that may run it (placement and tools)
     would_run_on: str | None = None  # the device whose queue it would join now
     refusals: list[RefusalOut] = Field(default_factory=list)
+    # Issue 20, a fan-out node: the devices it would run on now, in rollout order, and those it
+    # would leave out (with why); null for other nodes.
+    fans_out_to: list[str] | None = None
+    left_out: list[dict[str, str]] | None = None
 
 
 class DryRunOut(BaseModel):

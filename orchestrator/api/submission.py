@@ -37,9 +37,13 @@ class Rerun:
 def body_hash(body: TaskCreate) -> str:
     data = body.model_dump(mode="json", by_alias=True)
     for node in (data.get("dag") or {}).get("nodes", []):
-        for command in node.get("commands", []):
+        for command in [*node.get("commands", []), *node.get("verify", [])]:
             if command.get("idempotent") is False:  # added later: a body hashed before still matches
                 del command["idempotent"]
+        if node.get("for_each") is None:  # issue 20, likewise
+            node.pop("for_each", None)
+        if not node.get("verify"):
+            node.pop("verify", None)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from jsonschema.protocols import Validator
 from referencing import Registry
 
+from orchestrator.domain import templates
 from orchestrator.domain.model import AdminState, CommandSpec, DagSpec, NodeKind, NodeSpec
 from orchestrator.domain.placement import DeviceView, capable, signature
 from orchestrator.domain.problems import Problem
@@ -104,23 +105,47 @@ def catalog(devices: Sequence[CatalogDevice] | Catalog) -> Catalog:
 
 
 def argument_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
-    """`invalid_arguments` for every command whose arguments fit the input schema of its tool on
-    none of the node's candidate devices (arguments that fit one of them are accepted)."""
+    """`invalid_arguments` for every command (and verify command) whose arguments fit the input
+    schema of its tool on none of the node's candidate devices (arguments that fit one of them
+    are accepted). An argument that is exactly a fan-out node's `${nodes.<id>.output}` is judged
+    as the object it will be (a map from device name to output)."""
     fleet = catalog(devices)
+    fanned = {n.id for n in spec.nodes if n.for_each is not None}
     problems: list[Problem] = []
     for node in spec.nodes:
-        if node.kind is not NodeKind.TOOL:
-            continue
-        for index, command in enumerate(node.commands):
-            for where, message in _command_errors(command, fleet.judges(node, command.tool)):
+        listed = [("command", i, c) for i, c in enumerate(node.commands)] if node.kind is NodeKind.TOOL else []
+        listed += [("verify", i, c) for i, c in enumerate(node.verify)]
+        for label, index, command in listed:
+            typed, maps = _typed(command, fanned)
+            for where, said in _command_errors(typed, fleet.judges(node, command.tool)):
+                message = said
+                if where in maps:
+                    message = (
+                        f"argument '{where}' is ${{nodes.{maps[where]}.output}}, a map from device name to output "
+                        f"(node '{maps[where]}' fans out), which {command.tool} does not take here; use one "
+                        f"device's: ${{nodes.{maps[where]}.output.<device>...}}"
+                    )
+                what = "command" if label == "command" else "verify command"
                 problems.append(
                     Problem(
                         "invalid_arguments",
-                        f"node '{node.id}' command {index} ({command.tool}): {message}",
-                        {"node": node.id, "node_id": node.id, "command": index, "tool": command.tool, "field": where},
+                        f"node '{node.id}' {what} {index} ({command.tool}): {message}",
+                        {"node": node.id, "node_id": node.id, label: index, "tool": command.tool, "field": where},
                     )
                 )
     return problems
+
+
+def _typed(command: CommandSpec, fanned: Collection[str]) -> tuple[CommandSpec, dict[str, str]]:
+    """`command` with each top-level argument that is a fan-out node's whole output replaced by an
+    object, and those arguments (name -> node)."""
+    if not fanned:
+        return command, {}
+    maps = {k: n for k, v in command.arguments.items() if (n := templates.whole_output(v, fanned)) is not None}
+    if not maps:
+        return command, {}
+    arguments = {k: ({} if k in maps else v) for k, v in command.arguments.items()}
+    return command.model_copy(update={"arguments": arguments}), maps
 
 
 def _command_errors(command: CommandSpec, judges: Iterable[Judge]) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from orchestrator.domain import templates
-from orchestrator.domain.model import DagSpec, EdgeCondition, EdgeSpec, NodeKind, NodeState
+from orchestrator.domain.model import CommandSpec, DagSpec, EdgeCondition, EdgeSpec, NodeKind, NodeState
 from orchestrator.domain.problems import Problem
 
 
@@ -184,25 +184,8 @@ def _check_ids_and_edges(spec: DagSpec) -> list[Problem]:
 def _check_sizes(spec: DagSpec, limits: Limits) -> list[Problem]:
     problems = []
     for n in spec.nodes:
-        if len(n.commands) > limits.max_commands_per_node:
-            problems.append(
-                Problem(
-                    "limit_exceeded",
-                    f"node '{n.id}' has {len(n.commands)} commands; at most {limits.max_commands_per_node} are allowed",
-                    {"node": n.id, "limit": "commands_per_node", "max": limits.max_commands_per_node},
-                )
-            )
-        for i, c in enumerate(n.commands):
-            size = argument_bytes(c.arguments, limits.max_argument_bytes)
-            if size is not None:
-                problems.append(
-                    Problem(
-                        "limit_exceeded",
-                        f"node '{n.id}' command {i} ({c.tool}) has {size} bytes of arguments; at most "
-                        f"{limits.max_argument_bytes} are allowed",
-                        {"node": n.id, "command": i, "limit": "argument_bytes", "max": limits.max_argument_bytes},
-                    )
-                )
+        problems += _command_sizes(n.id, "command", n.commands, limits)
+        problems += _command_sizes(n.id, "verify", n.verify, limits)
         if n.instruction and len(n.instruction.encode()) > limits.max_argument_bytes:
             problems.append(
                 Problem(
@@ -214,11 +197,39 @@ def _check_sizes(spec: DagSpec, limits: Limits) -> list[Problem]:
     return problems
 
 
+def _command_sizes(node_id: str, label: str, commands: list[CommandSpec], limits: Limits) -> list[Problem]:
+    """Too many commands (or verify commands) in a node, or too many bytes of arguments in one."""
+    what = "command" if label == "command" else "verify command"
+    problems = []
+    if len(commands) > limits.max_commands_per_node:
+        problems.append(
+            Problem(
+                "limit_exceeded",
+                f"node '{node_id}' has {len(commands)} {what}s; at most {limits.max_commands_per_node} are allowed",
+                {"node": node_id, "limit": "commands_per_node", "max": limits.max_commands_per_node},
+            )
+        )
+    for i, c in enumerate(commands):
+        size = argument_bytes(c.arguments, limits.max_argument_bytes)
+        if size is not None:
+            problems.append(
+                Problem(
+                    "limit_exceeded",
+                    f"node '{node_id}' {what} {i} ({c.tool}) has {size} bytes of arguments; at most "
+                    f"{limits.max_argument_bytes} are allowed",
+                    {"node": node_id, label: i, "limit": "argument_bytes", "max": limits.max_argument_bytes},
+                )
+            )
+    return problems
+
+
 def _check_references(spec: DagSpec, graph: Graph) -> list[Problem]:
     problems = []
     ids = set(graph.nodes)
+    fanned = {n.id for n in spec.nodes if n.for_each is not None}
     for n in spec.nodes:
-        args = [c.arguments for c in n.commands]
+        args = [c.arguments for c in n.commands] + [c.arguments for c in n.verify]
+        problems += _fan_out_references(n.id, args, fanned)
         for bad in templates.malformed(args):
             problems.append(
                 Problem(
@@ -253,13 +264,28 @@ def _check_references(spec: DagSpec, graph: Graph) -> list[Problem]:
     return problems
 
 
+def _fan_out_references(node_id: str, args: list[dict[str, object]], fanned: Collection[str]) -> list[Problem]:
+    """A fan-out node's output is a map from device name to output; it has no `results` list."""
+    problems = []
+    for ref, root, _steps, text in templates.parts(args):
+        if ref in fanned and root is None:
+            problems.append(
+                Problem(
+                    "invalid_reference",
+                    f"node '{node_id}': {text} names a result of node '{ref}', which fans out over devices: its "
+                    f"output is a map from device name to that device's output; write ${{nodes.{ref}.output.<device>}}",
+                    {"node": node_id, "reference": ref},
+                )
+            )
+    return problems
+
+
 def _check_tools(spec: DagSpec, known_tools: Collection[str]) -> list[Problem]:
     problems = []
     known = list(known_tools)
     for n in spec.nodes:
-        if n.kind is NodeKind.AGENT:
-            continue
-        for c in n.commands:
+        commands = n.verify if n.kind is NodeKind.AGENT else [*n.commands, *n.verify]
+        for c in commands:
             if c.tool not in known_tools:
                 nearest = difflib.get_close_matches(c.tool, known, n=3, cutoff=0.5)
                 hint = f"; did you mean {', '.join(nearest)}?" if nearest else ""

@@ -12,14 +12,27 @@ _ALLOWED: dict[NodeState, frozenset[NodeState]] = {
     NodeState.READY: frozenset(
         {NodeState.QUEUED, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED, NodeState.SKIPPED}
     ),
-    NodeState.QUEUED: frozenset({NodeState.READY, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED}),
+    # A fan-out child still waiting in a queue is skipped when its rollout halts (issue 20).
+    NodeState.QUEUED: frozenset(
+        {NodeState.READY, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED, NodeState.SKIPPED}
+    ),
     NodeState.RUNNING: frozenset(
-        {NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED, NodeState.WAITING_APPROVAL}
+        {
+            NodeState.SUCCEEDED,
+            NodeState.FAILED,
+            NodeState.READY,
+            NodeState.CANCELLED,
+            NodeState.WAITING_APPROVAL,
+            NodeState.VERIFYING,
+        }
     ),
     # Still running (its attempt is open); only a person's decision or the attempt's end moves it.
     NodeState.WAITING_APPROVAL: frozenset(
         {NodeState.RUNNING, NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}
+        | {NodeState.VERIFYING}
     ),
+    # Issue 20: its verify commands decide; a failed probe of an uncertain attempt may retry it.
+    NodeState.VERIFYING: frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}),
 }
 
 

@@ -36,6 +36,9 @@ class NodeState(StrEnum):
     QUEUED = "queued"  # in a device's queue
     RUNNING = "running"  # a batch is assigned to a device
     WAITING_APPROVAL = "waiting_approval"  # running, but its device waits for a person's approval
+    # Issue 20: its commands ended (succeeded, or with an unknown outcome) and its `verify`
+    # commands are deciding whether it succeeded; no success edge fires before they pass.
+    VERIFYING = "verifying"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -133,6 +136,36 @@ class CommandSpec(_Spec):
     idempotent: bool = Field(default=False, strict=True)
 
 
+DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+MAX_FAN_OUT_DEVICES = 10_000  # children of one fan-out node
+
+
+class ForEach(_Spec):
+    """Issue 20, fan-out: run the node once on every matching device, found when it becomes ready.
+
+    Devices are chosen by `labels`/`platform` (every device matching them) or named in `devices`
+    (names or ids, in the order given); never both. `canary` devices run first and the rest only
+    if all of them succeed; at most `max_parallel` children run at once; `failure_budget` K
+    tolerates fewer than K failed children and stops the rollout at the K-th."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    platform: Platform | None = None
+    devices: list[Annotated[str, Field(min_length=1, max_length=100, pattern=DEVICE_NAME_PATTERN)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_FAN_OUT_DEVICES
+    )
+    max_parallel: int | None = Field(default=None, ge=1, le=MAX_FAN_OUT_DEVICES)
+    canary: int = Field(default=0, ge=0, le=MAX_FAN_OUT_DEVICES)
+    failure_budget: int | None = Field(default=None, ge=1, le=MAX_FAN_OUT_DEVICES)
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> ForEach:
+        if self.devices is not None and (self.labels or self.platform):
+            raise ValueError("for_each takes either 'devices' (a list of names) or 'labels'/'platform', not both")
+        if self.devices is not None and len(set(self.devices)) != len(self.devices):
+            raise ValueError("for_each.devices names a device twice; name each device once")
+        return self
+
+
 class NodeSpec(_Spec):
     id: Annotated[str, Field(pattern=SLUG_PATTERN)]
     kind: NodeKind = NodeKind.TOOL
@@ -144,6 +177,10 @@ class NodeSpec(_Spec):
     queue_timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     priority: int = Field(default=0, ge=-1000, le=1000)
+    # Issue 20: run once on every matching device (replaces `placement`), and read-only commands
+    # that decide whether the node succeeded (after its commands, or when their outcome is unknown).
+    for_each: ForEach | None = None
+    verify: list[CommandSpec] = Field(default_factory=list, max_length=100)
 
     @model_validator(mode="after")
     def _kind_fields(self) -> NodeSpec:
@@ -153,10 +190,15 @@ class NodeSpec(_Spec):
             raise ValueError("an 'agent' node needs an 'instruction'")
         if self.kind is NodeKind.AGENT and self.commands:
             raise ValueError("an 'agent' node has an 'instruction' instead of 'commands'")
+        if self.for_each is not None and self.placement != Placement():
+            raise ValueError(
+                "a node with 'for_each' is placed by it (labels, platform or devices); leave out 'placement'"
+            )
         return self
 
     def tools(self) -> list[str]:
-        return [c.tool for c in self.commands]
+        """Every tool the node needs on its device: its commands' and its verify commands'."""
+        return [c.tool for c in self.commands] + [c.tool for c in self.verify]
 
 
 class EdgeSpec(_Spec):

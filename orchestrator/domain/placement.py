@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 
-from orchestrator.domain.model import AdminState, DeviceState, Liveness, NodeKind, NodeSpec
+from orchestrator.domain.model import AdminState, DeviceState, Liveness, NodeKind, NodeSpec, Placement
 from orchestrator.domain.problems import Problem
 
 
@@ -42,8 +42,10 @@ def signature(node: NodeSpec) -> Hashable:
     """What `capable` looks at in a node: two nodes with the same signature fit the same devices
     (checks of a large DAG judge each signature once instead of each node x device)."""
     p = node.placement
-    needs = None if node.kind is NodeKind.AGENT else frozenset(node.tools())
-    return (node.kind, p.device, p.platform, tuple(sorted(p.labels.items())), needs)
+    needs = frozenset(node.tools()) if node.kind is NodeKind.TOOL else ("agent", frozenset(node.tools()))
+    fan = node.for_each
+    selector = None if fan is None else (tuple(sorted(fan.labels.items())), fan.platform, tuple(fan.devices or ()))
+    return (node.kind, p.device, p.platform, tuple(sorted(p.labels.items())), needs, selector)
 
 
 def could_ever_run(node: NodeSpec, devices: Iterable[DeviceView]) -> bool:
@@ -78,19 +80,20 @@ MAX_REFUSALS_SHOWN = 5
 
 def refusals(node: NodeSpec, device: DeviceView) -> list[str]:
     """Why `device` cannot run `node`, one short phrase per unmet need (empty if it can)."""
-    p = node.placement
+    p = selector(node)
     why = []
     if p.device is not None and p.device not in (device.id, device.name):
         why.append(f"not device '{p.device}'")
+    if node.for_each is not None and node.for_each.devices is not None and not _named(node, device):
+        why.append("not one of its for_each.devices")
     if p.platform is not None and p.platform != device.platform:
         why.append(f"platform {device.platform}")
     for k, v in sorted(p.labels.items()):
         have = device.labels.get(k)
         if have != v:
             why.append(f"no label {k}" if have is None else f"{k}={have}, not {v}")
-    if node.kind is NodeKind.AGENT:
-        if not device.tools:
-            why.append("no tools")
+    if node.kind is NodeKind.AGENT and not device.tools:
+        why.append("no tools")
     else:
         missing = sorted({t for t in node.tools() if t not in device.tools})
         if missing:
@@ -103,10 +106,16 @@ def no_capable_device(node: NodeSpec, devices: Iterable[DeviceView]) -> Problem:
     """The problem for a node no device can run: what it needs, how many devices come close in
     counts, and at most `MAX_REFUSALS_SHOWN` of the nearest misses by name, never the whole
     fleet (the message goes into API answers, node errors and LLM prompts)."""
-    p = node.placement
+    p = selector(node)
     wanted = []
     if p.device:
         wanted.append(f"device '{p.device}'")
+    if node.for_each is not None and node.for_each.devices is not None:
+        wanted.append(
+            "one of the devices "
+            + ", ".join(node.for_each.devices[:5])
+            + ("..." if len(node.for_each.devices) > 5 else "")
+        )
     if p.platform:
         wanted.append(f"platform '{p.platform}'")
     if p.labels:
@@ -135,18 +144,33 @@ def no_capable_device(node: NodeSpec, devices: Iterable[DeviceView]) -> Problem:
     )
 
 
+def selector(node: NodeSpec) -> Placement:
+    """What picks a node's devices: its placement, or for a fan-out node its for_each's labels
+    and platform (a for_each.devices list is matched by `_named`)."""
+    fan = node.for_each
+    if fan is None:
+        return node.placement
+    return Placement(labels=fan.labels, platform=fan.platform)
+
+
+def _named(node: NodeSpec, device: DeviceView) -> bool:
+    names = node.for_each.devices if node.for_each is not None else None
+    return names is None or device.id in names or device.name in names
+
+
 def _matches_placement(node: NodeSpec, device: DeviceView) -> bool:
-    p = node.placement
+    p = selector(node)
     return (
         (p.device is None or p.device in (device.id, device.name))
         and (p.platform is None or p.platform == device.platform)
         and all(device.labels.get(k) == v for k, v in p.labels.items())
+        and _named(node, device)
     )
 
 
 def _has_tools(node: NodeSpec, device: DeviceView) -> bool:
     if node.kind is NodeKind.AGENT:
-        return bool(device.tools)
+        return bool(device.tools) and all(t in device.tools for t in node.tools())  # its verify tools
     return all(t in device.tools for t in node.tools())
 
 

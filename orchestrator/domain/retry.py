@@ -26,6 +26,10 @@ NEVER_RETRY_CODES = frozenset(
 # refused on purpose; the work must not bounce on to other devices by itself.
 NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"budget_exceeded"}
 
+# Issue 20: a node whose verify commands failed after its commands succeeded ran to the end and
+# did not have the effect verify checks for: running it again would do the same.
+NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"verification_failed"}
+
 # Issue 19, the model's context: a prompt template (ORRERY_PROMPTS_DIR) that fails to render fails
 # every try on every device the same way until someone fixes the template.
 NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"prompt_error"}
@@ -68,6 +72,8 @@ _NEVER_RETRY_REASONS = {
     "approval_timeout": "nobody decided on its approval within approval_timeout_s",
 }
 _NEVER_RETRY_REASONS["budget_exceeded"] = "the device refused it: one of its owner's safety budgets was breached"
+_NEVER_RETRY_REASONS["verification_failed"] = "its commands ran and its verify commands showed they did not take effect"
+_NEVER_RETRY_REASONS["no_matching_device"] = "no device matched its for_each when it became ready"
 _NEVER_RETRY_REASONS["prompt_error"] = "a prompt template failed to render, and would again until it is fixed"
 
 

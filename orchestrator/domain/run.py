@@ -11,14 +11,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.domain import dag, retry
+from orchestrator.domain import dag, fanout, retry
 from orchestrator.domain.lifecycle import check_transition, task_outcome
 from orchestrator.domain.model import EdgeSpec, NodeSpec, NodeState, TaskState
 
 
 @dataclass(frozen=True)
 class Transition:
-    node_id: str | None  # None: the task itself
+    node_id: str | None  # None: the task itself; a fan-out child's unit (`fanout.child_unit`)
     old: str
     new: str
 
@@ -57,6 +57,9 @@ class AttemptOutcome:
     # command declared `idempotent` counts as such); None for an agent node's tools.
     commands: tuple[int, ...] | None = None
     cancelled: bool = False
+    # The code it fails with if the retry rules do not run it again (default `error_code`, by
+    # which they judge): a failed probe judges by the unknown outcome, fails `verification_failed`.
+    final_code: str = ""
 
 
 class TaskRun:
@@ -88,11 +91,31 @@ class TaskRun:
         self.replan = False  # the task asked for re-planning (LLM-planned tasks always do)
         self.request: str | None = None
         self.version = 1
+        # Fan-out nodes (issue 20): each one's children, by unit, and the rollout releasing them.
+        self.children: dict[str, NodeRecord] = {}
+        self.rollouts: dict[str, fanout.Rollout] = {}
 
     # ---------------------------------------------------------------- queries
 
     def states(self) -> dict[str, NodeState]:
         return {k: r.state for k, r in self.nodes.items()}
+
+    def record(self, unit: str) -> NodeRecord:
+        """The record of a node of the DAG or of a fan-out child (by its unit)."""
+        rec = self.nodes.get(unit)
+        return rec if rec is not None else self.children[unit]
+
+    def has(self, unit: str) -> bool:
+        return unit in self.nodes or unit in self.children
+
+    def units(self) -> Iterator[tuple[str, NodeRecord]]:
+        """Every node of the DAG, then every fan-out child: what the engine places and runs."""
+        yield from self.nodes.items()
+        yield from self.children.items()
+
+    def unit_of(self, node_id: str, device_id: str) -> str:
+        """What ran on `device_id` for node `node_id`: its child there if it fans out, else itself."""
+        return fanout.child_unit(node_id, device_id) if node_id in self.rollouts else node_id
 
     def outcome_of(self, node_id: str) -> dict[str, Any] | None:
         """What `${nodes.<id>...}` references see: output and results of a succeeded node."""
@@ -108,6 +131,8 @@ class TaskRun:
     def recount(self) -> None:
         """Re-derive bookkeeping after node states were set from outside (restoring from the store)."""
         self._unfinished = sum(1 for r in self.nodes.values() if not r.state.terminal)
+        for rollout in self.rollouts.values():
+            rollout.recount({u: self.children[u].state for u in rollout.units})
 
     # ---------------------------------------------------------------- changes
 
@@ -121,10 +146,47 @@ class TaskRun:
         finished = [n for n, r in self.nodes.items() if r.state.terminal and n not in self.held]
         for node_id, state in dag.advance(self.graph, self._view, finished).items():
             out += self._set(node_id, state, now)
+        for node_id in list(self.rollouts):
+            if not self.nodes[node_id].state.terminal:
+                out += self._roll(node_id, now)
         return out + self._maybe_finish()
 
-    def mark_queued(self, node_id: str, device_id: str) -> list[Transition]:
+    def fan_out(
+        self, node_id: str, found: list[fanout.Target], left_out: list[dict[str, str]], now: float
+    ) -> list[Transition]:
+        """A READY fan-out node gets its children, one per device in `found` (in rollout order),
+        and is RUNNING while they run; the first of them are released. With no device at all it
+        fails `no_matching_device`. Idempotent."""
         rec = self.nodes[node_id]
+        if rec.state is not NodeState.READY or node_id in self.rollouts:
+            return []
+        if not found:
+            shown = "; ".join(f"{x['device']}: {x['reason']}" for x in left_out[:5])
+            message = (
+                "no device matched its for_each when it became ready"
+                + (f" (left out: {shown}{'; ...' if len(left_out) > 5 else ''})" if shown else "")
+                + ". Bring a matching device into service (uncordon, resume, connect it) and re-run the task."
+            )
+            return self.fail(node_id, fanout.NO_MATCHING_DEVICE, message, now)
+        rollout = fanout.Rollout.of(rec.spec, found, left_out)
+        for target in found:
+            unit = fanout.child_unit(node_id, target.device_id)
+            self.children[unit] = NodeRecord(fanout.child_spec(rec.spec, target.device_id))
+        self.rollouts[node_id] = rollout
+        rec.queued_on = None
+        return self._set(node_id, NodeState.RUNNING, None) + self._roll(node_id, now)
+
+    def verifying(self, unit: str, output: Any, results: list[dict[str, Any]]) -> list[Transition]:
+        """Its attempt ended and its verify commands now decide (issue 20); `output` and `results`
+        are what it ends with if they pass."""
+        rec = self.record(unit)
+        if rec.state not in (NodeState.RUNNING, NodeState.WAITING_APPROVAL):
+            return []
+        rec.output, rec.results = output, results
+        return self._set(unit, NodeState.VERIFYING, None)
+
+    def mark_queued(self, node_id: str, device_id: str) -> list[Transition]:
+        rec = self.record(node_id)
         rec.queued_on = device_id
         if rec.state is NodeState.QUEUED:
             return []
@@ -132,7 +194,7 @@ class TaskRun:
 
     def unqueue(self, node_id: str) -> list[Transition]:
         """Back to READY (its device stopped taking work), keeping its place in time."""
-        rec = self.nodes[node_id]
+        rec = self.record(node_id)
         rec.queued_on = None
         if rec.state is not NodeState.QUEUED:
             return []
@@ -141,7 +203,7 @@ class TaskRun:
         return out
 
     def mark_running(self, node_id: str) -> list[Transition]:
-        rec = self.nodes[node_id]
+        rec = self.record(node_id)
         rec.queued_on = None
         rec.attempts += 1
         rec.not_before = None
@@ -149,7 +211,7 @@ class TaskRun:
 
     def waiting_approval(self, node_id: str, waiting: bool) -> list[Transition]:
         """Its device waits for a person's approval (True), or the decision came (False)."""
-        rec = self.nodes[node_id]
+        rec = self.record(node_id)
         if waiting and rec.state is NodeState.RUNNING:
             return self._set(node_id, NodeState.WAITING_APPROVAL, None)
         if not waiting and rec.state is NodeState.WAITING_APPROVAL:
@@ -158,16 +220,16 @@ class TaskRun:
 
     def attempt_ended(self, node_id: str, outcome: AttemptOutcome, now: float, jitter: float) -> list[Transition]:
         """Apply an attempt's end: success, a retry after backoff, or failure for good."""
-        rec = self.nodes[node_id]
+        rec = self.record(node_id)
         if rec.state.terminal:
             return []
         if outcome.succeeded:
             rec.output, rec.results, rec.error = outcome.output, outcome.results, None
-            return self._set(node_id, NodeState.SUCCEEDED, now) + self._progress(node_id, now)
+            return self._set(node_id, NodeState.SUCCEEDED, now) + self._ended(node_id, now, False)
         rec.results = outcome.results
         rec.error = {"code": outcome.error_code, "message": outcome.error_message}
         if self.cancel_requested or outcome.cancelled:
-            return self._set(node_id, NodeState.CANCELLED, now) + self._progress(node_id, now)
+            return self._set(node_id, NodeState.CANCELLED, now) + self._ended(node_id, now, False)
         rec.queued_on = None
         if retry.never_started(outcome.error_code, outcome.started):
             # Nothing ran, so nothing failed: place it again without spending a try. Its queue
@@ -190,18 +252,20 @@ class TaskRun:
             rec.error["not_retried"] = retry.not_retried(
                 outcome.error_code, outcome.tools, hints, agent=outcome.commands is None
             )
-        return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
+        if outcome.final_code:
+            rec.error["code"] = outcome.final_code
+        return self._set(node_id, NodeState.FAILED, now) + self._ended(node_id, now, True)
 
     def fail(self, node_id: str, code: str, message: str, now: float) -> list[Transition]:
         """Fail a node that has no attempt in flight (queue timeout, template error, ...)."""
-        rec = self.nodes[node_id]
+        rec = self.record(node_id)
         if rec.state.terminal:
             return []
         rec.error = {"code": code, "message": message}
         if rec.tries < rec.spec.retry.max_attempts and code != "cancelled":
             rec.error["not_retried"] = retry.not_retried(code)
         rec.queued_on = None
-        return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
+        return self._set(node_id, NodeState.FAILED, now) + self._ended(node_id, now, True)
 
     def release(self, node_id: str, now: float) -> list[Transition]:
         """Let a held failure take its course (after re-planning, or when none will happen)."""
@@ -238,23 +302,75 @@ class TaskRun:
         self.cancel_requested = True
         self.held.clear()
         out: list[Transition] = []
-        for node_id, rec in self.nodes.items():
+        for node_id, rec in self.units():
             if rec.state in (NodeState.PENDING, NodeState.READY, NodeState.QUEUED):
                 rec.queued_on = None
                 out += self._set(node_id, NodeState.CANCELLED, now)
+        for node_id in list(self.rollouts):  # a fan-out whose children all ended is cancelled now
+            if not self.nodes[node_id].state.terminal:
+                out += self._roll(node_id, now)
         return out + self._maybe_finish()
 
     # ---------------------------------------------------------------- internals
 
     def _set(self, node_id: str, new: NodeState, now: float | None) -> list[Transition]:
-        rec = self.nodes[node_id]
+        rec = self.nodes.get(node_id)
+        child = rec is None
+        if rec is None:
+            rec = self.children[node_id]
         old = rec.state
         check_transition(old, new)
+        if child:  # a fan-out child: its rollout counts it, the task does not
+            self.rollouts[fanout.split_unit(node_id)[0]].note(node_id, old, new)
+        else:
+            self._unfinished += int(old.terminal) - int(new.terminal)
         rec.state = new
-        self._unfinished += int(old.terminal) - int(new.terminal)
         if new is NodeState.READY:
             rec.ready_since = now if now is not None else rec.ready_since
         return [Transition(node_id, old.value, new.value)]
+
+    def _ended(self, unit: str, now: float, failed: bool) -> list[Transition]:
+        """What follows a node or child reaching a terminal state."""
+        if unit in self.children:
+            return self._roll(fanout.split_unit(unit)[0], now)
+        return self._failed(unit, now) if failed else self._progress(unit, now)
+
+    def _roll(self, node_id: str, now: float) -> list[Transition]:
+        """Move a fan-out node's rollout on: skip its waiting children once it halts, else release
+        the next ones; once every child ended, the node ends by the rollout's verdict."""
+        rollout = self.rollouts[node_id]
+        out: list[Transition] = []
+        code = rollout.halt()
+        if code is not None and not rollout.stopped:
+            rollout.stopped = True
+            message = rollout.halt_message(code)
+            for unit in rollout.units:
+                child = self.children[unit]
+                if child.state in (NodeState.PENDING, NodeState.READY, NodeState.QUEUED):
+                    child.error, child.queued_on = {"code": fanout.HALTED, "message": message}, None
+                    out += self._set(unit, NodeState.SKIPPED, now)
+        elif code is None and not self.cancel_requested:
+            for unit in rollout.release():
+                out += self._set(unit, NodeState.READY, now)
+        if rollout.done and not self.nodes[node_id].state.terminal:
+            out += self._finish_rollout(node_id, rollout, now)
+        return out
+
+    def _finish_rollout(self, node_id: str, rollout: fanout.Rollout, now: float) -> list[Transition]:
+        rec = self.nodes[node_id]
+        children = [(rollout.names[u], self.children[u]) for u in rollout.units]
+        rec.output = {name: child.output for name, child in children if child.state is NodeState.SUCCEEDED}
+        rec.results = []
+        if self.cancel_requested and any(c.state is NodeState.CANCELLED for _, c in children):
+            rec.error = {"code": "cancelled", "message": "the task was cancelled while its children ran"}
+            return self._set(node_id, NodeState.CANCELLED, now) + self._progress(node_id, now)
+        code = rollout.verdict()
+        if code is None:
+            rec.error = None
+            return self._set(node_id, NodeState.SUCCEEDED, now) + self._progress(node_id, now)
+        failed = [(name, (c.error or {}).get("code", "failed")) for name, c in children if c.state is NodeState.FAILED]
+        rec.error = {"code": code, "message": rollout.failure_message(code, failed)}
+        return self._set(node_id, NodeState.FAILED, now) + self._failed(node_id, now)
 
     def _progress(self, node_id: str, now: float) -> list[Transition]:
         out: list[Transition] = []

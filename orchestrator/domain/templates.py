@@ -2,22 +2,27 @@
 
 A string that is exactly one reference takes the referenced value with its type; a reference
 inside a longer string is replaced by the value's text (JSON for objects and lists).
+
+A path step is `.key`, `[index]` or `["key"]` (any key without `"`, `\\`, `]` or `}`). A fan-out
+node's output is a map by device name, and names may hold `.` (`web-1.example.com`): where `.a`
+is not a key of the object, the steps that follow are joined to it (`.a.b`, then `.a.b.c`) until
+one is, so `${nodes.x.output.web-1.example.com.stdout}` works as `["web-1.example.com"].stdout`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 _REF = re.compile(
     r"\$\{nodes\.(?P<node>[A-Za-z0-9][A-Za-z0-9_-]*)\."
     r"(?P<root>output|results\[(?P<index>\d+)\]\.result)"
-    r"(?P<path>(?:\.[A-Za-z0-9_-]+|\[\d+\])*)\}"
+    r"(?P<path>(?:\.[A-Za-z0-9_-]+|\[\d+\]|\[\"[^\"\\\]}]+\"\])*)\}"
 )
 _LOOSE = re.compile(r"\$\{nodes\.[^}]*\}")
-_STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]")
+_STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\"([^\"\\\]}]+)\"\]")
 
 
 class TemplateError(ValueError):
@@ -30,6 +35,28 @@ def references(value: Any) -> set[str]:
     for text in _strings(value):
         found.update(m.group("node") for m in _REF.finditer(text))
     return found
+
+
+def parts(value: Any) -> list[tuple[str, str | None, list[Step], str]]:
+    """Every reference inside `value`: (node, root, steps, text); root is "output" or, for
+    `results[<i>].result`, None."""
+    out = []
+    for text in _strings(value):
+        for m in _REF.finditer(text):
+            root = "output" if m.group("index") is None else None
+            out.append((m.group("node"), root, parse_path(m.group("path")), m.group(0)))
+    return out
+
+
+def whole_output(value: Any, node_ids: Collection[str]) -> str | None:
+    """The node whose entire output `value` is (a string that is exactly `${nodes.<id>.output}`
+    for one of `node_ids`), or None."""
+    if not isinstance(value, str):
+        return None
+    m = _REF.fullmatch(value)
+    if m is None or m.group("index") is not None or m.group("path") or m.group("node") not in node_ids:
+        return None
+    return m.group("node")
 
 
 def malformed(value: Any) -> list[str]:
@@ -86,14 +113,55 @@ def _value(m: re.Match[str], lookup: Lookup) -> Any:
         current: Any = results[index].get("result")
     else:
         current = outcome.get("output")
-    for step in _STEP.finditer(m.group("path")):
-        key, idx = step.group(1), step.group(2)
-        if key is not None and isinstance(current, dict) and key in current:
-            current = current[key]
-        elif idx is not None and isinstance(current, list) and int(idx) < len(current):
-            current = current[int(idx)]
+    return _walk(current, parse_path(m.group("path")), m.group(0), node)
+
+
+Step = tuple[str, int | None, bool]  # (key, index, quoted): `.key`, `[index]`, `["key"]`
+
+
+def parse_path(path: str) -> list[Step]:
+    """The steps of a reference's path after `output` or `.result`."""
+    out: list[Step] = []
+    for step in _STEP.finditer(path):
+        dotted, idx, quoted = step.group(1), step.group(2), step.group(3)
+        if idx is not None:
+            out.append(("", int(idx), False))
         else:
-            raise TemplateError(f"{m.group(0)}: '{step.group(0)}' does not exist in the value of node '{node}'")
+            out.append((dotted if dotted is not None else quoted, None, quoted is not None))
+    return out
+
+
+def first_key(steps: list[Step], keys: Collection[str]) -> tuple[str | None, int]:
+    """The key of `keys` the path starts with (dotted steps joined as `_walk` joins them) and how
+    many steps it takes; (None, 0) if it names none of them."""
+    if not steps or steps[0][1] is not None:
+        return None, 0
+    key = steps[0][0]
+    if key in keys or steps[0][2]:
+        return (key, 1) if key in keys else (None, 0)
+    for j in range(1, len(steps)):
+        if steps[j][1] is not None or steps[j][2]:
+            break
+        key = f"{key}.{steps[j][0]}"
+        if key in keys:
+            return key, j + 1
+    return None, 0
+
+
+def _walk(current: Any, steps: list[Step], ref: str, node: str) -> Any:
+    i = 0
+    while i < len(steps):
+        key, idx, _quoted = steps[i]
+        if idx is not None and isinstance(current, list) and idx < len(current):
+            current, i = current[idx], i + 1
+            continue
+        if idx is None and isinstance(current, dict):
+            found, taken = first_key(steps[i:], current)
+            if found is not None:
+                current, i = current[found], i + taken
+                continue
+        shown = f"[{idx}]" if idx is not None else (f'["{key}"]' if _quoted else f".{key}")
+        raise TemplateError(f"{ref}: '{shown}' does not exist in the value of node '{node}'")
     return current
 
 

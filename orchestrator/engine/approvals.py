@@ -141,8 +141,8 @@ class ApprovalBook:
             if att.waiting_since is None:
                 att.waiting_since = w.since
         run = self.tasks.get(w.task_id)
-        if run is not None and w.node_id in run.nodes:
-            self.apply(run, run.waiting_approval(w.node_id, True), now)
+        if run is not None and run.has(unit := run.unit_of(w.node_id, w.device_id)):
+            self.apply(run, run.waiting_approval(unit, True), now)
 
     def _paused(self, batch_id: str) -> list[AttemptRun]:
         """The attempt waiting, and an agent node's attempt above its step: their deadlines wait."""
@@ -170,8 +170,8 @@ class ApprovalBook:
                     if att.batch_id == w.batch_id:
                         deadline = att.deadline
             run = self.tasks.get(w.task_id)
-            if run is not None and w.node_id in run.nodes:
-                self.apply(run, run.waiting_approval(w.node_id, False), now)
+            if run is not None and run.has(unit := run.unit_of(w.node_id, w.device_id)):
+                self.apply(run, run.waiting_approval(unit, False), now)
             self.writer.event(
                 EventType.APPROVAL_DECIDED,
                 w.task_id,

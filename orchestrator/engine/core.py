@@ -504,9 +504,11 @@ class Engine:
         for run in found.tasks:
             self.llm.adopt(run)
             self.tasks[run.id] = run
-            for node_id, rec in run.nodes.items():
+            for node_id, rec in list(run.units()):
                 key = (run.id, node_id)
-                if rec.state is NodeState.READY:
+                if rec.state is NodeState.READY and rec.spec.for_each is not None and node_id in run.nodes:
+                    self.runs.apply(run, self.runs.fanouts.expand(run, node_id, now), now)  # not expanded yet
+                elif rec.state is NodeState.READY:
                     self.queues.make_ready(key)
                 elif rec.state is NodeState.QUEUED:
                     holder = self.fleet.devices.get(rec.queued_on or "")
@@ -523,6 +525,10 @@ class Engine:
                     run.held.add(node_id)  # its re-plan was under way: ask again
             # Successors of nodes that ended just before the crash may still be pending.
             self.runs.apply(run, run.start(now), now)
+        for task_id, unit, stored in found.verifying:  # issue 20: outcomes being verified
+            run = self.tasks[task_id]
+            if run.has(unit) and run.record(unit).state is NodeState.VERIFYING:
+                self.runs.verify.restore(run, unit, stored, now)
         for att in list(self.attempts.open.values()):
             if att.kind is AttemptKind.STEP and self.attempts.get(att.parent) is not None:
                 pass  # it ends with its agent attempt

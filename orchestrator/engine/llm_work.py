@@ -178,6 +178,7 @@ class LlmWork:
             kind=AttemptKind.STEP,
             parent=parent.batch_id,
             waiter=waiter,
+            child=parent.child,
         )
         parent.step = step.batch_id
         parent.tools_used += [c.tool for c in commands]

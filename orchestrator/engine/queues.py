@@ -124,7 +124,7 @@ class Queues:
             for key in sorted(self.ready, key=self.order):
                 if key not in self.ready:
                     continue  # an earlier decision settled it (its task failed or was cancelled)
-                rec = self.tasks[key[0]].nodes[key[1]]
+                rec = self.tasks[key[0]].record(key[1])
                 if rec.not_before and rec.not_before > now:
                     continue  # backing off before a retry
                 capable = self.capable(rec.spec)
@@ -188,17 +188,17 @@ class Queues:
         sig = _signature(spec)
         ids = self._capable_cache.get(sig)
         if ids is None:
-            ids = sorted(
-                d.id
-                for d in self.devices.values()
-                if d.admin is not AdminState.REVOKED and placement.capable(spec, d.view())
-            )
+            # A node pinned to a device (each fan-out child is) can only run there: its device is
+            # looked up, not every device judged (a 500-device fan-out made 500 x 500 judgements).
+            pinned = self.devices.get(spec.placement.device or "")
+            pool = [pinned] if pinned is not None else self.devices.values()
+            ids = sorted(d.id for d in pool if d.admin is not AdminState.REVOKED and placement.capable(spec, d.view()))
             self._capable_cache[sig] = ids
         return [self.devices[i] for i in ids]
 
     def order(self, key: NodeKey) -> tuple[int, float]:
         run = self.tasks[key[0]]
-        rec = run.nodes[key[1]]
+        rec = run.record(key[1])
         return (-(run.priority + rec.spec.priority), rec.ready_since or 0.0)
 
     def _next_for(self, dev: DeviceRun) -> NodeKey | None:
@@ -224,7 +224,7 @@ class Queues:
         return min(dev.queue, key=self.order)  # not reached while the books agree
 
     def _may_steal(self, key: NodeKey, device_id: str, view: placement.DeviceView) -> bool:
-        rec = self.tasks[key[0]].nodes[key[1]]
+        rec = self.tasks[key[0]].record(key[1])
         return device_id not in rec.failed_on and placement.capable(rec.spec, view)
 
 

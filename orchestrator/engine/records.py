@@ -8,13 +8,14 @@ from enum import StrEnum
 from typing import Any
 
 from orchestrator.domain.edits import EditList
+from orchestrator.domain.fanout import child_unit
 from orchestrator.domain.model import AdminState, DagSpec, Liveness
 from orchestrator.domain.placement import DeviceView
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine.intake import Submission
 from protocol.messages import Command, Message
 
-NodeKey = tuple[str, str]  # (task_id, node_id)
+NodeKey = tuple[str, str]  # (task_id, node_id), or (task_id, unit) for a fan-out child
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class AttemptKind(StrEnum):
     TOOL = "tool"  # one batch of the node's commands
     AGENT = "agent"  # an LLM step loop holding the device
     STEP = "step"  # one batch of an agent attempt
+    VERIFY = "verify"  # a node's read-only verify commands, deciding its outcome (issue 20)
 
 
 @dataclass
@@ -102,10 +104,14 @@ class AttemptRun:
     step: str | None = None  # an agent attempt's step batch in flight
     resent_at: float = 0.0  # engine clock: when it was last sent again to a device that lacked it
     waiting_since: float | None = None  # engine clock: its device waits for an approval since then
+    child: str | None = None  # issue 20: the device whose fan-out child of `node_id` this runs
 
     @property
     def key(self) -> NodeKey:
-        return (self.task_id, self.node_id)
+        """(task, unit): the node, or for a fan-out child the child (`fanout.child_unit`)."""
+        if self.child is None:
+            return (self.task_id, self.node_id)
+        return (self.task_id, child_unit(self.node_id, self.child))
 
 
 # ---------------------------------------------------------------- inputs

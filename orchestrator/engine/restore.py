@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.domain import fanout
 from orchestrator.domain.model import AdminState, EdgeSpec, Liveness, NodeSpec, NodeState, TaskState
-from orchestrator.domain.run import TaskRun
+from orchestrator.domain.run import NodeRecord, TaskRun
 from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceRun
-from orchestrator.store.models import Attempt, Device
+from orchestrator.store.models import Attempt, Device, Node, NodeChild
 from orchestrator.store.repo import RuntimeSnapshot, TaskBundle
 from protocol.messages import Command
 
@@ -44,18 +45,12 @@ def task_from_bundle(bundle: TaskBundle) -> TaskRun:
     run.version = t.dag_version
     run.replans_used = t.replans_used
     for n in bundle.nodes:
-        rec = run.nodes[n.id]
-        rec.state = NodeState(n.state)
-        rec.attempts = n.attempts
-        rec.output = n.output
-        rec.results = list(n.results or [])
-        rec.error = n.error
-        rec.ready_since = n.ready_since.timestamp() if n.ready_since else None
-        rec.not_before = n.not_before.timestamp() if n.not_before else None
-        rec.queued_on = n.queued_on
+        _restore_record(run.nodes[n.id], n)
+    _restore_rollouts(run, bundle)
     for a in bundle.attempts:
-        if a.status == "failed" and a.kind != "step" and a.node_id in run.nodes:
-            rec = run.nodes[a.node_id]
+        unit = run.unit_of(a.node_id, a.device_id)
+        if a.status == "failed" and a.kind not in ("step", "verify") and run.has(unit):
+            rec = run.record(unit)
             rec.failed_on.add(a.device_id)
             if a.results and all(r.get("status") == "skipped" for r in a.results):
                 rec.unstarted += 1  # the device turned it away unrun (see TaskRun.attempt_ended)
@@ -63,7 +58,52 @@ def task_from_bundle(bundle: TaskBundle) -> TaskRun:
     return run
 
 
-def attempt_from_row(a: Attempt) -> AttemptRun:
+def _restore_record(rec: NodeRecord, row: Node | NodeChild) -> None:
+    rec.state = NodeState(row.state)
+    rec.attempts = row.attempts
+    rec.output = row.output
+    rec.results = list(row.results or [])
+    rec.error = row.error
+    rec.ready_since = row.ready_since.timestamp() if row.ready_since else None
+    rec.not_before = row.not_before.timestamp() if row.not_before else None
+    rec.queued_on = row.queued_on
+
+
+def _restore_rollouts(run: TaskRun, bundle: TaskBundle) -> None:
+    """Fan-out nodes that have their children (issue 20): the children's records, and the rollout
+    releasing them as the children's states say."""
+    rows: dict[str, list[NodeChild]] = {}
+    for c in bundle.children:
+        rows.setdefault(c.node_id, []).append(c)
+    stored = {n.id: n.fan_out or {} for n in bundle.nodes}
+    for node_id, children in rows.items():
+        parent = run.nodes.get(node_id)
+        if parent is None:
+            continue
+        children.sort(key=lambda c: c.position)
+        found = [fanout.Target(c.device_id, c.device_name) for c in children]
+        run.rollouts[node_id] = fanout.Rollout.of(parent.spec, found, list(stored[node_id].get("left_out") or []))
+        for c in children:
+            rec = NodeRecord(fanout.child_spec(parent.spec, c.device_id))
+            _restore_record(rec, c)
+            run.children[fanout.child_unit(node_id, c.device_id)] = rec
+
+
+def verifications(bundle: TaskBundle) -> list[tuple[str, dict[str, Any] | None]]:
+    """(unit, what its row keeps of its verification) of every node and child VERIFYING."""
+    out: list[tuple[str, dict[str, Any] | None]] = [
+        (n.id, n.verification) for n in bundle.nodes if n.state == NodeState.VERIFYING
+    ]
+    out += [
+        (fanout.child_unit(c.node_id, c.device_id), c.verification)
+        for c in bundle.children
+        if c.state == NodeState.VERIFYING
+    ]
+    return out
+
+
+def attempt_from_row(a: Attempt, fans_out: bool = False) -> AttemptRun:
+    """`fans_out`: its node fans out, so the attempt is its child's on the attempt's device."""
     return AttemptRun(
         batch_id=a.batch_id,
         task_id=a.task_id,
@@ -79,6 +119,7 @@ def attempt_from_row(a: Attempt) -> AttemptRun:
         cancel_reason=a.cancel_reason,
         kind=AttemptKind(a.kind),
         parent=a.parent_batch_id,
+        child=a.device_id if fans_out else None,
     )
 
 
@@ -91,6 +132,7 @@ class Recovered:
     tasks: list[TaskRun] = field(default_factory=list)
     attempts: list[AttemptRun] = field(default_factory=list)
     planning: list[tuple[str, str]] = field(default_factory=list)  # (task id, request)
+    verifying: list[tuple[str, str, dict[str, Any] | None]] = field(default_factory=list)  # (task, unit, row)
 
 
 def load(snap: RuntimeSnapshot, now: float) -> Recovered:
@@ -109,8 +151,10 @@ def load(snap: RuntimeSnapshot, now: float) -> Recovered:
         if bundle.task.state == TaskState.PLANNING:
             out.planning.append((bundle.task.id, bundle.task.request or ""))
             continue
-        out.tasks.append(task_from_bundle(bundle))
-        out.attempts += [attempt_from_row(a) for a in bundle.attempts if a.ended_at is None]
+        run = task_from_bundle(bundle)
+        out.tasks.append(run)
+        out.attempts += [attempt_from_row(a, a.node_id in run.rollouts) for a in bundle.attempts if a.ended_at is None]
+        out.verifying += [(run.id, unit, data) for unit, data in verifications(bundle)]
     by_id = {a.batch_id: a for a in out.attempts}
     for att in out.attempts:
         parent = by_id.get(att.parent or "")

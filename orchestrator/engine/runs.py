@@ -10,12 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.config import Settings
-from orchestrator.domain import templates
+from orchestrator.domain import fanout, templates
 from orchestrator.domain.checks import schema_errors
 from orchestrator.domain.model import CommandSpec, Liveness, NodeKind, NodeState, TaskState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
 from orchestrator.engine.attempts import Attempts, attempt_row, ended_row, unanswered
+from orchestrator.engine.fanouts import FanOuts
 from orchestrator.engine.fleet import Action, Fleet, Lost, Requeue, Revoked, Stopped
 from orchestrator.engine.llm_work import LlmWork
 from orchestrator.engine.outbox import Outbox
@@ -25,15 +26,17 @@ from orchestrator.engine.timers import (
     AcceptDeadline,
     ApprovalExpiry,
     AttemptDeadline,
+    ProbeTimeout,
     QueueTimeout,
     Sweep,
     Timers,
     Wake,
 )
 from orchestrator.engine.times import BATCH_GRACE_S, batch_deadline, utc
+from orchestrator.engine.verification import Verifications
 from orchestrator.engine.writer import EventType, StepWriter
 from orchestrator.metrics import Metrics
-from orchestrator.store.models import Attempt, Node, Task
+from orchestrator.store.models import Attempt, Task
 from protocol.errors import ErrorCode
 from protocol.messages import Command
 
@@ -68,6 +71,8 @@ class Runs:
         self.rng = rng
         self._transitions: dict[NodeState, Any] = {}  # the transitions counter's child per state
         self._batches: dict[str, Any] = {}  # the batches counter's child per outcome
+        self.fanouts = FanOuts(fleet, writer)  # issue 20: fan-out children
+        self.verify = Verifications(settings, tasks, writer, timers, queues, attempts, fleet, outbox, self.apply, rng)
         # Set by the engine: approvals (issue 18) hear of expiries and of attempts that end.
         self.on_approval_expiry: Callable[[ApprovalExpiry], None] = lambda timer: None
         self.on_attempt_end: Callable[[AttemptRun], None] = lambda att: None
@@ -82,10 +87,11 @@ class Runs:
                 self.end_agent(
                     self.llm.stop_agent(att, ErrorCode.CANCELLED, "the task was cancelled", now, "cancelled"), now
                 )
-            elif att.kind is AttemptKind.TOOL:
+            elif att.kind in (AttemptKind.TOOL, AttemptKind.VERIFY):
                 self.outbox.cancel(att, "cancelled")
         self.writer.update(Task, (task_id,), cancel_requested=True)
         self.apply(run, run.cancel(now), now)
+        self.verify.cancel(run, now)  # nodes waiting for a device to verify them
         return True
 
     def carry_out(self, actions: list[Action], now: float) -> None:
@@ -122,13 +128,14 @@ class Runs:
     ) -> AttemptRun:
         """A new attempt of `key` on `dev`: next fence, device held, attempt stored, node running."""
         run = self.tasks[key[0]]
-        rec = run.nodes[key[1]]
+        rec = run.record(key[1])
         fence = self.fleet.next_fence(dev)
         agent = kind is AttemptKind.AGENT
+        node_id, child = fanout.split_unit(key[1])
         att = AttemptRun(
             self.attempts.new_batch_id(),
             key[0],
-            key[1],
+            node_id,
             rec.attempts + 1,
             dev.id,
             fence,
@@ -137,13 +144,14 @@ class Runs:
             started=now,
             kind=kind,
             sent=agent,
+            child=child,
         )
         self.attempts.add(att)
         self.fleet.set_current(dev, att.batch_id, now)
         self.writer.insert(Attempt, attempt_row(att, now, "running" if agent else "dispatched"))
         self.apply(run, run.mark_running(key[1]), now)
         if att.n == 1:
-            self.writer.update(Node, key, started_at=utc(now))
+            self.writer.update(*self.fanouts.row(run, key[1]), started_at=utc(now))
         if rec.ready_since:
             self.metrics.schedule_to_start.observe(max(0.0, now - rec.ready_since))
         ids = {"task_id": att.task_id, "node_id": att.node_id, "batch_id": att.batch_id, "device_id": dev.id}
@@ -164,7 +172,7 @@ class Runs:
 
     def _assign(self, dev: DeviceRun, key: NodeKey, now: float) -> None:
         run = self.tasks[key[0]]
-        rec = run.nodes[key[1]]
+        rec = run.record(key[1])
         if rec.spec.kind is NodeKind.AGENT:
             if self.llm.planner is None:
                 message = "agent nodes need an LLM; none is configured"
@@ -241,10 +249,17 @@ class Runs:
             error=row["error"],
         )
         run = self.tasks.get(att.task_id)
-        if run is not None:
-            if not outcome.succeeded:
-                run.nodes[att.node_id].failed_on.add(att.device_id)
-            self.apply(run, run.attempt_ended(att.node_id, outcome, now, self.rng()), now)
+        if run is None or not run.has(att.key[1]):
+            return
+        if att.kind is AttemptKind.VERIFY:
+            self.verify.ended(run, att, outcome, now)
+            return
+        if not outcome.succeeded:
+            run.record(att.key[1]).failed_on.add(att.device_id)
+        if self.verify.wants(run, att.key[1], outcome):
+            self.verify.begin(run, att, outcome, now)  # its verify commands decide (issue 20)
+            return
+        self.apply(run, run.attempt_ended(att.key[1], outcome, now, self.rng()), now)
 
     def _batch_counter(self, outcome: str) -> Any:
         counter = self._batches.get(outcome)
@@ -257,6 +272,7 @@ class Runs:
         self.end_attempt(att, unanswered(att, self.fleet.devices.get(att.device_id), ErrorCode.TIMEOUT, message), now)
 
     def schedule(self, now: float) -> None:
+        self.verify.dispatch(now)  # before placement: a device back in service verifies first
         for decision in self.queues.placements(now):
             run = self.tasks[decision.key[0]]
             if isinstance(decision, Assign):
@@ -268,7 +284,7 @@ class Runs:
 
     def _fail_if_never_runnable(self, key: NodeKey, now: float) -> None:
         run = self.tasks[key[0]]
-        problem = self.queues.never_runnable(run.nodes[key[1]].spec)
+        problem = self.queues.never_runnable(run.record(key[1]).spec)
         if problem is not None:
             self._fail_never_runnable(run, key, problem, now)
 
@@ -300,6 +316,8 @@ class Runs:
                         self._timeout_attempt(att, f"the device did not accept the batch within {limit:g}s", now)
             elif isinstance(timer, ApprovalExpiry):
                 self.on_approval_expiry(timer)
+            elif isinstance(timer, ProbeTimeout):
+                self.verify.timeout(timer, now)
             elif isinstance(timer, Sweep):
                 self.carry_out(self.fleet.sweep(now), now)
                 self.timers.add(now + self.settings.link_report_interval_s, Sweep())
@@ -320,9 +338,9 @@ class Runs:
     def _queue_timeout(self, timer: QueueTimeout, now: float) -> None:
         key = timer.key
         run = self.tasks.get(key[0])
-        if run is None:
+        if run is None or not run.has(key[1]):
             return
-        rec = run.nodes[key[1]]
+        rec = run.record(key[1])
         if rec.state not in (NodeState.READY, NodeState.QUEUED) or rec.ready_since != timer.since:
             return
         limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
@@ -340,7 +358,7 @@ class Runs:
                 self._task_transition(run, t, now)
                 continue
             key = (run.id, t.node_id)
-            rec = run.nodes[t.node_id]
+            rec = run.record(t.node_id)
             new = NodeState(t.new)
             counter = self._transitions.get(new)
             if counter is None:
@@ -348,7 +366,10 @@ class Runs:
             counter.inc()
             if t.old == NodeState.QUEUED and new is not NodeState.QUEUED:
                 self.queues.take(key)
-            if new is NodeState.READY:
+            fans_out = new is NodeState.READY and rec.spec.for_each is not None and t.node_id in run.nodes
+            if fans_out:
+                self.queues.not_ready(key)  # it is never placed itself: its children are
+            elif new is NodeState.READY:
                 self.queues.make_ready(key)
                 limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
                 if rec.ready_since is not None:
@@ -366,11 +387,17 @@ class Runs:
             }
             if new.terminal:
                 values.update(output=rec.output, results=rec.results, error=rec.error, finished_at=utc(now))
-            self.writer.update(Node, key, **values)
+            elif new is NodeState.VERIFYING:  # what it ends with if its verify commands pass
+                values.update(output=rec.output, results=rec.results)
+            elif new is NodeState.RUNNING and t.old == NodeState.READY and rec.spec.for_each is not None:
+                values["started_at"] = utc(now)  # a fan-out node starts with its children
+            self.writer.update(*self.fanouts.row(run, t.node_id), **values)
             extra: dict[str, Any] = {}
-            if rec.error and new in (NodeState.FAILED, NodeState.READY, NodeState.CANCELLED):
+            if rec.error and new in (NodeState.FAILED, NodeState.READY, NodeState.CANCELLED, NodeState.SKIPPED):
                 extra["error"] = rec.error
-            self.writer.event(EventType.NODE_STATE, run.id, t.node_id, now, state=new.value, **extra)
+            self.fanouts.event(run, t.node_id, now, new.value, **extra)
+            if fans_out:
+                self.apply(run, self.fanouts.expand(run, t.node_id, now), now)
         if run.held - run.replanning:
             self.llm.replan_held(run, now)
 
@@ -385,7 +412,7 @@ class Runs:
     def _forget(self, task_id: str) -> None:
         run = self.tasks.pop(task_id, None)
         if run is not None:
-            self.queues.forget(task_id, list(run.nodes))
+            self.queues.forget(task_id, [unit for unit, _ in run.units()])
 
 
 def _misfit(specs: list[CommandSpec], commands: list[Command], dev: DeviceRun) -> str | None:

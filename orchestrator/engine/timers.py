@@ -38,6 +38,15 @@ class ApprovalExpiry:
 
 
 @dataclass(frozen=True)
+class ProbeTimeout:
+    """Issue 20: node `key`, waiting since `since` for a device to run its verify commands, has
+    waited probe_timeout_s (ignored if it is no longer waiting since then)."""
+
+    key: NodeKey
+    since: float
+
+
+@dataclass(frozen=True)
 class Sweep:
     """Look for devices nobody has reported for a heartbeat timeout (re-armed when it fires)."""
 
@@ -47,7 +56,7 @@ class Wake:
     """Only makes the loop run a step (a backoff ended, soft changes are due, a reconcile)."""
 
 
-Timer = QueueTimeout | AttemptDeadline | AcceptDeadline | ApprovalExpiry | Sweep | Wake
+Timer = QueueTimeout | AttemptDeadline | AcceptDeadline | ApprovalExpiry | ProbeTimeout | Sweep | Wake
 
 
 class Timers:

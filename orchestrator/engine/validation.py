@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from orchestrator.domain import checks, dag, placement
+from orchestrator.domain import checks, dag, fanout, placement, verification
 from orchestrator.domain.model import AdminState, DagSpec, NodeKind
 from orchestrator.domain.problems import Problem
 from orchestrator.engine.records import DeviceRun
@@ -47,6 +47,7 @@ def validate_against(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits
                 runnable[key] = placement.could_ever_run(node, views)
             if not runnable[key]:
                 problems.append(placement.no_capable_device(node, views))
+    problems += fanout.fan_out_problems(spec, fleet) + verification.verify_problems(spec, fleet)
     return problems + checks.argument_problems(spec, fleet)
 
 
@@ -67,14 +68,16 @@ def dry_run(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits, policie
         if key not in chosen_by:
             chosen_by[key] = placement.choose_queue(node, views)
         chosen = chosen_by[key]
-        nodes.append(
-            {
-                "id": node.id,
-                "devices": sorted(d.name for d in able),
-                "would_run_on": (chosen.name or chosen.id) if chosen is not None else None,
-                "refusals": [r for d in sorted(able, key=lambda d: d.name) for r in checks.refusals(node, d)],
-            }
-        )
+        row: dict[str, Any] = {
+            "id": node.id,
+            "devices": sorted(d.name for d in able),
+            "would_run_on": (chosen.name or chosen.id) if chosen is not None else None,
+            "refusals": [r for d in sorted(able, key=lambda d: d.name) for r in checks.refusals(node, d)],
+        }
+        if node.for_each is not None:
+            found, left = fanout.targets(node, views)
+            row.update(would_run_on=None, fans_out_to=[t.name for t in found], left_out=left)
+        nodes.append(row)
     return {
         "valid": not problems,
         "problems": [problem_out(p) for p in problems],

@@ -124,6 +124,34 @@ class Node(Base):
     queued_on: Mapped[str | None] = mapped_column(String(40))
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    # Issue 20: a fan-out node's rollout ({devices, left_out}; its children are NodeChild rows),
+    # and how its verify commands are deciding or decided its outcome.
+    fan_out: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    verification: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+
+
+class NodeChild(Base):
+    """Issue 20: a fan-out node's child on one device (the node pinned there). Its attempts are
+    the node's attempts on that device."""
+
+    __tablename__ = "node_children"
+
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    device_name: Mapped[str] = mapped_column(String(200))
+    position: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(20))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    output: Mapped[Any | None] = mapped_column(JSON)
+    results: Mapped[list[Any] | None] = mapped_column(JSON)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    verification: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    ready_since: Mapped[datetime | None]
+    not_before: Mapped[datetime | None]
+    queued_on: Mapped[str | None] = mapped_column(String(40))
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
 
 
 class Edge(Base):
@@ -398,6 +426,7 @@ __all__ = [
     "Lease",
     "LlmCall",
     "Node",
+    "NodeChild",
     "Schedule",
     "ScheduleTick",
     "ServerMeta",

@@ -32,6 +32,7 @@ from orchestrator.store.models import (
     Lease,
     LlmCall,
     Node,
+    NodeChild,
     Schedule,
     ScheduleTick,
     ServerMeta,
@@ -111,6 +112,7 @@ _INSERT_ORDER: tuple[type[Base], ...] = (
     Device,
     Task,
     Node,
+    NodeChild,
     Edge,
     Attempt,
     Approval,
@@ -128,11 +130,20 @@ class TaskBundle:
     nodes: list[Node]
     edges: list[Edge]
     attempts: list[Attempt]
+    children: list[NodeChild] = field(default_factory=list)  # fan-out children (issue 20), by position
 
 
 # The columns of a task's nodes and attempts that its view shows.
-VIEW_NODE_COLUMNS = ("id", "kind", "state", "spec", "queued_on", "output", "error", "started_at", "finished_at")
+VIEW_NODE_COLUMNS = (
+    *("id", "kind", "state", "spec", "queued_on", "output", "error", "started_at", "finished_at"),
+    *("fan_out", "verification"),
+)
+VIEW_CHILD_COLUMNS = (
+    *("node_id", "device_id", "device_name", "state", "output", "error", "verification"),
+    *("queued_on", "started_at", "finished_at"),
+)
 VIEW_ATTEMPT_COLUMNS = (
+    "kind",
     "node_id",
     "n",
     "device_id",
@@ -157,6 +168,7 @@ class TaskRows:
     nodes: list[dict[str, Any]]
     edges: list[dict[str, Any]]
     attempts: list[dict[str, Any]]
+    children: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -483,7 +495,9 @@ class Store:
             attempts = (
                 await s.execute(select(Attempt).where(Attempt.task_id == task_id).order_by(Attempt.n))
             ).scalars()
-            return TaskBundle(task, list(nodes), list(edges), list(attempts))
+            q = select(NodeChild).where(NodeChild.task_id == task_id).order_by(NodeChild.node_id, NodeChild.position)
+            children = (await s.execute(q)).scalars()
+            return TaskBundle(task, list(nodes), list(edges), list(attempts), list(children))
 
     async def task_view(self, task_id: str) -> TaskBundle | TaskRows | None:
         """The task with its nodes, edges and attempts, to show. On SQLite as plain rows, only
@@ -505,6 +519,7 @@ class Store:
                     sqlite.read_rows(_table(Node), *where, "position", VIEW_NODE_COLUMNS, db=db),
                     sqlite.read_rows(_table(Edge), *where, db=db),
                     sqlite.read_rows(_table(Attempt), *where, "n", VIEW_ATTEMPT_COLUMNS, db=db),
+                    sqlite.read_rows(_table(NodeChild), *where, "node_id, position", VIEW_CHILD_COLUMNS, db=db),
                 )
 
         return read() if sqlite.in_memory else await asyncio.to_thread(read)
@@ -665,6 +680,7 @@ class Store:
             nodes: dict[str, list[Node]] = defaultdict(list)
             edges: dict[str, list[Edge]] = defaultdict(list)
             attempts: dict[str, list[Attempt]] = defaultdict(list)
+            children: dict[str, list[NodeChild]] = defaultdict(list)
             for chunk in _chunks(ids, 500):
                 for n in (
                     await s.execute(select(Node).where(Node.task_id.in_(chunk)).order_by(Node.position))
@@ -675,7 +691,10 @@ class Store:
                 q = select(Attempt).where(Attempt.task_id.in_(chunk)).order_by(Attempt.n)
                 for a in (await s.execute(q)).scalars():
                     attempts[a.task_id].append(a)
-            bundles = [TaskBundle(t, nodes[t.id], edges[t.id], attempts[t.id]) for t in tasks]
+                kids = select(NodeChild).where(NodeChild.task_id.in_(chunk)).order_by(NodeChild.position)
+                for c in (await s.execute(kids)).scalars():
+                    children[c.task_id].append(c)
+            bundles = [TaskBundle(t, nodes[t.id], edges[t.id], attempts[t.id], children[t.id]) for t in tasks]
             return RuntimeSnapshot(devices, bundles)
 
 

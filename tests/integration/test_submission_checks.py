@@ -197,7 +197,9 @@ def test_a_dry_run_of_an_invalid_dag_lists_its_problems_with_200(fleet: Fleet) -
     nowhere = {"nodes": [{"id": "gpu", "placement": {"labels": {"role": "gpu"}}, "commands": [shell(["ls"])]}]}
     body = post(fleet, {"dag": nowhere}, params={"dry_run": "true"}).json()
     assert body["problems"][0]["code"] == "no_capable_device" and body["problems"][0]["node_id"] == "gpu"
-    assert body["nodes"] == [{"id": "gpu", "devices": [], "would_run_on": None, "refusals": []}]
+    assert body["nodes"] == [
+        {"id": "gpu", "devices": [], "would_run_on": None, "refusals": [], "fans_out_to": None, "left_out": None}
+    ]
 
 
 def test_a_dry_run_needs_no_idempotency_key_and_ignores_one(fleet: Fleet) -> None:

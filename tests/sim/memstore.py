@@ -26,6 +26,7 @@ from orchestrator.store.models import (
     Event,
     LlmCall,
     Node,
+    NodeChild,
     Task,
 )
 from orchestrator.store.repo import (
@@ -74,6 +75,33 @@ def _copy(value: Any) -> Any:
     return value
 
 
+class _NoApprovals:
+    """A session over the simulated store's approvals, which are none: the simulated devices never
+    ask for one. The engine's approval queries (`store/approvals.py`: at recovery, and when it
+    compares its waiting approvals with the store) answer nothing; any other query is refused,
+    so nothing reads an empty table by mistake."""
+
+    async def __aenter__(self) -> _NoApprovals:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def execute(self, query: Any) -> _NoRows:
+        tables = {getattr(t, "name", None) for t in query.get_final_froms()}
+        if tables != {"approvals"}:
+            raise NotImplementedError(f"the simulated store answers only approval queries here, not {query}")
+        return _NoRows()
+
+
+class _NoRows:
+    def scalars(self) -> list[Any]:
+        return []
+
+    def all(self) -> list[Any]:
+        return []
+
+
 @dataclass
 class Lease:
     holder: str | None = None
@@ -98,6 +126,10 @@ class MemStore:
 
     def table(self, model: type[Base]) -> dict[tuple[Any, ...], Any]:
         return self.rows.setdefault(model, {})
+
+    def sessions(self) -> _NoApprovals:
+        """What `store/approvals.py` reads through (see `_NoApprovals`)."""
+        return _NoApprovals()
 
     async def close(self) -> None:
         pass
@@ -249,7 +281,10 @@ class MemStore:
         attempts = sorted(
             (a for a in self.table(Attempt).values() if a.task_id == task.id), key=lambda a: (a.n, a.batch_id)
         )
-        return TaskBundle(task, nodes, edges, attempts)
+        children = sorted(
+            (c for c in self.table(NodeChild).values() if c.task_id == task.id), key=lambda c: (c.node_id, c.position)
+        )
+        return TaskBundle(task, nodes, edges, attempts, children)
 
     async def get_task(self, task_id: str) -> TaskBundle | None:
         task = self.table(Task).get((task_id,))

@@ -14,8 +14,9 @@ def task_ids(engine: Engine) -> list[str]:
 
 
 def node_states(engine: Engine, task_id: str) -> dict[str, str]:
+    """Every node's state, and every fan-out child's (by its unit, `node@device`)."""
     run = engine.tasks.get(task_id)
-    return {} if run is None else {n: rec.state.value for n, rec in run.nodes.items()}
+    return {} if run is None else {n: rec.state.value for n, rec in run.units()}
 
 
 def open_attempts(engine: Engine) -> dict[str, tuple[str, str, str, int]]:

@@ -17,7 +17,7 @@ import hashlib
 import heapq
 import itertools
 import logging
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -45,7 +45,7 @@ from orchestrator.engine.records import (
     SubmitTask,
 )
 from orchestrator.engine.times import utc
-from orchestrator.store.models import Attempt, Device, Edge, Node, Task
+from orchestrator.store.models import Attempt, Device, Edge, Node, NodeChild, Task
 from orchestrator.store.repo import ChangeSet, WriteConflict
 from protocol.codec import encode
 from protocol.errors import ProtocolError
@@ -67,7 +67,7 @@ from protocol.messages import (
     is_reliable,
 )
 from protocol.session import AckPolicy, Channel, Role, Session, negotiate_version
-from tests.sim import view
+from tests.sim import outcomes, view
 from tests.sim.memstore import MemStore
 
 T0 = 1_800_000_000.0
@@ -101,6 +101,7 @@ def _settings() -> Settings:
                 batch_accept_timeout_s=8.0,
                 queue_timeout_s=150.0,
                 reconcile_interval_s=2.0,
+                probe_timeout_s=60.0,
             )
         )
     return _SETTINGS[0]
@@ -1004,6 +1005,12 @@ class World:
         except Exception as exc:
             self.store.fail_next = 0
             self._engine_died(engine, exc)
+            # The step's own inputs get no answer from a dead engine either: their gateways close
+            # those connections unacknowledged (the cluster's request times out, or the process
+            # dies with its sockets), and the devices resume and send again.
+            for _, reply in futures:
+                if reply is not None:
+                    reply(False, None)
             return
         self.store.fail_next = 0
         for fut, reply in futures:
@@ -1121,18 +1128,36 @@ class World:
                 }
                 for _ in range(self.rng.randint(1, 2))
             ]
-            nodes.append(
-                {
-                    "id": f"n{i}",
-                    "commands": commands,
-                    "retry": {"max_attempts": self.rng.randint(1, 3), "backoff_s": 0.5},
-                }
-            )
+            node: dict[str, Any] = {
+                "id": f"n{i}",
+                "commands": commands,
+                "retry": {"max_attempts": self.rng.randint(1, 3), "backoff_s": 0.5},
+            }
+            if self.rng.random() < 0.25:
+                node["for_each"] = self.for_each()
+            if self.rng.random() < 0.25:
+                node["verify"] = [{"tool": "sim.look", "timeout_s": 5}]
+            nodes.append(node)
             if i:
                 for src in sorted(set(self.rng.sample(range(i), min(i, self.rng.randint(1, 2))))):
                     on = "failure" if self.rng.random() < 0.15 else "success"
                     edges.append({"from": f"n{src}", "to": f"n{i}", "on": on})
         return DagSpec.model_validate({"nodes": nodes, "edges": edges})
+
+    def for_each(self) -> dict[str, Any]:
+        """A fan-out over every device that has the tools, or over some named ones (issue 20)."""
+        names = sorted(self.devices)
+        out: dict[str, Any] = {}
+        if self.rng.random() < 0.5:
+            picked = self.rng.sample(names, self.rng.randint(1, len(names)))
+            out["devices"] = [f"d{int(d.split('_')[1])}" if self.rng.random() < 0.5 else d for d in picked]
+        if self.rng.random() < 0.4:
+            out["canary"] = self.rng.randint(1, 2)
+        if self.rng.random() < 0.4:
+            out["max_parallel"] = self.rng.randint(1, 2)
+        if self.rng.random() < 0.4:
+            out["failure_budget"] = self.rng.randint(1, 2)
+        return out
 
     def submit_task(self) -> None:
         """A new task at the API of a random replica, handed to the engine (which stores it)."""
@@ -1201,14 +1226,19 @@ class World:
     # ------------------------------------------------------------------ running
 
     def executed(self, device: SimDevice, batch: CommandBatch, call_id: str, tool: str) -> None:
-        key = (batch.task_id, batch.node_id, call_id)
+        node = self.store.table(Node)[(batch.task_id, batch.node_id)]  # as edited, if it was
+        spec = NodeSpec.model_validate(node.spec)
+        # A fan-out node runs once per device (issue 20): each child is its own "at most once".
+        key = (batch.task_id, batch.node_id, call_id, device.id if spec.for_each is not None else "")
         self.executions.setdefault(key, []).append(batch.batch_id)
         self.log("exec", f"{device.id} runs {batch.batch_id} {call_id} {tool}")
         runs = self.executions[key]
+        if call_id.startswith("v") and not TOOLS[tool].read_only:
+            self.fail(f"verify command {tool} of {batch.task_id}/{batch.node_id} is not read-only")
         if len(runs) > 1:
             ann = TOOLS[tool]
-            node = self.store.table(Node)[(batch.task_id, batch.node_id)]  # as edited, if it was
-            cmd = NodeSpec.model_validate(node.spec).commands[int(call_id[1:]) - 1]
+            commands = spec.verify if call_id.startswith("v") else spec.commands
+            cmd = commands[int(call_id[1:]) - 1]
             if not (ann.read_only or ann.idempotent or cmd.idempotent):
                 self.fail(f"{tool} of {batch.task_id}/{batch.node_id}/{call_id} ran twice: batches {runs}")
 
@@ -1272,7 +1302,9 @@ class World:
                 self.device_fence_floor[key[0]] = values["fence"]
         for row in changes.inserts.get(Attempt, []):
             admin = view.admin_state(self.engine, row["device_id"]) if self.engine is not None else "active"
-            if admin != "active":  # placement runs after every input of the step: it knew
+            # Placement runs after every input of the step: it knew. Verify commands are read-only
+            # and settle work the device did already, so they run on a device out of service too.
+            if admin != "active" and row["kind"] != "verify":
                 self.fail(
                     f"store: attempt {row['batch_id']} opened on {row['device_id']}, which the engine knows is {admin}"
                 )
@@ -1362,6 +1394,19 @@ class World:
                 self.fail(f"{task_id}/{nid} has an open attempt in a finished task")
         if task.state == "cancelled" and not cancelled:
             self.fail(f"{task_id} ended cancelled, but nobody cancelled it")
+        outcomes.check_edge_times(self.fail, task_id, nodes, edges, attempts)
+        children = [c for c in self.store.table(NodeChild).values() if c.task_id == task_id]
+        for nid, node in sorted(nodes.items()):
+            spec = NodeSpec.model_validate(node.spec)
+            ran = [a for a in attempts if a.node_id == nid]
+            if spec.for_each is None:
+                outcomes.check_verified(self.fail, f"{task_id}/{nid}", node.state, spec, ran)
+                continue
+            kids = [c for c in children if c.node_id == nid]
+            outcomes.check_fan_out(self.fail, f"{task_id}/{nid}", node, kids, ran)
+            for c in kids:
+                own = [a for a in ran if a.device_id == c.device_id]
+                outcomes.check_verified(self.fail, f"{task_id}/{nid}@{c.device_name}", c.state, spec, own)
 
     def report(self) -> str:
         return "\n".join(self.trace.lines)
@@ -1449,6 +1494,8 @@ class Outcome:
     trace: str
     steps: int
     events: int
+    coverage: Counter[str] = field(default_factory=Counter)  # fan-out and verify paths taken
+    terminal: int = 0  # tasks that ended
 
 
 def simulate(seed: int, fault_s: float = 40.0, heal_s: float = 200.0) -> Outcome:
@@ -1467,4 +1514,8 @@ def simulate(seed: int, fault_s: float = 40.0, heal_s: float = 200.0) -> Outcome
         world.log("CRASHED", error.splitlines()[0])
     finally:
         loop.close()
-    return Outcome(seed, not error, world.trace.digest(), error, world.report(), world.steps, world.trace.count)
+    seen = outcomes.coverage(world.store.table(Node).values(), world.store.table(NodeChild).values())
+    ended = sum(1 for t in world.store.tasks() if TaskState(t.state).terminal)
+    return Outcome(
+        seed, not error, world.trace.digest(), error, world.report(), world.steps, world.trace.count, seen, ended
+    )

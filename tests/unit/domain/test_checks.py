@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.domain import checks
+from orchestrator.domain import checks, fanout, verification
 from orchestrator.domain.model import AdminState, DagSpec, Liveness
 from orchestrator.domain.placement import DeviceView
 
@@ -158,3 +158,33 @@ def test_a_refusal_names_command_tool_device_and_code() -> None:
         "device": "a",
         "code": "policy_denied",
     }
+
+
+# ---------------------------------------------------------------- issue 20: verify and fan-out
+
+
+def test_a_verify_command_whose_tool_is_not_read_only_everywhere_is_refused_naming_the_devices() -> None:
+    node = {"id": "n", "commands": [shell({"argv": ["true"]})], "verify": [shell({"argv": ["test", "-f", "x"]})]}
+    (p,) = verification.verify_problems(DagSpec.model_validate({"nodes": [node]}), [device("a"), device("b")])
+    assert (p.code, p.extra["tool"], p.extra["devices"]) == ("verify_not_read_only", "shell.run", ["a", "b"])
+    read = {**node, "verify": [{"tool": "files.read", "arguments": {"path": "x"}}]}
+    assert verification.verify_problems(DagSpec.model_validate({"nodes": [read]}), [device("a")]) == []
+
+
+def test_a_named_fan_out_device_must_be_enrolled_and_able_to_run_the_node() -> None:
+    node = {"id": "n", "for_each": {"devices": ["a", "nope", "bare"]}, "commands": [shell({"argv": ["true"]})]}
+    devices = [device("a"), device("bare", tools={})]
+    problems = fanout.fan_out_problems(DagSpec.model_validate({"nodes": [node]}), devices)
+    assert [(p.code, p.extra["device"]) for p in problems] == [
+        ("unknown_device", "nope"),
+        ("no_capable_device", "bare"),
+    ]
+
+
+def test_a_fan_out_output_passed_whole_where_a_string_is_wanted_says_it_is_a_map() -> None:
+    fan = {"id": "f", "for_each": {}, "commands": [shell({"argv": ["true"]})]}
+    use = {"id": "n", "commands": [{"tool": "files.read", "arguments": {"path": "${nodes.f.output}"}}]}
+    spec = DagSpec.model_validate({"nodes": [fan, use], "edges": [{"from": "f", "to": "n"}]})
+    (p,) = checks.argument_problems(spec, [device("a")])
+    assert (p.code, p.extra["field"]) == ("invalid_arguments", "path")
+    assert "a map from device name to output" in p.message and "${nodes.f.output.<device>...}" in p.message

@@ -193,11 +193,17 @@ class Harness:
 
     # ------------------------------------------------------------------ fleet and tasks
 
-    async def enroll(self, name: str) -> str:
+    async def enroll(self, name: str, labels: dict[str, str] | None = None) -> str:
         device_id = f"dev_{name}"
         await self.store.add(
             Device,
-            {"id": device_id, "name": name, "token_hash": f"h-{name}", "created_at": utc(self.clock.now)},
+            {
+                "id": device_id,
+                "name": name,
+                "token_hash": f"h-{name}",
+                "created_at": utc(self.clock.now),
+                "labels": labels or {},
+            },
         )
         await self.step(DeviceChanged(device_id))
         return device_id

@@ -255,6 +255,8 @@ function nodeShape(node, pos) {
       dataset: { nodeId: node.id, state: node.state },
     },
     s("title", {}, `${node.id}: ${node.state}`),
+    node.for_each ? s("rect", { class: "node-stack", x: 5, y: -5, width: w, height: hgt, rx: 9 }) : null,
+    node.for_each ? s("rect", { class: "node-stack", x: 2.5, y: -2.5, width: w, height: hgt, rx: 9 }) : null,
     s("rect", { class: "node-box", width: w, height: hgt, rx: 9 }),
     s("rect", { class: "node-accent", x: 0, y: 0, width: 5, height: hgt, "clip-path": "url(#node-clip)" }),
     s("circle", { class: "node-dot", cx: 19, cy: 18, r: 4.5 }),
@@ -268,6 +270,7 @@ function nodeShape(node, pos) {
 /** Where a node ran or waits: the device of its latest attempt (else the one it is queued on)
  * and how many attempts it made, e.g. {text: "web-1 · 2 attempts", device: "web-1", attempts: 2}. */
 export function placed(node, deviceName = (id) => id) {
+  if (node.children) return fanned(node);
   const attempts = node.attempts || [];
   const last = attempts[attempts.length - 1];
   if (last?.device_id) {
@@ -281,7 +284,18 @@ export function placed(node, deviceName = (id) => id) {
   return { device: "", attempts: 0, text: "" };
 }
 
+/** A fan-out node's progress (issue 20): "3/12 done · 1 failed" (or how many devices it waits for). */
+function fanned(node) {
+  const kids = node.children || [];
+  const count = (st) => kids.filter((c) => c.state === st).length;
+  const done = kids.filter((c) => ["succeeded", "failed", "skipped", "cancelled"].includes(c.state)).length;
+  const failed = count("failed");
+  const text = kids.length ? `${done}/${kids.length} done${failed ? ` · ${failed} failed` : ""}` : "no devices yet";
+  return { device: "", attempts: 0, text };
+}
+
 function subtitle(node) {
+  if (node.for_each) return node.children ? `fan-out ×${node.children.length}` : "fan-out";
   if (node.kind === "agent") return "agent";
   const cmds = node.commands || [];
   if (!cmds.length) return node.kind || "";

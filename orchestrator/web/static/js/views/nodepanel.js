@@ -9,6 +9,7 @@ import { api } from "../api.js";
 import { h, icon, pill, replace } from "../dom.js";
 import { duration, labelList, pretty, shortId, span } from "../format.js";
 import { confirmButton, liveDuration, loading, timeAt, timeRange } from "../ui.js";
+import { childrenSections, fanOutText, verifySection } from "./children.js";
 
 const CUT_LINES = 18;
 const CUT_CHARS = 1400;
@@ -73,7 +74,10 @@ export class NodePanel {
     if (changedNode) this.drawApprovals();
     if (!changedNode && sig === this.signature) return;
     this.signature = sig;
-    if (changedNode) this.expanded.clear();
+    if (changedNode) {
+      this.expanded.clear();
+      this.childFilter = "all";
+    }
     this.title.textContent = node.id;
     this.title.title = node.id;
     replace(this.state, pill(node.state));
@@ -131,7 +135,7 @@ export class NodePanel {
       : h("span", { class: "muted" }, "not started");
     const facts = [
       ["Kind", node.kind],
-      ["Placement", placementText(node.placement)],
+      node.for_each ? ["Fan-out", fanOutText(node.for_each)] : ["Placement", placementText(node.placement)],
       node.queued_on ? ["Queued on", this.device(node.queued_on)] : null,
       ["Ran", ran],
       ["Retry", retryText(node.retry)],
@@ -146,10 +150,13 @@ export class NodePanel {
         facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]),
       ),
       node.error ? errorBox(node.error) : null,
-      section(
-        `Attempts (${attempts.length})`,
-        attempts.length ? [...attempts].reverse().map((a) => this.attemptCard(a)) : h("p", { class: "muted" }, "No attempt yet."),
-      ),
+      node.children
+        ? childrenSections(this, node)
+        : section(
+            `Attempts (${attempts.length})`,
+            attempts.length ? [...attempts].reverse().map((a) => this.attemptCard(a)) : h("p", { class: "muted" }, "No attempt yet."),
+          ),
+      verifySection(node),
       node.kind === "agent"
         ? section("Instruction", h("p", { class: "instruction" }, node.instruction || ""))
         : section(
@@ -160,8 +167,20 @@ export class NodePanel {
     ];
   }
 
-  attemptCard(a) {
-    const several = (this.node?.attempts || []).length > 1;
+  /** Open or close a part of the panel (a child, a long value) and draw it again. */
+  toggle(key) {
+    if (this.expanded.has(key)) this.expanded.delete(key);
+    else this.expanded.add(key);
+    this.redraw();
+  }
+
+  redraw() {
+    this.signature = "";
+    if (this.node) this.show(this.task, this.node);
+  }
+
+  attemptCard(a, siblings = this.node?.attempts || []) {
+    const several = siblings.length > 1;
     const sent = new Map((a.commands || []).map((c) => [c.call_id, c]));
     const templates = (this.node?.commands || []).map((c) => JSON.stringify(c.arguments ?? {}));
     return h(
@@ -170,7 +189,7 @@ export class NodePanel {
       h(
         "div",
         { class: "attempt-head" },
-        h("span", { class: "attempt-n" }, `#${a.n}`),
+        h("span", { class: "attempt-n" }, a.kind === "verify" ? `#${a.n} verify` : `#${a.n}`),
         pill(a.status),
         h("span", { class: "attempt-device", title: a.device_id }, this.device(a.device_id)),
         h("span", { class: "spacer" }),

@@ -194,6 +194,7 @@ export function mountTask(root, taskId, params = new URLSearchParams()) {
     for (const n of task?.nodes || []) {
       if (n.queued_on) ids.add(n.queued_on);
       for (const a of n.attempts || []) if (a.device_id) ids.add(a.device_id);
+      for (const c of n.children || []) ids.add(c.device_id);
     }
     return ids;
   }
@@ -296,6 +297,16 @@ export function mountTask(root, taskId, params = new URLSearchParams()) {
       if (TERMINAL_NODE.has(data.state)) artifacts.refresh(); // a node's artifacts are recorded before it ends
     } else if (type === "approval.requested" || type === "approval.decided") {
       loadApprovals();
+    } else if (type === "node.child") {
+      // A fan-out child (issue 20): its state on the node at once, the rest with the re-fetch.
+      const child = (findNode(data.node_id)?.children || []).find((c) => c.device_id === data.device_id);
+      if (child) {
+        child.state = data.state;
+        if (data.error) child.error = data.error;
+        dag.update(findNode(data.node_id));
+        if (selected === data.node_id) panel.show(task, findNode(data.node_id));
+      }
+      scheduleFetch();
     } else if (type === "node.attempt") {
       scheduleFetch();
     } else if (type === "dag.edited") {
