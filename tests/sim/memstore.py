@@ -75,11 +75,16 @@ def _copy(value: Any) -> Any:
     return value
 
 
+# Tables the simulated world never fills, read through a session: no simulated device asks for an
+# approval, and no simulated task comes from a schedule.
+EMPTY_TABLES = frozenset({"approvals", "schedules", "schedule_ticks"})
+
+
 class _NoApprovals:
-    """A session over the simulated store's approvals, which are none: the simulated devices never
-    ask for one. The engine's approval queries (`store/approvals.py`: at recovery, and when it
-    compares its waiting approvals with the store) answer nothing; any other query is refused,
-    so nothing reads an empty table by mistake."""
+    """A session over the simulated store's approvals and schedules, which are none. The engine's
+    queries of them (`store/approvals.py`, `store/schedules.py`: at recovery, and when it compares
+    its waiting approvals with the store) answer nothing; any other query is refused, so nothing
+    reads an empty table by mistake."""
 
     async def __aenter__(self) -> _NoApprovals:
         return self
@@ -89,8 +94,8 @@ class _NoApprovals:
 
     async def execute(self, query: Any) -> _NoRows:
         tables = {getattr(t, "name", None) for t in query.get_final_froms()}
-        if tables != {"approvals"}:
-            raise NotImplementedError(f"the simulated store answers only approval queries here, not {query}")
+        if not tables or not tables <= EMPTY_TABLES:
+            raise NotImplementedError(f"the simulated store answers only approval and schedule queries, not {query}")
         return _NoRows()
 
 
