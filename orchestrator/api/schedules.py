@@ -86,7 +86,7 @@ def check_task(body: TaskCreate, settings: Settings, devices: list[DeviceRun]) -
         return refused, []
     if not llm and any(n.kind is NodeKind.AGENT for n in spec.nodes):
         return [_no_llm("agent nodes need an LLM and this server has none configured; use tool nodes")], []
-    every_tool = {c.tool for n in spec.nodes for c in n.commands}
+    every_tool = {tool for n in spec.nodes for tool in n.tools()}  # its commands' and its verify commands'
     structural = dag.validate(spec, every_tool, settings.dag_limits)
     if structural:
         return structural, []

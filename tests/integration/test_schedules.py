@@ -187,6 +187,26 @@ def test_what_depends_on_todays_devices_is_a_warning_and_the_schedule_is_made(fl
     assert r.status_code == 201 and [w["code"] for w in r.json()["warnings"]] == ["no_capable_device"]
 
 
+def test_a_fan_out_task_with_verify_commands_is_a_valid_schedule(fleet: Fleet) -> None:
+    """Found in the new-user pass: the structural check knew only the commands' tools, so a verify
+    tool (files.read here) was refused as `unknown_tool` although every device has it."""
+    task = {
+        "dag": {
+            "nodes": [
+                {
+                    "id": "deploy",
+                    "for_each": {"labels": {"role": "cron"}},
+                    "commands": [{"tool": "files.write", "arguments": {"path": "v.txt", "content": "v2"}}],
+                    "verify": [{"tool": "files.read", "arguments": {"path": "v.txt"}}],
+                }
+            ]
+        }
+    }
+    r = post(fleet, body(name="verified-rollout", task=task, paused=True))
+    assert r.status_code == 201, r.text
+    assert r.json()["warnings"] == []
+
+
 def test_names_are_unique_and_lookups_answer_404_409_and_400(fleet: Fleet) -> None:
     first = post(fleet, body(name="twice", paused=True))
     assert first.status_code == 201
