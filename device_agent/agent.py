@@ -607,7 +607,10 @@ class Agent:
         assert task is not None
         self.running_call = running = _RunningCall(task)
         try:
-            return await self.router.call(cmd, batch.batch_id, limit, approved)
+            result = await self.router.call(cmd, batch.batch_id, limit, approved)
+            if running.halted:  # cancelled, but the call took the cancellation and returned
+                task.uncancel()
+            return result
         except asyncio.CancelledError:
             if not running.halted or task.uncancel() > 0:
                 raise  # the agent itself is stopping

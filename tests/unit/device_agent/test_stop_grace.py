@@ -70,3 +70,48 @@ async def test_cancelling_the_agent_itself_still_cancels_the_command(tmp_path: P
     finally:
         agent.ledger.close()
         agent.router.audit.close()
+
+
+async def test_a_command_that_takes_the_halt_and_returns_leaves_its_task_able_to_wait_again(
+    tmp_path: Path,
+) -> None:
+    """The call runs in the executor's own task, which the grace cancels; a tool that catches the
+    cancellation and returns keeps its result, and the task is not left marked as cancelling (its
+    next wait, here a timeout, must behave as any other)."""
+    agent = build(AgentConfig(server="http://127.0.0.1:9", token="orrd_dev_z.secret", data_dir=tmp_path))
+    agent_module.STOP_GRACE_S = 0.2  # type: ignore[misc]
+    kept = Result(call_id="c1", status="success", result={"kept": True})
+
+    async def shrugs(*_args: object, **_kw: object) -> Result:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return kept  # a tool that cleans up and answers instead of raising
+        raise AssertionError("unreachable")
+
+    agent.router.call = shrugs  # type: ignore[method-assign]
+    b = batch()
+
+    async def executor() -> tuple[Result, bool]:
+        result = await agent._call(b.commands[0], b)
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        try:
+            async with asyncio.timeout(0.05):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            return result, cancelling == 0
+        return result, False
+
+    try:
+        running = asyncio.ensure_future(executor())
+        await asyncio.sleep(0)
+        await agent._device_stop("runaway")
+        result, clean = await asyncio.wait_for(running, 5)
+        assert result == kept
+        assert clean
+    finally:
+        agent_module.STOP_GRACE_S = 2.0  # type: ignore[misc]
+        agent.ledger.close()
+        agent.router.audit.close()
