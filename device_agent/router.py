@@ -237,7 +237,7 @@ class ToolsetHost:
 
     def spec(self, name: str) -> ToolSpec | None:
         """The catalogue entry named `name` (`namespace.tool`), or None (every call asks)."""
-        if self._by_name is None or self._catalogue is None:
+        if self._by_name is None:  # reset with the catalogue when the tool list changes
             self._by_name = {t.name: t for t in self.catalogue()}
         return self._by_name.get(name)
 
@@ -367,8 +367,8 @@ class Router:
         self.audit = audit
         # issue 18: run-time kill switch, safety budgets, audit line before the call
         self.guards = guards or Guards(audit)
-        self.approval_required = approval_required
-        self._asks: dict[tuple[str, tuple[str, ...]], bool] = {}  # needs_approval, per tool and pattern list
+        self.approval_required = tuple(approval_required)  # fixed for the agent's life (answers are cached)
+        self._asks: dict[str, bool] = {}  # needs_approval's answer per tool (the patterns never change)
         self.max_result_bytes = max_result_bytes
         self.hosts: dict[str, ToolsetHost] = {}
         self.kill_running = on_kill
@@ -410,10 +410,9 @@ class Router:
             return True
         if self.policy.unattended:
             return False
-        key = (tool, tuple(self.approval_required))
-        asks = self._asks.get(key)
+        asks = self._asks.get(tool)
         if asks is None:  # patterns matched once per tool (asked twice for every command)
-            asks = self._asks[key] = any(fnmatch.fnmatch(tool, p) for p in self.approval_required)
+            asks = self._asks[tool] = any(fnmatch.fnmatch(tool, p) for p in self.approval_required)
         return asks
 
     def read_only(self, tool: str) -> bool:

@@ -26,9 +26,6 @@ class Inbox:
     def empty(self) -> bool:
         return not self._items
 
-    def qsize(self) -> int:
-        return len(self._items)
-
     def get_nowait(self) -> Input:
         return self._items.popleft()
 

@@ -80,7 +80,7 @@ class SqliteWriter:
             for table, keys in deletes or []:
                 pk = [c.name for c in table.primary_key.columns]
                 where = " AND ".join(f"{self._q(c)} = ?" for c in pk)
-                params = [self._values(table, tuple(pk), dict(zip(pk, key, strict=True))) for key in keys]
+                params = [self._key_values(table, tuple(pk), key) for key in keys]
                 db.executemany(f"DELETE FROM {self._q(table.name)} WHERE {where}", params)
             ids: list[int] = []
             if events is not None and events[1]:

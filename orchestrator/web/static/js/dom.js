@@ -45,6 +45,18 @@ export function replace(el, ...children) {
 }
 
 /** A coloured state badge; `kind` picks the palette ("node", "task" or "device"). */
+/** A redraw that skips a section whose data did not change: `section(name, el, data, draw)`
+ * replaces `el` with `draw()` only when `data` differs from what it last drew there. */
+export function sectionDrawer() {
+  const sigs = {};
+  return (name, el, data, draw) => {
+    const sig = JSON.stringify(data);
+    if (sigs[name] === sig) return;
+    sigs[name] = sig;
+    replace(el, draw());
+  };
+}
+
 export function pill(state, kind = "node") {
   return h("span", { class: `pill pill-${kind} st-${state}`, dataset: { state } }, state);
 }

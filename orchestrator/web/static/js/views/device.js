@@ -6,7 +6,7 @@
 // changed, so an opened schema stays open.
 
 import { api, myRole } from "../api.js";
-import { h, icon, pill, replace } from "../dom.js";
+import { h, icon, pill, replace, sectionDrawer } from "../dom.js";
 import { duration, labelList, pretty, shortId, span } from "../format.js";
 import { DEVICE_ACTIONS as ACTIONS, actionIsMoot, confirmButton, emptyState, flash, loading, timeAgo, timeAt, timeRange } from "../ui.js";
 
@@ -21,7 +21,7 @@ export function mountDevice(root, deviceId) {
   let device = null;
   let acting = false;
   let role = null; // null: the server does not say; the buttons show and the server decides
-  const sigs = {};
+  const section = sectionDrawer();
 
   // Made once, so a redraw keeps the typed reason and a pending confirmation.
   const stopReason = h("input", {
@@ -58,14 +58,6 @@ export function mountDevice(root, deviceId) {
     h("div", { class: "device-grid" }, h("div", { class: "device-main" }, overview, tools), h("div", { class: "device-side" }, attempts, history)),
   );
   root.append(h("div", { class: "page" }, loading("Loading device…")));
-
-  /** Redraw `el` with `draw()` only when `data` differs from what it shows. */
-  function section(name, el, data, draw) {
-    const sig = JSON.stringify(data);
-    if (sigs[name] === sig) return;
-    sigs[name] = sig;
-    replace(el, draw());
-  }
 
   async function poll() {
     clearTimeout(timer);

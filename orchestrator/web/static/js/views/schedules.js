@@ -5,7 +5,7 @@
 // at each (created with its task, queued, skipped, missed, failed). Both poll every 3 s.
 
 import { api, myRole } from "../api.js";
-import { h, icon, pill, replace } from "../dom.js";
+import { h, icon, pill, replace, sectionDrawer } from "../dom.js";
 import { parseTime, pretty, serverNow, shortId } from "../format.js";
 import { confirmButton, emptyState, flash, loading, timeAgo, timeAt } from "../ui.js";
 
@@ -110,7 +110,7 @@ export function mountSchedule(root, ref) {
   const ticks = h("section", { class: "card device-card", id: "schedule-ticks" });
   const page = h("div", { class: "page device-page" }, head, h("div", { class: "device-grid" }, h("div", { class: "device-main" }, overview), h("div", { class: "device-side" }, ticks)));
   const busy = new Set();
-  const sigs = {};
+  const section = sectionDrawer();
   let schedule = null;
   let role = null;
   let stopped = false;
@@ -124,13 +124,6 @@ export function mountSchedule(root, ref) {
     run: remove,
   });
   root.append(h("div", { class: "page" }, loading("Loading schedule…")));
-
-  function section(name, el, data, draw) {
-    const sig = JSON.stringify(data);
-    if (sigs[name] === sig) return;
-    sigs[name] = sig;
-    replace(el, draw());
-  }
 
   async function poll() {
     clearTimeout(timer);
