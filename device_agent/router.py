@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import httpx2
 from mcp import Client, StdioServerParameters
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -118,6 +118,7 @@ class ToolsetHost:
         # (`call_in_process`); False sends every call through the SDK client (the equivalence
         # tests compare the two). Third-party servers always go through their client.
         self.in_process = in_process and isinstance(target, MCPServer)
+        self._context = in_process_context(target) if in_process and isinstance(target, MCPServer) else None
         # Third-party servers get the client capabilities the agent declares (ClientFeatures);
         # built-in toolsets need none.
         self.features = features
@@ -167,7 +168,9 @@ class ToolsetHost:
         The call is abandoned `grace_s` after `timeout_s`: a tool that enforces the limit itself
         gets the grace to kill what it started and return its partial output."""
         if self.in_process and isinstance(self.target, MCPServer):
-            return await call_in_process(self.target, self.namespace, tool, arguments, timeout_s, grace_s)
+            return await call_in_process(
+                self.target, self.namespace, tool, arguments, timeout_s, grace_s, context=self._context
+            )
         client = self._client
         if client is None:
             raise ToolsetUnavailable(f"toolset '{self.namespace}' is not running (it is being restarted)")
@@ -255,8 +258,25 @@ class ToolsetHost:
             self._broken.set()
 
 
+def in_process_context(server: MCPServer) -> Context[Any, Any]:
+    """The request `Context` that `MCPServer.call_tool` builds for a call made without one.
+
+    It holds the server and its subscription bus, nothing of the call, and nothing writes to a
+    `Context` once it is built (mcp/server/mcpserver/context.py: its fields are set in `__init__`
+    only), so one built per server is the same to every call as one built per call, which cost a
+    pydantic model (and its wrap validator) per call. Built-in tools never see it anyway
+    (`toolsets.base.tool` refuses a tool that takes one)."""
+    return Context(mcp_server=server, subscriptions=server._subscriptions)
+
+
 async def call_in_process(
-    server: MCPServer, namespace: str, tool: str, arguments: dict[str, Any], timeout_s: float, grace_s: float = 0.0
+    server: MCPServer,
+    namespace: str,
+    tool: str,
+    arguments: dict[str, Any],
+    timeout_s: float,
+    grace_s: float = 0.0,
+    context: Context[Any, Any] | None = None,
 ) -> CallToolResult:
     """Call a tool of an `MCPServer` hosted in this process without the MCP transport.
 
@@ -270,13 +290,15 @@ async def call_in_process(
     already enforced. The outcomes the server's `tools/call` handler (`MCPServer._handle_call_tool`)
     gives are kept: a `ToolError` or any other exception becomes an `is_error` text result (logged
     as the SDK logs it), an `MCPError` is the JSON-RPC error the client would raise. Structured
-    content is made JSON-shaped (tuples become lists) as the wire would. The tool list, the
+    content is left as the tool built it: the router makes it JSON-shaped (tuples become lists),
+    as the wire would, when it makes the `Result` (`Router._convert`). The tool list, the
     timeout, the grace and the errors they give are the router's, the same on both paths; a
     cancel kills process groups through `ProcessTracker` whichever path started them.
+    `context`: the server's `in_process_context`, built once (None builds one, as the SDK does).
     """
     try:
         async with asyncio.timeout(timeout_s + grace_s):
-            raw = await server.call_tool(tool, arguments)
+            raw = await server.call_tool(tool, arguments, context)
     except TimeoutError:
         return _timed_out(namespace, tool, timeout_s)
     except MCPError as exc:
@@ -296,8 +318,6 @@ async def call_in_process(
         return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
     if not isinstance(raw, CallToolResult):  # an input request: built-in tools never ask for input
         return _error("tool_error", f"{namespace}.{tool} asked the client for input, which the agent cannot give")
-    if raw.structured_content is not None:
-        raw = raw.model_copy(update={"structured_content": _JSONABLE.dump_python(raw.structured_content, mode="json")})
     return raw
 
 
@@ -526,28 +546,36 @@ class Router:
         return result
 
     def _convert(self, call_id: str, namespace: str, raw: CallToolResult, duration_ms: float) -> Result:
-        value = self._cap(_value(raw))
+        # Structured content as the wire carries it (tuples become lists, ...): a built-in tool
+        # called in process hands over what it built. Shaped here, for both paths, so that the
+        # result is not copied to hold the shaped content.
+        content = None if raw.structured_content is None else _JSONABLE.dump_python(raw.structured_content, mode="json")
+        if raw.is_error:
+            return self._failure(call_id, namespace, raw, content or {}, duration_ms)
+        value = self._cap(content if content is not None else _value(raw))
         images = result_images(raw)
         if images and isinstance(value, dict):
             value = {**value, "images": images}
-        if raw.is_error:
-            detail = raw.structured_content if isinstance(raw.structured_content, dict) else {}
-            message = str(detail.get("message") or _text(raw) or "the tool failed")
-            # The SDK reports arguments that fail the input schema as untyped error text.
-            default = "invalid_arguments" if "validation error" in message else "tool_error"
-            code = str(detail.get("code") or default)
-            extra = {k: v for k, v in detail.items() if k not in ("code", "message")}
-            return Result(
-                call_id=call_id,
-                status="uncertain" if code == "uncertain" else "failure",
-                result=self._cap(extra) if extra else None,
-                error=ErrorInfo(
-                    code=code if code in RESULT_ERROR_CODES else "tool_error", message=message[:MAX_ERROR_MESSAGE_CHARS]
-                ),
-                namespace=namespace,
-                duration_ms=duration_ms,
-            )
         return Result(call_id=call_id, status="success", result=value, namespace=namespace, duration_ms=duration_ms)
+
+    def _failure(
+        self, call_id: str, namespace: str, raw: CallToolResult, detail: dict[str, Any], duration_ms: float
+    ) -> Result:
+        message = str(detail.get("message") or _text(raw) or "the tool failed")
+        # The SDK reports arguments that fail the input schema as untyped error text.
+        default = "invalid_arguments" if "validation error" in message else "tool_error"
+        code = str(detail.get("code") or default)
+        extra = {k: v for k, v in detail.items() if k not in ("code", "message")}
+        return Result(
+            call_id=call_id,
+            status="uncertain" if code == "uncertain" else "failure",
+            result=self._cap(extra) if extra else None,
+            error=ErrorInfo(
+                code=code if code in RESULT_ERROR_CODES else "tool_error", message=message[:MAX_ERROR_MESSAGE_CHARS]
+            ),
+            namespace=namespace,
+            duration_ms=duration_ms,
+        )
 
     def _cap(self, value: Any) -> Any:
         """SPEC section 5 output caps: oversized results are truncated with a marker, never dropped."""
@@ -651,9 +679,7 @@ def result_images(raw: CallToolResult) -> list[dict[str, Any]]:
 
 
 def _value(raw: CallToolResult) -> Any:
-    """Structured content when the tool gives it; else its text; images as base64 parts."""
-    if raw.structured_content is not None and not raw.is_error:
-        return raw.structured_content
+    """The result of a tool without structured content: its text; images as base64 parts."""
     parts: list[Any] = []
     for c in raw.content:
         if isinstance(c, TextContent):

@@ -17,11 +17,13 @@ import json
 import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import CallToolResult
 
 from device_agent.policy import Policy
 from device_agent.router import CallLimit, Router, ToolsetHost
@@ -214,10 +216,18 @@ def hanging() -> MCPServer:
         """Raises something no tool should."""
         raise RuntimeError(f"secret detail {text}")
 
+    @server.tool()
+    async def shaped() -> CallToolResult:
+        """Structured content the wire cannot carry as it is: a tuple, a datetime, a set."""
+        when = datetime(2026, 12, 2, 15, 40, tzinfo=UTC)
+        return CallToolResult(content=[], structured_content={"pair": (1, "a"), "when": when, "tags": {"x"}})
+
     return server
 
 
-async def test_the_routers_own_timeout_and_a_crashing_tool_end_the_same_on_both_paths(tmp_path: Path) -> None:
+async def test_the_routers_own_timeout_a_crashing_tool_and_unshaped_content_end_the_same_on_both_paths(
+    tmp_path: Path,
+) -> None:
     outcomes = []
     for in_process in (False, True):
         host = ToolsetHost("probe", hanging(), in_process=in_process)
@@ -225,7 +235,10 @@ async def test_the_routers_own_timeout_and_a_crashing_tool_end_the_same_on_both_
             hung = await r.call(Command(call_id="h", tool="probe.hang"), "b1", CallLimit(0.3))
             crashed = await r.call(Command(call_id="x", tool="probe.boom", arguments={"text": "s"}), "b1", 5.0)
             bad = await r.call(Command(call_id="v", tool="probe.boom", arguments={"text": ["no"]}), "b1", 5.0)
-        outcomes.append([comparable("probe", x) for x in (hung, crashed, bad)])
+            shaped = await r.call(Command(call_id="s", tool="probe.shaped"), "b1", 5.0)
+        # JSON-shaped as the wire carries it, whichever path (compared as Python values: a tuple is no list)
+        assert shaped.result == {"pair": [1, "a"], "when": "2026-12-02T15:40:00Z", "tags": ["x"]}
+        outcomes.append([comparable("probe", x) for x in (hung, crashed, bad, shaped)])
     through_mcp, direct = outcomes
     assert through_mcp[0]["error"]["code"] == "timeout"
     assert through_mcp[1]["error"]["code"] == "tool_error" and "secret" not in through_mcp[1]["error"]["message"]
