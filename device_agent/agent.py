@@ -117,6 +117,9 @@ class Agent:
         self.pending_acks: dict[int, str] = {}  # seq of a result_batch -> its batch id
         self.work: asyncio.Queue[CommandBatch] = asyncio.Queue()
         self.queued: set[str] = set()
+        # Batches this process recorded as new and queued: only the executor can finish them, and
+        # it takes each off the queue once, so it need not ask the ledger whether they finished.
+        self.fresh: set[str] = set()
         self.current: CommandBatch | None = None
         self.cancelling: set[str] = set()
         # The command running now, in the executor's task (see `_call`, `_halt`).
@@ -328,7 +331,8 @@ class Agent:
             msg = channel.receive(data)
             acked = self._settle_acks()
             if isinstance(msg, CommandBatch):
-                await self._on_batch(msg, acked)  # the acked entries leave with its receipt
+                # The acked entries go with the receipt; the frame is kept as it came.
+                await self._on_batch(msg, acked, data if isinstance(data, str) else None)
                 continue
             if acked:
                 self.ledger.acknowledged(*acked)
@@ -404,8 +408,8 @@ class Agent:
 
     # ================================================================ batches
 
-    async def _on_batch(self, batch: CommandBatch, acked: list[str] | None = None) -> None:
-        receipt = self.ledger.receive(batch, acked or ())  # durable before we acknowledge it
+    async def _on_batch(self, batch: CommandBatch, acked: list[str] | None = None, frame: str | None = None) -> None:
+        receipt = self.ledger.receive(batch, acked or (), frame)  # durable before we acknowledge it
         assert self.session is not None
         self.session.confirm(batch.seq)
         if receipt is Receipt.STALE:
@@ -428,6 +432,8 @@ class Agent:
             self.crash.reach("accepted")
         if not running and batch.batch_id not in self.queued:
             self.queued.add(batch.batch_id)
+            if receipt is Receipt.NEW:
+                self.fresh.add(batch.batch_id)
             self.work.put_nowait(batch)
 
     def _accept_late(self, batch_id: str) -> None:
@@ -489,7 +495,9 @@ class Agent:
         while True:
             batch = await self.work.get()
             self.queued.discard(batch.batch_id)
-            if self.ledger.results(batch.batch_id) is not None:
+            fresh = batch.batch_id in self.fresh
+            self.fresh.discard(batch.batch_id)
+            if not fresh and self.ledger.results(batch.batch_id) is not None:
                 continue  # finished meanwhile (a redelivery raced with the first copy)
             waited = self.ledger.has_approval(batch.batch_id)  # an approval's wait moves the deadline on
             if batch.deadline is not None and not waited and batch.deadline.timestamp() <= self.server_now():

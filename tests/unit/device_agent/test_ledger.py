@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from device_agent import ledger as ledger_module
-from device_agent.ledger import Ledger, LedgerOwned, Receipt, results_json
+from device_agent.ledger import Approval, Ledger, LedgerOwned, Receipt, results_json
 from protocol.messages import Command, CommandBatch, Result
 from tests.support import wait_until
 
@@ -282,3 +282,103 @@ def test_checkpoints_run_off_the_agents_loop_and_stop_with_the_ledger(tmp_path: 
     wait_until(in_database_file, 30, "the received batch to reach the database file")
     ledger.close()
     assert not checkpointer.is_alive()
+
+
+def test_an_acknowledged_entry_leaves_the_outbox_with_the_next_results_and_comes_back_after_a_crash(
+    tmp_path: Path,
+) -> None:
+    """An acknowledgement riding on a batch costs the receipt nothing: the entry is deleted in the
+    batch's own `finish_batch`. Until then the outbox leaves it out; a crash before then sends it
+    again (the server de-duplicates), never loses an unacknowledged one."""
+    path = tmp_path / "l.db"
+    ledger = Ledger(path, DEVICE)
+    ledger.receive(batch("b1", 1, n=1))
+    ledger.finish_batch("b1", 1, [ok("c1")])
+    ledger.receive(batch("b2", 2, n=1), acknowledged=["b1"])
+    assert ledger.outbox() == []
+
+    def stored() -> list[str]:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            return [r[0] for r in db.execute("SELECT batch_id FROM outbox ORDER BY batch_id")]
+
+    assert stored() == ["b1"]  # still on disk: the receipt wrote one row, the batch's
+    crashed = Ledger(path, DEVICE)  # what a restart after a crash here would read
+    assert [e.batch_id for e in crashed.outbox()] == ["b1"]
+    ledger.finish_batch("b2", 2, [ok("c1")])
+    assert stored() == ["b2"]
+    assert [e.batch_id for e in ledger.outbox()] == ["b2"]
+    ledger.receive(batch("b3", 3, n=1), acknowledged=["b2"])
+    ledger.close()  # a clean stop lets go of what was acknowledged
+    assert stored() == []
+
+
+def test_a_command_started_and_one_done_are_told_apart_after_a_crash(tmp_path: Path) -> None:
+    """The running command is named on the batch's row; once done, its own row holds the result,
+    so a crash between two commands reports the first as it ended and runs nothing again."""
+    path = tmp_path / "l.db"
+    ledger = Ledger(path, DEVICE)
+    ledger.receive(batch("b1", 1, n=2))
+    ledger.start_call("b1", "c1")
+    ledger.finish_call("b1", ok("c1"))
+    ledger.close()  # the process dies before c2 starts
+    reopened = Ledger(path, DEVICE)
+    assert reopened.recover() == ["b1"]
+    assert [r.status for r in reopened.results("b1") or []] == ["success", "skipped"]
+
+
+def test_a_ledger_written_by_an_older_agent_is_recovered_the_same(tmp_path: Path) -> None:
+    """Ledgers from before `running_call`: rowid tables, and the running command marked by a
+    'started' row in `calls`. Opening one adds the column; its interrupted batch ends as before."""
+    path = tmp_path / "l.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.executescript(
+            """
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+            CREATE TABLE fences (server_id TEXT NOT NULL, device_id TEXT NOT NULL, max_fence INTEGER NOT NULL,
+                                 PRIMARY KEY (server_id, device_id));
+            CREATE TABLE batches (batch_id TEXT PRIMARY KEY, fence INTEGER NOT NULL, frame TEXT NOT NULL,
+                                  state TEXT NOT NULL, received_at REAL NOT NULL, finished_at REAL, results TEXT);
+            CREATE TABLE calls (batch_id TEXT NOT NULL, call_id TEXT NOT NULL, state TEXT NOT NULL, result TEXT,
+                                PRIMARY KEY (batch_id, call_id));
+            CREATE TABLE outbox (batch_id TEXT PRIMARY KEY, fence INTEGER NOT NULL, results TEXT NOT NULL,
+                                 created_at REAL NOT NULL);
+            """
+        )
+        db.execute("INSERT INTO meta VALUES ('device_id', ?)", (DEVICE,))
+        db.execute(
+            "INSERT INTO batches (batch_id, fence, frame, state, received_at) VALUES ('b1', 1, ?, 'running', 1.0)",
+            (batch("b1", 1, n=3).model_dump_json(),),
+        )
+        db.execute("INSERT INTO calls VALUES ('b1', 'c1', 'done', ?)", (ok("c1").model_dump_json(),))
+        db.execute("INSERT INTO calls VALUES ('b1', 'c2', 'started', NULL)")
+    ledger = Ledger(path, DEVICE)
+    assert ledger.recover() == ["b1"]
+    assert [r.status for r in ledger.results("b1") or []] == ["success", "uncertain", "skipped"]
+    ledger.receive(batch("b2", 2, n=1))  # and it goes on working in its old tables
+    ledger.start_call("b2", "c1")
+    ledger.finish_batch("b2", 2, [ok("c1")])
+    assert [e.batch_id for e in ledger.outbox()] == ["b1", "b2"]
+
+
+def _approval(batch_id: str, call_id: str) -> Approval:
+    return Approval(f"a-{call_id}", batch_id, call_id, "shell.run", {}, "needs a person", False, time.time())
+
+
+def test_a_batch_waiting_for_an_approval_is_not_closed_by_recovery_until_its_command_runs(tmp_path: Path) -> None:
+    """A batch stopped at an approval has nothing running: a restart leaves it to go on when it is
+    delivered again. Once the approved command started, a crash makes that command `uncertain`."""
+    path = tmp_path / "l.db"
+    ledger = Ledger(path, DEVICE)
+    ledger.receive(batch("b1", 1, n=3))
+    ledger.start_call("b1", "c1")
+    ledger.finish_call("b1", ok("c1"))
+    ledger.ask_approval(_approval("b1", "c2"))
+    ledger.close()
+    waiting = Ledger(path, DEVICE)
+    assert waiting.recover() == []
+    assert waiting.done_calls("b1").keys() == {"c1"}
+    waiting.start_call("b1", "c2")  # approved, and running when the agent dies
+    waiting.close()
+    crashed = Ledger(path, DEVICE)
+    assert crashed.recover() == ["b1"]
+    assert [r.status for r in crashed.results("b1") or []] == ["success", "uncertain", "skipped"]
