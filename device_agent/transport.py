@@ -120,9 +120,21 @@ class Transport:
         await self._conn.close()
 
     async def send(self, text: str) -> None:
-        assert self._conn is not None
+        conn = self._conn
+        assert conn is not None
+        if _takes_at_once(conn):
+            # What the library's `send` does for one text message on an open connection whose
+            # socket is not pushing back: frame it, write it; its `drain` would not wait. Without
+            # the async context manager and the await it costs a third as much, on every frame.
+            try:
+                conn.protocol.send_text(text.encode())
+                conn.send_data()
+            except Exception as exc:  # the socket failed under us: end the connection as `send` would
+                conn.transport.abort()
+                raise Closed(None, f"the connection failed while sending: {exc}") from exc
+            return
         try:
-            await self._conn.send(text)
+            await conn.send(text)
         except ConnectionClosed as exc:
             raise Closed(exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "") from None
 
@@ -136,3 +148,14 @@ class Transport:
     async def close(self, code: int = 1000, reason: str = "") -> None:
         if self._conn is not None:
             await self._conn.close(code, reason)
+
+
+def _takes_at_once(conn: ClientConnection) -> bool:
+    """Whether a frame can be written now without waiting: the connection is open, no fragmented
+    message is being sent, and the transport has not asked us to stop writing (backpressure)."""
+    return (
+        conn.protocol.state is State.OPEN
+        and getattr(conn, "send_in_progress", True) is None
+        and getattr(conn, "paused", True) is False
+        and not conn.transport.is_closing()
+    )
