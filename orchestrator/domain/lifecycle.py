@@ -40,9 +40,12 @@ class IllegalTransition(ValueError):
     pass
 
 
+_FINAL: frozenset[NodeState] = frozenset()  # what a terminal state may become
+
+
 def check_transition(current: NodeState, new: NodeState) -> None:
     """Refuse a node transition the lifecycle does not allow (terminal states are final)."""
-    if new not in _ALLOWED.get(current, frozenset()):
+    if new not in _ALLOWED.get(current, _FINAL):
         raise IllegalTransition(f"node cannot go from {current} to {new}")
 
 

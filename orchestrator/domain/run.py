@@ -9,18 +9,32 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.domain import dag, fanout, retry
 from orchestrator.domain.lifecycle import check_transition, task_outcome
-from orchestrator.domain.model import EdgeSpec, NodeSpec, NodeState, TaskState
+from orchestrator.domain.model import TERMINAL_NODE_STATES, EdgeSpec, NodeSpec, NodeState, TaskState
 
 
-@dataclass(frozen=True)
-class Transition:
-    node_id: str | None  # None: the task itself; a fan-out child's unit (`fanout.child_unit`)
-    old: str
-    new: str
+class NodeTransition(NamedTuple):
+    """A node of the DAG, or a fan-out child (`node_id` is then its unit, `fanout.child_unit`),
+    moved from state `old` to `new`."""
+
+    node_id: str
+    old: NodeState
+    new: NodeState
+
+
+class TaskTransition(NamedTuple):
+    """The task itself moved from state `old` to `new`."""
+
+    old: TaskState
+    new: TaskState
+
+
+# What the engine persists and announces, in order. Named tuples, not frozen dataclasses: every
+# transition of every node is built here, and a frozen dataclass costs twice as much to make.
+Transition = NodeTransition | TaskTransition
 
 
 @dataclass
@@ -43,8 +57,11 @@ class NodeRecord:
         return self.attempts - self.unstarted
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AttemptOutcome:
+    """How an attempt ended; never changed once made. Not a frozen dataclass only because every
+    attempt's end builds one on the engine's hot path, where freezing it costs five times as much."""
+
     succeeded: bool
     output: Any = None
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -315,19 +332,18 @@ class TaskRun:
 
     def _set(self, node_id: str, new: NodeState, now: float | None) -> list[Transition]:
         rec = self.nodes.get(node_id)
-        child = rec is None
-        if rec is None:
+        if rec is None:  # a fan-out child: its rollout counts it, the task does not
             rec = self.children[node_id]
-        old = rec.state
-        check_transition(old, new)
-        if child:  # a fan-out child: its rollout counts it, the task does not
-            self.rollouts[fanout.split_unit(node_id)[0]].note(node_id, old, new)
+            check_transition(rec.state, new)
+            self.rollouts[fanout.split_unit(node_id)[0]].note(node_id, rec.state, new)
         else:
-            self._unfinished += int(old.terminal) - int(new.terminal)
-        rec.state = new
+            check_transition(rec.state, new)
+            was_open, is_open = rec.state not in TERMINAL_NODE_STATES, new not in TERMINAL_NODE_STATES
+            self._unfinished += is_open - was_open
+        old, rec.state = rec.state, new
         if new is NodeState.READY:
             rec.ready_since = now if now is not None else rec.ready_since
-        return [Transition(node_id, old.value, new.value)]
+        return [NodeTransition(node_id, old, new)]
 
     def _ended(self, unit: str, now: float, failed: bool) -> list[Transition]:
         """What follows a node or child reaching a terminal state."""
@@ -394,7 +410,7 @@ class TaskRun:
             return []
         old = self.state
         self.state = final
-        return [Transition(None, old.value, final.value)]
+        return [TaskTransition(old, final)]
 
 
 class _StateView(Mapping[str, NodeState]):

@@ -12,9 +12,9 @@ from typing import Any
 from orchestrator.config import Settings
 from orchestrator.domain import fanout, templates
 from orchestrator.domain.checks import schema_errors
-from orchestrator.domain.model import CommandSpec, Liveness, NodeKind, NodeState, TaskState
+from orchestrator.domain.model import TERMINAL_NODE_STATES, CommandSpec, Liveness, NodeKind, NodeState
 from orchestrator.domain.problems import Problem
-from orchestrator.domain.run import AttemptOutcome, TaskRun, Transition
+from orchestrator.domain.run import AttemptOutcome, NodeTransition, TaskRun, TaskTransition, Transition
 from orchestrator.engine.attempts import Attempts, attempt_row, ended_row, unanswered
 from orchestrator.engine.fanouts import FanOuts
 from orchestrator.engine.fleet import Action, Fleet, Lost, Requeue, Revoked, Stopped
@@ -354,60 +354,64 @@ class Runs:
     def apply(self, run: TaskRun, transitions: list[Transition], now: float) -> None:
         """Persist transitions, emit their events and keep the ready/queue indexes true."""
         for t in transitions:
-            if t.node_id is None:
+            if isinstance(t, TaskTransition):
                 self._task_transition(run, t, now)
-                continue
-            key = (run.id, t.node_id)
-            rec = run.record(t.node_id)
-            new = NodeState(t.new)
-            counter = self._transitions.get(new)
-            if counter is None:
-                counter = self._transitions[new] = self.metrics.node_transitions.labels(new.value)
-            counter.inc()
-            if t.old == NodeState.QUEUED and new is not NodeState.QUEUED:
-                self.queues.take(key)
-            fans_out = new is NodeState.READY and rec.spec.for_each is not None and t.node_id in run.nodes
-            if fans_out:
-                self.queues.not_ready(key)  # it is never placed itself: its children are
-            elif new is NodeState.READY:
-                self.queues.make_ready(key)
-                limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
-                if rec.ready_since is not None:
-                    self.timers.add(rec.ready_since + limit, QueueTimeout(key, rec.ready_since))
-                if rec.not_before:
-                    self.timers.add(rec.not_before, Wake())
             else:
-                self.queues.not_ready(key)
-            values: dict[str, Any] = {
-                "state": new.value,
-                "attempts": rec.attempts,
-                "queued_on": rec.queued_on,
-                "ready_since": utc(rec.ready_since) if rec.ready_since else None,
-                "not_before": utc(rec.not_before) if rec.not_before else None,
-            }
-            if new.terminal:
-                values.update(output=rec.output, results=rec.results, error=rec.error, finished_at=utc(now))
-            elif new is NodeState.VERIFYING:  # what it ends with if its verify commands pass
-                values.update(output=rec.output, results=rec.results)
-            elif new is NodeState.RUNNING and t.old == NodeState.READY and rec.spec.for_each is not None:
-                values["started_at"] = utc(now)  # a fan-out node starts with its children
-            self.writer.update(*self.fanouts.row(run, t.node_id), **values)
-            extra: dict[str, Any] = {}
-            if rec.error and new in (NodeState.FAILED, NodeState.READY, NodeState.CANCELLED, NodeState.SKIPPED):
-                extra["error"] = rec.error
-            self.fanouts.event(run, t.node_id, now, new.value, **extra)
-            if fans_out:
-                self.apply(run, self.fanouts.expand(run, t.node_id, now), now)
-        if run.held - run.replanning:
+                self._node_transition(run, t, now)
+        if run.held and run.held - run.replanning:
             self.llm.replan_held(run, now)
 
-    def _task_transition(self, run: TaskRun, t: Transition, now: float) -> None:
-        values: dict[str, Any] = {"state": t.new}
-        if TaskState(t.new).terminal:
+    def _node_transition(self, run: TaskRun, t: NodeTransition, now: float) -> None:
+        unit, new = t.node_id, t.new
+        key = (run.id, unit)
+        rec = run.record(unit)
+        state = new.value  # the text stored and announced
+        counter = self._transitions.get(new)
+        if counter is None:
+            counter = self._transitions[new] = self.metrics.node_transitions.labels(state)
+        counter.inc()
+        if t.old is NodeState.QUEUED and new is not NodeState.QUEUED:
+            self.queues.take(key)
+        fans_out = new is NodeState.READY and rec.spec.for_each is not None and unit in run.nodes
+        if fans_out:
+            self.queues.not_ready(key)  # it is never placed itself: its children are
+        elif new is NodeState.READY:
+            self.queues.make_ready(key)
+            limit = rec.spec.queue_timeout_s or self.settings.queue_timeout_s
+            if rec.ready_since is not None:
+                self.timers.add(rec.ready_since + limit, QueueTimeout(key, rec.ready_since))
+            if rec.not_before:
+                self.timers.add(rec.not_before, Wake())
+        else:
+            self.queues.not_ready(key)
+        values: dict[str, Any] = {
+            "state": state,
+            "attempts": rec.attempts,
+            "queued_on": rec.queued_on,
+            "ready_since": utc(rec.ready_since) if rec.ready_since else None,
+            "not_before": utc(rec.not_before) if rec.not_before else None,
+        }
+        if new in TERMINAL_NODE_STATES:
+            values.update(output=rec.output, results=rec.results, error=rec.error, finished_at=utc(now))
+        elif new is NodeState.VERIFYING:  # what it ends with if its verify commands pass
+            values.update(output=rec.output, results=rec.results)
+        elif new is NodeState.RUNNING and t.old is NodeState.READY and rec.spec.for_each is not None:
+            values["started_at"] = utc(now)  # a fan-out node starts with its children
+        self.writer.update(*self.fanouts.row(run, unit), **values)
+        extra: dict[str, Any] = {}
+        if rec.error and new in (NodeState.FAILED, NodeState.READY, NodeState.CANCELLED, NodeState.SKIPPED):
+            extra["error"] = rec.error
+        self.fanouts.event(run, unit, now, state, **extra)
+        if fans_out:
+            self.apply(run, self.fanouts.expand(run, unit, now), now)
+
+    def _task_transition(self, run: TaskRun, t: TaskTransition, now: float) -> None:
+        values: dict[str, Any] = {"state": t.new.value}
+        if t.new.terminal:
             values["finished_at"] = utc(now)
             self.writer.effect(lambda: self._forget(run.id))
         self.writer.update(Task, (run.id,), **values)
-        self.writer.event(EventType.TASK_STATE, run.id, None, now, state=t.new)
+        self.writer.event(EventType.TASK_STATE, run.id, None, now, state=t.new.value)
 
     def _forget(self, task_id: str) -> None:
         run = self.tasks.pop(task_id, None)
