@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -389,11 +390,12 @@ class Gateway:
             self.cluster.notify(FrameIn(device_id, msg))
             link.session.confirm(msg.seq)
         elif is_reliable(msg):
-            return self._durable(link, conn, msg)
+            # Handed to the engine now, in this loop turn; what follows waits for it to be durable.
+            return self._durable(link, conn, msg, self._engine(link, FrameIn(link.device_id, msg)))
         return None
 
-    async def _durable(self, link: Link, conn: Connection, msg: Message) -> None:
-        await self._engine(link, FrameIn(link.device_id, msg))
+    async def _durable(self, link: Link, conn: Connection, msg: Message, stored: Awaitable[Any]) -> None:
+        await stored
         link.session.confirm(msg.seq)
         # Acknowledge soon, so the agent's outbox can let go of what is now durable here (the
         # session's ack policy says when; usually a command batch carries it first).
@@ -401,16 +403,25 @@ class Gateway:
         if due is not None:
             self._ack_at(due, link, conn)
 
-    async def _engine(self, link: Link, item: Input) -> Any:
-        """Hand an input to the engine and wait for it to be durable; its answer. Meanwhile
-        (possibly an engine failover) the reader reads nothing, so liveness must not count the
-        silence; the cluster ends the wait within its request deadline."""
+    def _engine(self, link: Link, item: Input) -> asyncio.Future[Any]:
+        """Hand an input to the engine at once; the future gives its answer once the input is
+        durable. Meanwhile (possibly an engine failover) the reader reads nothing, so liveness
+        must not count the silence; the cluster ends the wait within its request deadline. The
+        count is settled by the future itself, whether or not anyone still awaits it."""
         link.waiting += 1
         try:
-            return await self.cluster.submit(item)
-        finally:
+            answer = self.cluster.submit(item)
+        except BaseException:
             link.waiting -= 1
-            self._touch(link)
+            raise
+        answer.add_done_callback(functools.partial(self._answered, link))
+        return answer
+
+    def _answered(self, link: Link, answer: asyncio.Future[Any]) -> None:
+        link.waiting -= 1
+        self._touch(link)
+        if not answer.cancelled():
+            answer.exception()  # whoever awaits it sees the failure; an abandoned one is not logged
 
     def _ack_at(self, due: float, link: Link, conn: Connection) -> None:
         delay = max(0.0, due - time.monotonic())

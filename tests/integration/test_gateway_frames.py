@@ -125,11 +125,16 @@ class EngineDoor:
         self.opened = asyncio.Event()
         comp.cluster.submit = self.submit  # type: ignore[method-assign]
 
-    async def submit(self, item: Any) -> Any:
+    def submit(self, item: Any) -> asyncio.Future[Any]:
+        """A future, as `Cluster.submit` returns; only frame 1 of `tools_changed` waits for `open`."""
         if isinstance(item, FrameIn) and item.message.type == "tools_changed":
             self.taken.append(item.message.seq)
             if item.message.seq == 1:
-                await self.opened.wait()
+                return asyncio.ensure_future(self._after_open(item))
+        return self.inner(item)
+
+    async def _after_open(self, item: Any) -> Any:
+        await self.opened.wait()
         return await self.inner(item)
 
 

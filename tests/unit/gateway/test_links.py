@@ -6,15 +6,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from orchestrator.cluster import LocalCluster
 from orchestrator.domain.model import Liveness
-from orchestrator.gateway.hub import Gateway, Link
+from orchestrator.gateway.hub import _STOP, Connection, Gateway, Link
 from orchestrator.security import Hasher
-from protocol.messages import Command, CommandBatch
-from protocol.session import Session
+from protocol.codec import encode
+from protocol.messages import Command, CommandBatch, ResultBatch
+from protocol.session import Channel, Phase, Role, Session
 from tests.unit.engine.harness import Harness
 
 
@@ -90,3 +92,67 @@ async def test_links_are_reported_in_parts_spread_over_the_interval_and_a_droppe
         reporter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reporter
+
+
+class HeldEngine:
+    """A cluster whose engine keeps every input until the test answers it."""
+
+    replica_id = "local"
+
+    def __init__(self) -> None:
+        self.inputs: list[tuple[Any, asyncio.Future[Any]]] = []
+
+    def submit(self, item: Any) -> asyncio.Future[Any]:
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.inputs.append((item, answer))
+        return answer
+
+    def device_seen(self, device_id: str, epoch: int) -> None:
+        pass
+
+
+def open_connection(gateway: Gateway, engine: HeldEngine) -> tuple[Link, Connection]:
+    gateway.bind(cast(Any, engine))
+    session = Session("s1")
+    channel = Channel(Role.SERVER)
+    channel.session, channel.phase = session, Phase.OPEN
+    conn = Connection(cast(Any, None), channel)
+    link = Link("d", session, conn=conn, epoch=1)
+    gateway.links["d"] = link
+    return link, conn
+
+
+def result_frame(seq: int) -> str:
+    return encode(ResultBatch(seq=seq, batch_id=f"b{seq}", fence=1, results=[]))
+
+
+async def test_a_result_frame_reaches_the_engine_in_the_turn_it_arrives_and_is_acknowledged_once_durable(
+    gateway: Gateway,
+) -> None:
+    engine = HeldEngine()
+    link, conn = open_connection(gateway, engine)
+    step = gateway.take_frame(conn, "d", result_frame(1))
+    assert [type(item.message).__name__ for item, _ in engine.inputs] == ["ResultBatch"]  # no loop turn needed
+    assert link.waiting == 1  # the reader waits on the engine: its silence is not the device's
+    assert step is not None and not isinstance(step, type(_STOP))
+    waited = asyncio.ensure_future(cast(Any, step))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waited.done() and link.session.confirmed_seq == 0  # not acknowledged before it is durable
+    engine.inputs[0][1].set_result(None)
+    async with asyncio.timeout(5):
+        await waited
+    assert link.session.confirmed_seq == 1 and link.waiting == 0
+
+
+async def test_an_engine_wait_nobody_awaits_any_more_still_ends_for_liveness(gateway: Gateway) -> None:
+    """The connection may end before its reader awaits the engine's answer: the link's wait count
+    (which keeps liveness from counting the silence) is settled by the answer itself."""
+    engine = HeldEngine()
+    link, conn = open_connection(gateway, engine)
+    step = gateway.take_frame(conn, "d", result_frame(1))
+    cast(Any, step).close()  # dropped unawaited, as when its task is cancelled before it starts
+    engine.inputs[0][1].set_exception(RuntimeError("engine gone"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert link.waiting == 0
