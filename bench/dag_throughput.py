@@ -3,7 +3,8 @@
 Shape: LAYERS layers of WIDTH nodes (default 20 x 100 = 2,000); each node after the first layer
 depends on two nodes of the layer before. Orrery runs it on DEVICES simulated devices (real
 protocol clients over WebSockets, all in this process) against a real `orrery serve` with its
-durable SQLite store. Dask distributed (LocalCluster, 2 single-threaded worker processes,
+durable SQLite store. The simulated devices accept a batch that starts at once by its results,
+as the real agent does (`device_agent.agent.ACCEPT_AFTER_S`): one frame each way per node. Dask distributed (LocalCluster, 2 single-threaded worker processes,
 futures) and Ray (num_cpus=2) run the same DAG shape of no-op tasks in the same run.
 
     python bench/dag_throughput.py [--layers 20] [--width 100] [--devices 50] [--skip-peers]
@@ -58,7 +59,7 @@ def run_orrery(layers: int, width: int, devices: int) -> dict[str, float]:
         sims = SimFleet(uvloop.new_event_loop())  # the devices' side as lean as it can be (like Ray's workers)
         try:
             for i in range(devices):
-                sims.add(fleet.server.url, fleet.enroll(f"sim-{i:03d}"))
+                sims.add(fleet.server.url, fleet.enroll(f"sim-{i:03d}"), accept_by_results=True)
             spec = dag(layers, width)
             assert fleet.server.proc is not None
             started = time.perf_counter()

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from device_agent.agent import ACCEPT_AFTER_S
 from protocol.codec import encode
 from protocol.messages import (
     BatchAccepted,
@@ -112,6 +113,12 @@ class SimDevice:
     reconnect: ReconnectPolicy | None = None
     attempts: list[float] = field(default_factory=list)  # time.monotonic() of every dial
     welcomes: list[float] = field(default_factory=list)  # time.monotonic() of every welcome
+    # As the real agent does (device_agent/agent.py, ACCEPT_AFTER_S): a batch that starts at once
+    # is accepted by its results if they follow within ACCEPT_AFTER_S, else by a `batch_accepted`
+    # sent then. Off by default, so the engine's handling of `batch_accepted` stays exercised.
+    accept_by_results: bool = False
+    _unaccepted: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    _sending: set[asyncio.Future[None]] = field(default_factory=set)
 
     async def run(self) -> None:
         worker = asyncio.create_task(self._worker())
@@ -187,7 +194,13 @@ class SimDevice:
                         if msg.batch_id in self._seen:
                             continue
                         self._seen[msg.batch_id] = None
-                        await ws.send(channel.send(BatchAccepted(batch_id=msg.batch_id)))
+                        if self.accept_by_results and self._work.empty():
+                            late = asyncio.get_running_loop().call_later(
+                                ACCEPT_AFTER_S, self._accept_late, msg.batch_id
+                            )
+                            self._unaccepted[msg.batch_id] = late
+                        else:
+                            await ws.send(channel.send(BatchAccepted(batch_id=msg.batch_id)))
                         self._work.put_nowait(msg)
                     elif isinstance(msg, Cancel):
                         self.session.confirm(msg.seq)
@@ -196,6 +209,12 @@ class SimDevice:
                 beat.cancel()
                 self._ws = None
                 self.welcomed.clear()
+
+    def _accept_late(self, batch_id: str) -> None:
+        if self._unaccepted.pop(batch_id, None) is not None and self._ws is not None and self.session is not None:
+            sending = asyncio.ensure_future(self._ws.send(encode(self.session.stamp(BatchAccepted(batch_id=batch_id)))))
+            self._sending.add(sending)
+            sending.add_done_callback(self._sending.discard)
 
     async def _beat(self, ws: ClientConnection, channel: Channel) -> None:
         while True:
@@ -245,6 +264,8 @@ class SimDevice:
                     stop = True
             execution.ended = time.time()
             self._seen[batch.batch_id] = results
+            if (late := self._unaccepted.pop(batch.batch_id, None)) is not None:
+                late.cancel()  # the results accept it
             frame = ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results)
             while True:  # deliver on this connection or the next one
                 ws = self._ws
@@ -281,6 +302,7 @@ class SimFleet:
         handlers: dict[str, Handler] | None = None,
         wait: bool = True,
         reconnect: ReconnectPolicy | None = None,
+        accept_by_results: bool = False,
     ) -> SimDevice:
         url = server_url.replace("http://", "ws://") + "/v1/agent"
 
@@ -293,6 +315,7 @@ class SimFleet:
                 tools or list(DEFAULT_TOOLS),
                 handlers or {},
                 reconnect=reconnect,
+                accept_by_results=accept_by_results,
             )
 
         device = asyncio.run_coroutine_threadsafe(make(), self.loop).result(10)

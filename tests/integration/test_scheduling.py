@@ -327,3 +327,14 @@ def _events(
 
 
 __all__ = ["Path"]
+
+
+def test_a_device_that_accepts_quick_batches_by_their_results_runs_a_chain_with_one_frame_each_way(lab: Lab) -> None:
+    """The real agent sends no `batch_accepted` for a batch that starts at once and finishes within
+    ACCEPT_AFTER_S: its `result_batch` accepts it. Each attempt is then accepted as it ends."""
+    lab.device("quick", accept_by_results=True)
+    nodes = [lab.node(f"n{i}", device="quick") for i in range(5)]
+    task = lab.run(nodes, [(f"n{i}", f"n{i + 1}", "success") for i in range(4)])
+    assert task["state"] == "succeeded", lab.states(task)
+    attempts = [n["attempts"][0] for n in task["nodes"]]
+    assert all(a["accepted_at"] == a["ended_at"] for a in attempts), attempts
