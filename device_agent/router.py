@@ -56,6 +56,9 @@ log = logging.getLogger("orrery.agent.router")
 sdk_log = logging.getLogger("mcp.server.mcpserver.server")
 
 _JSONABLE: TypeAdapter[Any] = TypeAdapter(Any)  # structured content made JSON-shaped, as the wire would
+# `json.dumps(value, default=str)`, which measures a result against the cap, without the encoder
+# json.dumps builds for every call it makes with an argument of its own.
+_ENCODE = json.JSONEncoder(default=str).encode
 
 MAX_IMAGE_BYTES = 3 * 1024 * 1024  # base64 screenshots pass the result cap up to this, for vision models
 
@@ -579,10 +582,11 @@ class Router:
 
     def _cap(self, value: Any) -> Any:
         """SPEC section 5 output caps: oversized results are truncated with a marker, never dropped."""
-        size = len(json.dumps(value, default=str))
+        encoded = _ENCODE(value)
+        size = len(encoded)
         if size <= self.max_result_bytes:
             return value
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        text = value if isinstance(value, str) else encoded
         keep = self.max_result_bytes // 2
         return {"truncated": True, "original_bytes": size, "preview": text[:keep]}
 

@@ -41,6 +41,11 @@ def failure(code: str, message: str, **details: Any) -> CallToolResult:
     )
 
 
+# `json.dumps(data, ensure_ascii=False)` without the encoder json.dumps builds for every call it
+# makes with an argument of its own (every successful call of a built-in tool makes one).
+_TEXT = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def success(data: Mapping[str, Any]) -> CallToolResult:
     """A successful result: `data` as structured content, and as JSON text for plain clients.
 
@@ -48,7 +53,7 @@ def success(data: Mapping[str, Any]) -> CallToolResult:
     this or a `failure`, and the SDK still publishes (and checks) the output schema.
     """
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))],
+        content=[TextContent(type="text", text=_TEXT(data))],
         structured_content=dict(data),
     )
 
