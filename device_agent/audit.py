@@ -69,8 +69,11 @@ class AuditLog:
 
     def record(self, **fields: Any) -> None:
         """Write one line; raises OSError if it could not be written (or flushed, with fsync)."""
-        entry = {"ts": round(time.time(), 3), **{k: v for k, v in fields.items() if k in ALLOWED_FIELDS}}
-        line = _line(entry)
+        if not fields.keys() <= ALLOWED_FIELDS:  # never arguments, results or anything else
+            fields = {k: v for k, v in fields.items() if k in ALLOWED_FIELDS}
+        # Seconds to the millisecond, as round(time.time(), 3) gives them, for half its cost.
+        ts = (time.time_ns() + 500_000) // 1_000_000 / 1000
+        line = _line({"ts": ts, **fields})
         written = os.write(self._fd, line)
         if written != len(line):  # a full disk can take part of it: the line is not whole
             raise OSError(f"only {written} of {len(line)} bytes of the audit line were written")

@@ -452,7 +452,7 @@ class Router:
         A tool whose input schema has a `timeout_s` property runs under the limit itself: it is
         passed when the call did not give one, and an explicit one above the limit is lowered to it.
         """
-        started = time.monotonic()
+        started = time.monotonic_ns()
         if not isinstance(limit, CallLimit):
             limit = CallLimit(float(limit))
         if limit.seconds > self.policy.max_timeout_s:
@@ -527,7 +527,7 @@ class Router:
         if refusal is None:
             return None
         audit = {"batch_id": batch_id, "call_id": cmd.call_id, "tool": cmd.tool}
-        return self._finish(cmd, namespace, time.monotonic(), audit, "denied", refusal)
+        return self._finish(cmd, namespace, time.monotonic_ns(), audit, "denied", refusal)
 
     def _kill_switch_refuses(self, spec: ToolSpec) -> bool:
         harmless = spec.annotations.read_only or (spec.annotations.idempotent and not spec.annotations.destructive)
@@ -541,9 +541,9 @@ class Router:
         return None
 
     def _finish(
-        self, cmd: Command, namespace: str, started: float, audit: dict[str, Any], decision: str, raw: CallToolResult
+        self, cmd: Command, namespace: str, started: int, audit: dict[str, Any], decision: str, raw: CallToolResult
     ) -> Result:
-        duration = round((time.monotonic() - started) * 1000, 3)
+        duration = (time.monotonic_ns() - started + 500) // 1000 / 1000  # ms to the µs, without rounding a float
         result = self._convert(cmd.call_id, namespace, raw, duration)
         self.guards.after(audit, decision, result)
         return result
