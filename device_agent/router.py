@@ -531,7 +531,8 @@ class Router:
 
     def _kill_switch_refuses(self, spec: ToolSpec) -> bool:
         harmless = spec.annotations.read_only or (spec.annotations.idempotent and not spec.annotations.destructive)
-        return (self.policy.kill_switch or self.guards.kill_switch_on()) and not harmless
+        # A harmless tool runs whatever the switch says: its file is looked at only for the others.
+        return not harmless and (self.policy.kill_switch or self.guards.kill_switch_on())
 
     def _policy_denial(self, tool: str, spec: ToolSpec, approved: bool) -> str | None:
         if self._kill_switch_refuses(spec):
@@ -640,6 +641,8 @@ MOVED_ARGUMENTS = {("files.write", "append"): "to add to the end of a file use f
 
 def _undeclared(arguments: dict[str, Any], spec: ToolSpec) -> list[str]:
     declared = spec.input_schema.get("properties") or {}
+    if arguments.keys() <= declared.keys():  # the usual answer, without a loop in Python
+        return []
     return sorted(k for k in arguments if k not in declared)
 
 
