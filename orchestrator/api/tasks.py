@@ -22,7 +22,7 @@ from orchestrator.domain.model import DagSpec, EdgeSpec, NodeSpec, NodeState, Ta
 from orchestrator.domain.rerun import kept_nodes
 from orchestrator.engine.records import CancelTask
 from orchestrator.store.jsontext import json_text
-from orchestrator.store.repo import TaskBundle, TaskRows
+from orchestrator.store.repo import StoredEvent, TaskBundle, TaskRows
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses={**COMMON, **problems(404, 409)})
 
@@ -275,8 +275,8 @@ async def _stream(comp: Any, task_id: str, after: int, key_id: str | None = None
             if batch:
                 quiet = 0.0
                 last = batch[-1].id
-                yield "".join(_frame(ev.id, ev.type, ev.data) for ev in batch)
-                if any(_ends(ev.type, ev.data) for ev in batch):
+                yield "".join(_frame(ev.id, ev.type, ev.text) for ev in batch)
+                if any(_ends(ev) for ev in batch):
                     return
                 if len(batch) >= 1000:
                     continue  # more are waiting
@@ -293,12 +293,12 @@ async def _stream(comp: Any, task_id: str, after: int, key_id: str | None = None
                     yield ": keep-alive\n\n"
 
 
-def _frame(event_id: int, type_: str, data: dict[str, Any]) -> str:
-    return f"id: {event_id}\nevent: {type_}\ndata: {json_text(data)}\n\n"
+def _frame(event_id: int, type_: str, data: str) -> str:
+    return f"id: {event_id}\nevent: {type_}\ndata: {data}\n\n"
 
 
-def _ends(type_: str, data: dict[str, Any]) -> bool:
-    return type_ == "task.state" and data.get("state") in ("succeeded", "failed", "cancelled")
+def _ends(event: StoredEvent) -> bool:
+    return event.type == "task.state" and event.data.get("state") in ("succeeded", "failed", "cancelled")
 
 
 def _closing(task_id: str, code: str, detail: str) -> str:

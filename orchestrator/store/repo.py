@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from orchestrator.store.db import is_sqlite, make_engine, make_sessionmaker
+from orchestrator.store.jsontext import json_text
 from orchestrator.store.models import (
     ApiKey,
     Approval,
@@ -53,14 +54,36 @@ class LeaseLost(Exception):
     """A fenced write found that its lease has moved on: the writer is no longer the owner."""
 
 
-@dataclass(frozen=True, slots=True)
 class StoredEvent:
-    """A committed event as readers need it (ids grow with every commit)."""
+    """A committed event as readers need it (ids grow with every commit).
 
-    id: int
-    type: str
-    node_id: str | None
-    data: dict[str, Any]
+    On SQLite the data comes as the JSON text the writer stored (`json_text`, compact, one line):
+    an event stream writes that text as it is and parses it only if it must look inside."""
+
+    __slots__ = ("_data", "_text", "id", "node_id", "type")
+
+    def __init__(
+        self, id: int, type: str, node_id: str | None, data: dict[str, Any] | None = None, text: str | None = None
+    ) -> None:
+        self.id, self.type, self.node_id = id, type, node_id
+        self._data, self._text = data, text
+
+    @property
+    def data(self) -> dict[str, Any]:
+        if self._data is None:
+            # json, not orjson: orjson reads an int over 64 bits as a float
+            self._data = (json.loads(self._text) if self._text else None) or {}
+        return self._data
+
+    @property
+    def text(self) -> str:
+        """The data as one line of compact JSON text (what `json_text` writes)."""
+        if self._text is not None and "\n" not in self._text:
+            return self._text
+        return json_text(self.data)
+
+    def __repr__(self) -> str:
+        return f"StoredEvent(id={self.id}, type={self.type!r}, node_id={self.node_id!r})"
 
 
 @dataclass
@@ -600,11 +623,7 @@ class Store:
                 "SELECT id, type, node_id, data FROM events WHERE task_id = ? AND id > ? ORDER BY id LIMIT ?",
                 (task_id, after, limit),
             )
-            return [
-                # json, not orjson: orjson reads an int over 64 bits as a float
-                StoredEvent(int(i), str(t), n, (json.loads(d) if d is not None else None) or {})
-                for i, t, n, d in rows
-            ]
+            return [StoredEvent(int(i), str(t), n, text=d) for i, t, n, d in rows]
         events = _table(Event)
         q = (
             select(events.c.id, events.c.type, events.c.node_id, events.c.data)

@@ -112,3 +112,32 @@ async def test_a_reader_whose_key_is_revoked_gets_an_error_event_and_the_end(
                 await anext(stream)
     finally:
         await h.close()
+
+
+async def test_stored_event_text_goes_out_as_the_data_encoded_again_would(tmp_path: Path) -> None:
+    """The stream writes the JSON text the store holds instead of parsing and encoding it again:
+    the same bytes for every kind of value (non-ASCII, escapes, a newline in a string, an int
+    over 64 bits, floats, nesting), and still one `data:` line per event."""
+    from orchestrator.store.jsontext import json_text
+
+    h = await (await asyncio.to_thread(Harness, tmp_path)).open()
+    try:
+        task = await h.submit(one_node(), notify=False)
+        values = [
+            {"state": "running", "text": 'é 漢字 "q" \\ \n line', "n": 2**70, "f": 0.1, "e": 1e300},
+            {"state": "running", "nested": {"list": [1, None, True, {"k": "v"}]}, "empty": {}},
+        ]
+        changes = ChangeSet()
+        for data in values:
+            changes.event({"task_id": task, "type": "node.state", "node_id": "n", "data": data, "at": utc(h.clock.now)})
+        await h.store.write(changes)
+        events = await h.store.events_after(task, 0)
+        assert [ev.text for ev in events] == [json_text(ev.data) for ev in events]
+        assert [ev.data for ev in events] == values
+        stream = _stream(SimpleNamespace(store=h.store, bus=LocalBus()), task, 0)
+        async with asyncio.timeout(SSE_POLL_S * 3):
+            chunk = await anext(stream)
+        data_lines = [line for line in chunk.split("\n") if line.startswith("data: ")]
+        assert data_lines == [f"data: {json_text(v)}" for v in values]
+    finally:
+        await h.close()
