@@ -4,8 +4,9 @@ Shape: LAYERS layers of WIDTH nodes (default 20 x 100 = 2,000); each node after 
 depends on two nodes of the layer before. Orrery runs it on DEVICES simulated devices (real
 protocol clients over WebSockets, all in this process) against a real `orrery serve` with its
 durable SQLite store. The simulated devices accept a batch that starts at once by its results,
-as the real agent does (`device_agent.agent.ACCEPT_AFTER_S`): one frame each way per node. Dask distributed (LocalCluster, 2 single-threaded worker processes,
-futures) and Ray (num_cpus=2) run the same DAG shape of no-op tasks in the same run.
+as the real agent does (`device_agent.agent.ACCEPT_AFTER_S`): one frame each way per node.
+Dask distributed (LocalCluster, 2 single-threaded worker processes, futures) and Ray
+(num_cpus=2) run the same DAG shape of no-op tasks in the same run.
 
     python bench/dag_throughput.py [--layers 20] [--width 100] [--devices 50] [--skip-peers]
 """
