@@ -13,7 +13,6 @@ survives a power loss or a kernel crash too, at the price of one disk flush per 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -51,10 +50,12 @@ _TO_JSON = TypeAdapter(Any).serializer.to_json
 
 
 def _line(entry: dict[str, Any]) -> bytes:
-    with contextlib.suppress(ValueError):
+    try:
         line: bytes = _TO_JSON(entry)
         if line.isascii() and b"\x7f" not in line:
             return line + b"\n"
+    except ValueError:  # a lone surrogate, which UTF-8 cannot hold
+        pass
     return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
 
 
