@@ -76,9 +76,10 @@ def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
             if not comp.auth_failures.allow(client):
                 raise ApiError(429, "rate_limited", "too many failed authentications from this address; wait a minute")
             raise ApiError(401, "unauthorized", refusal)
-        principal = Principal(key.id, Role(key.role))
+        key_id, key_role = key
+        principal = Principal(key_id, Role(key_role))
         if not principal.role.allows(role):
-            raise ApiError(403, "forbidden", f"this route needs the '{role.value}' role; the key has '{key.role}'")
+            raise ApiError(403, "forbidden", f"this route needs the '{role.value}' role; the key has '{key_role}'")
         request.state.principal = principal
         return principal
 

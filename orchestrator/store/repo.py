@@ -316,15 +316,32 @@ class Store:
 
     # ------------------------------------------------------------------ auth
 
-    async def find_api_key(self, key_hash: str) -> ApiKey | None:
-        async with self.sessions() as s:
-            return await s.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)))
+    async def find_api_key(self, key_hash: str) -> tuple[str, str] | None:
+        """(id, role) of the unrevoked API key with this hash, or None.
+
+        Every REST request asks this, so it is read like `events_after`: on SQLite straight from
+        the writer's connection on this thread (an indexed read; through the ORM it was a session,
+        a thread hop and a rollback, slowest exactly when the engine keeps the loop busy), on
+        Postgres as one Core query."""
+        if self._sqlite is not None:
+            rows = self._sqlite.read(
+                "SELECT id, role FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", (key_hash,)
+            )
+            return (str(rows[0][0]), str(rows[0][1])) if rows else None
+        keys = _table(ApiKey)
+        q = select(keys.c.id, keys.c.role).where(keys.c.key_hash == key_hash, keys.c.revoked_at.is_(None))
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(q)).first()
+        return (str(row[0]), str(row[1])) if row else None
 
     async def api_key_active(self, key_id: str) -> bool:
         """Whether key `key_id` exists and is not revoked (long-lived streams re-check their key)."""
-        async with self.sessions() as s:
-            q = select(ApiKey.id).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
-            return (await s.scalar(q)) is not None
+        if self._sqlite is not None:
+            return bool(self._sqlite.read("SELECT 1 FROM api_keys WHERE id = ? AND revoked_at IS NULL", (key_id,)))
+        keys = _table(ApiKey)
+        async with self.engine.connect() as conn:
+            q = select(keys.c.id).where(keys.c.id == key_id, keys.c.revoked_at.is_(None))
+            return (await conn.execute(q)).first() is not None
 
     async def count_api_keys(self) -> int:
         async with self.sessions() as s:
