@@ -7,7 +7,7 @@ queue. A third-party server that dies is restarted; the call it was running fail
 
 The built-in toolsets are `MCPServer` objects in the agent's own process. Their tool list still
 comes through the client (the catalogue is what any MCP client sees), but their calls go to the
-server's own validated entry point directly (`call_in_process`): no JSON-RPC, no transport.
+server's own validated entry point directly (`InProcessServer`): no JSON-RPC, no transport.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any, Literal
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedResourceError, UnexpectedToolError
+from mcp.server.mcpserver.tools import Tool as MCPServerTool
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
@@ -34,6 +35,7 @@ from mcp.types import (
     URL_ELICITATION_REQUIRED,
     CallToolResult,
     ImageContent,
+    InputRequiredResult,
     TextContent,
     Tool,
     ToolListChangedNotification,
@@ -52,7 +54,7 @@ from protocol.errors import MAX_ERROR_MESSAGE_CHARS, RESULT_ERROR_CODES
 from protocol.messages import Command, ErrorInfo, Result, ToolAnnotations, ToolSpec
 
 log = logging.getLogger("orrery.agent.router")
-# `call_in_process` logs a tool's failure where the SDK's `tools/call` handler would.
+# `InProcessServer` logs a tool's failure where the SDK's `tools/call` handler would.
 sdk_log = logging.getLogger("mcp.server.mcpserver.server")
 
 # Structured content made JSON-shaped, as the wire would (`TypeAdapter.dump_python(mode="json")`
@@ -120,10 +122,10 @@ class ToolsetHost:
         self.target = target
         # Built-in toolsets (`in_process=True`, an `MCPServer` in this process whose tools take no
         # request `Context`: `toolsets.base.tool` refuses one) are called directly
-        # (`call_in_process`); False sends every call through the SDK client (the equivalence
+        # (`InProcessServer`); False sends every call through the SDK client (the equivalence
         # tests compare the two). Third-party servers always go through their client.
-        self.in_process = in_process and isinstance(target, MCPServer)
-        self._context = in_process_context(target) if in_process and isinstance(target, MCPServer) else None
+        self._in_process = InProcessServer(target) if in_process and isinstance(target, MCPServer) else None
+        self.in_process = self._in_process is not None
         # Third-party servers get the client capabilities the agent declares (ClientFeatures);
         # built-in toolsets need none.
         self.features = features
@@ -172,10 +174,8 @@ class ToolsetHost:
 
         The call is abandoned `grace_s` after `timeout_s`: a tool that enforces the limit itself
         gets the grace to kill what it started and return its partial output."""
-        if self.in_process and isinstance(self.target, MCPServer):
-            return await call_in_process(
-                self.target, self.namespace, tool, arguments, timeout_s, grace_s, context=self._context
-            )
+        if self._in_process is not None:
+            return await self._in_process.call(self.namespace, tool, arguments, timeout_s, grace_s)
         client = self._client
         if client is None:
             raise ToolsetUnavailable(f"toolset '{self.namespace}' is not running (it is being restarted)")
@@ -263,67 +263,119 @@ class ToolsetHost:
             self._broken.set()
 
 
-def in_process_context(server: MCPServer) -> Context[Any, Any]:
-    """The request `Context` that `MCPServer.call_tool` builds for a call made without one.
+class InProcessServer:
+    """An `MCPServer` hosted in this process (a built-in toolset), called without the MCP transport.
 
-    It holds the server and its subscription bus, nothing of the call, and nothing writes to a
-    `Context` once it is built (mcp/server/mcpserver/context.py: its fields are set in `__init__`
-    only), so one built per server is the same to every call as one built per call, which cost a
-    pydantic model (and its wrap validator) per call. Built-in tools never see it anyway
-    (`toolsets.base.tool` refuses a tool that takes one)."""
-    return Context(mcp_server=server, subscriptions=server._subscriptions)
+    Why a call here is the same call as through `Client.call_tool` (and fair to compare with one):
+    it is the same server object, with the same registered tools, so the same input schemas and
+    the same pydantic validation of the arguments (`Tool.run`, which refuses what the schema
+    refuses with the same `validation error` text), and the same output-model check of a
+    structured result (see `_call_tool`). What it leaves out is only the transport between client
+    and server in one process: JSON-RPC framing, the request/response models, the SDK's tracing
+    spans and the client's second check of structured content against the output schema the
+    server's model already enforced. The outcomes the server's `tools/call` handler
+    (`MCPServer._handle_call_tool`) gives are kept: a `ToolError` or any other exception becomes
+    an `is_error` text result (logged as the SDK logs it), an `MCPError` is the JSON-RPC error the
+    client would raise. Structured content is left as the tool built it: the router makes it
+    JSON-shaped (tuples become lists), as the wire would, when it makes the `Result`
+    (`Router._convert`). The tool list, the timeout, the grace and the errors they give are the
+    router's, the same on both paths; a cancel kills process groups through `ProcessTracker`
+    whichever path started them.
 
-
-async def call_in_process(
-    server: MCPServer,
-    namespace: str,
-    tool: str,
-    arguments: dict[str, Any],
-    timeout_s: float,
-    grace_s: float = 0.0,
-    context: Context[Any, Any] | None = None,
-) -> CallToolResult:
-    """Call a tool of an `MCPServer` hosted in this process without the MCP transport.
-
-    Why this is the same call as through `Client.call_tool` (and fair to compare with one): it is
-    the same server object, with the same registered tools, so the same input schemas and the
-    same pydantic validation of the arguments (`Tool.run`, which refuses what the schema refuses
-    with the same `validation error` text), and the same output-model check of a structured
-    result (`convert_result`). What it leaves out is only the transport between client and server
-    in one process: JSON-RPC framing, the request/response models, the SDK's tracing spans and the
-    client's second check of structured content against the output schema the server's model
-    already enforced. The outcomes the server's `tools/call` handler (`MCPServer._handle_call_tool`)
-    gives are kept: a `ToolError` or any other exception becomes an `is_error` text result (logged
-    as the SDK logs it), an `MCPError` is the JSON-RPC error the client would raise. Structured
-    content is left as the tool built it: the router makes it JSON-shaped (tuples become lists),
-    as the wire would, when it makes the `Result` (`Router._convert`). The tool list, the
-    timeout, the grace and the errors they give are the router's, the same on both paths; a
-    cancel kills process groups through `ProcessTracker` whichever path started them.
-    `context`: the server's `in_process_context`, built once (None builds one, as the SDK does).
+    It reaches into three SDK internals (`MCPServer._tool_manager`, `MCPServer._subscriptions`,
+    `FuncMetadata._output_adapter`). tests/unit/device_agent/test_in_process_calls.py holds every
+    outcome to the SDK's own (through the MCP client, and `MCPServer.call_tool` itself), so an SDK
+    release that changes them fails there, not on a device.
     """
-    try:
-        async with asyncio.timeout(timeout_s + grace_s):
-            raw = await server.call_tool(tool, arguments, context)
-    except TimeoutError:
-        return _timed_out(namespace, tool, timeout_s)
-    except MCPError as exc:
-        answer = _call_error(exc, namespace, tool, server)
-        if answer is not None:
-            return answer
-        raise ToolsetUnavailable(f"toolset '{namespace}' failed during the call: {exc}") from exc
-    except Exception as exc:  # what `MCPServer._handle_call_tool` turns into an error result
-        if isinstance(exc, ToolError) and not isinstance(exc, UnexpectedToolError):
-            if isinstance(exc.__cause__, ValidationError):
-                fields = sorted({".".join(str(p) for p in err["loc"]) for err in exc.__cause__.errors()})
-                sdk_log.info("Tool %r rejected arguments: %r", tool, fields)
+
+    def __init__(self, server: MCPServer) -> None:
+        self.server = server
+        # The request Context `MCPServer.call_tool` builds for a call made without one. It holds
+        # the server and its subscription bus, nothing of the call, and nothing writes to a
+        # Context once it is built (mcp/server/mcpserver/context.py sets its fields in `__init__`
+        # only), so one built per server is the same to every call as one built per call, which
+        # cost a pydantic model per call. Built-in tools never see it anyway (`toolsets.base.tool`
+        # refuses a tool that takes one).
+        self._context: Context[Any, Any] = Context(mcp_server=server, subscriptions=server._subscriptions)
+        # Per tool name: the tool, its output model and the SDK's validator for it (`_output_check`).
+        self._outputs: dict[str, tuple[MCPServerTool, Any, Callable[[Any], Any]]] = {}
+
+    async def call(
+        self, namespace: str, tool: str, arguments: dict[str, Any], timeout_s: float, grace_s: float = 0.0
+    ) -> CallToolResult:
+        """Call `tool` under the router's limit; the answer the MCP path gives, as a `CallToolResult`."""
+        try:
+            async with asyncio.timeout(timeout_s + grace_s):
+                raw = await self._call_tool(tool, arguments)
+        except TimeoutError:
+            return _timed_out(namespace, tool, timeout_s)
+        except MCPError as exc:
+            answer = _call_error(exc, namespace, tool, self.server)
+            if answer is not None:
+                return answer
+            raise ToolsetUnavailable(f"toolset '{namespace}' failed during the call: {exc}") from exc
+        except Exception as exc:  # what `MCPServer._handle_call_tool` turns into an error result
+            if isinstance(exc, ToolError) and not isinstance(exc, UnexpectedToolError):
+                if isinstance(exc.__cause__, ValidationError):
+                    fields = sorted({".".join(str(p) for p in err["loc"]) for err in exc.__cause__.errors()})
+                    sdk_log.info("Tool %r rejected arguments: %r", tool, fields)
+                else:
+                    sdk_log.info("Tool %r failed: %r", tool, str(exc))
             else:
-                sdk_log.info("Tool %r failed: %r", tool, str(exc))
-        else:
-            sdk_log.exception("Tool %r raised an unexpected exception", tool)
-        return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
-    if not isinstance(raw, CallToolResult):  # an input request: built-in tools never ask for input
-        return _error("tool_error", f"{namespace}.{tool} asked the client for input, which the agent cannot give")
-    return raw
+                sdk_log.exception("Tool %r raised an unexpected exception", tool)
+            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+        if not isinstance(raw, CallToolResult):  # an input request: built-in tools never ask for input
+            return _error("tool_error", f"{namespace}.{tool} asked the client for input, which the agent cannot give")
+        return raw
+
+    async def _call_tool(self, name: str, arguments: dict[str, Any]) -> CallToolResult | InputRequiredResult:
+        """What `MCPServer.call_tool(name, arguments)` returns or raises, for two thirds of its cost.
+
+        The SDK (mcp/server/mcpserver: `MCPServer.call_tool`, `ToolManager.call_tool`, `Tool.run`)
+        looks the tool up, runs it with `Tool.run(arguments, context, convert_result=True)`, and
+        `convert_result` checks a returned `CallToolResult`'s structured content against the
+        tool's output model with an adapter it keeps in a pydantic private attribute. Reading one
+        raises and catches AttributeErrors inside pydantic; three reads a call cost ~55K
+        instructions, a sixth of a whole router call. Here the tool runs through the same
+        `Tool.run` with `convert_result=False` (argument validation, the call and the errors it
+        maps are the SDK's), and the conversion `Tool.run` would have made follows, its failures
+        mapped as `Tool.run` maps them (`_converted`).
+        """
+        tool = self.server._tool_manager.get_tool(name)
+        if tool is None:
+            raise ToolError(f"Unknown tool: {name}")  # as `ToolManager.call_tool` says it
+        result = await tool.run(arguments, self._context)
+        try:
+            return self._converted(tool, result)
+        except MCPError:  # `Tool.run`'s handlers, in its order
+            raise
+        except (UnexpectedToolError, UnexpectedResourceError) as exc:
+            raise UnexpectedToolError(f"Error executing tool {tool.name}: {exc}") from exc
+        except (ToolError, ResourceError) as exc:
+            raise ToolError(f"Error executing tool {tool.name}: {exc}") from exc
+        except Exception as exc:
+            raise UnexpectedToolError(f"Error executing tool {tool.name}") from exc
+
+    def _converted(self, tool: MCPServerTool, result: Any) -> CallToolResult | InputRequiredResult:
+        """`tool.fn_metadata.convert_result(result)`: the check it makes of a `CallToolResult` (the
+        output model's, unless the result is an error or the tool publishes no output schema),
+        with the validator held in a plain dict; anything else is converted by the SDK itself."""
+        meta = tool.fn_metadata
+        if not isinstance(result, CallToolResult):
+            return meta.convert_result(result)
+        model = meta.output_model if meta.output_schema is not None else None
+        if model is not None and not result.is_error:
+            self._output_check(tool, model)(result.structured_content)
+        return result
+
+    def _output_check(self, tool: MCPServerTool, model: Any) -> Callable[[Any], Any]:
+        """The SDK's own validator for `model` (`FuncMetadata._output_adapter`), asked for once per
+        tool and model: kept while the server holds this tool object with this output model, the
+        rule the SDK's own cache follows (its fields are read live: a new model gets a new one)."""
+        held = self._outputs.get(tool.name)
+        if held is None or held[0] is not tool or held[1] is not model:
+            held = self._outputs[tool.name] = (tool, model, tool.fn_metadata._output_adapter(model).validate_python)
+        return held[2]
 
 
 def _timed_out(namespace: str, tool: str, timeout_s: float) -> CallToolResult:

@@ -1,7 +1,7 @@
 """Built-in toolsets called in process give the same results as through the MCP client.
 
 The real toolsets (system, shell, files, gui), each behind a real `Router` twice: once with
-`in_process=True` (the agent's path: `call_in_process`) and once with `in_process=False` (every
+`in_process=True` (the agent's path: `InProcessServer`) and once with `in_process=False` (every
 call through the SDK's `Client` and its in-memory transport, the path every call took before).
 The same calls go to both, in the same workspace reset between them: valid ones, invalid and
 unknown arguments, tool errors, timeouts (the tool's own and the router's) and a shell cancel.
@@ -15,18 +15,20 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, cast
 
 import pytest
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import CallToolResult
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
+from typing_extensions import TypedDict
 
 from device_agent.policy import Policy
-from device_agent.router import CallLimit, Router, ToolsetHost
+from device_agent.router import CallLimit, InProcessServer, Router, ToolsetHost
 from device_agent.runner import BUILTIN
 from device_agent.toolsets.base import READ_ONLY, ToolsetContext, tool
 from protocol.messages import Command, Result
@@ -244,6 +246,95 @@ async def test_the_routers_own_timeout_a_crashing_tool_and_unshaped_content_end_
     assert through_mcp[1]["error"]["code"] == "tool_error" and "secret" not in through_mcp[1]["error"]["message"]
     assert through_mcp[2]["error"]["code"] == "invalid_arguments"
     assert direct == through_mcp
+
+
+class Count(TypedDict):
+    n: int
+
+
+class Loose(TypedDict, total=False):
+    n: str
+
+
+def shapes() -> MCPServer:
+    """Tools whose results meet, or miss, the output model they declare."""
+    server = MCPServer("shapes")
+
+    @server.tool(structured_output=True)
+    async def count(n: Any = 1) -> Annotated[CallToolResult, Count]:
+        """Reports `n` as its count, whatever it is (text misses the output model)."""
+        return CallToolResult(content=[TextContent(type="text", text=str(n))], structured_content={"n": n})
+
+    @server.tool(structured_output=True)
+    async def failed() -> Annotated[CallToolResult, Count]:
+        """An error result, which the output model does not judge."""
+        detail = {"code": "tool_error", "message": "it did not work"}
+        return CallToolResult(content=[TextContent(type="text", text="no")], structured_content=detail, is_error=True)
+
+    @server.tool(structured_output=True)
+    async def plain(n: int = 1) -> Count:
+        """A dict, which the SDK converts and checks itself; a negative `n` misses the model."""
+        return cast(Count, {"n": n if n >= 0 else "negative"})
+
+    @server.tool()
+    async def refuses() -> str:
+        """Refuses on purpose."""
+        raise ToolError("not today")
+
+    return server
+
+
+async def test_output_model_checks_and_tool_errors_end_the_same_on_both_paths(tmp_path: Path) -> None:
+    calls = [("count", {"n": 2}), ("count", {"n": "two"}), ("failed", {}), ("plain", {"n": 3})]
+    calls += [("plain", {"n": -1}), ("refuses", {}), ("count", {"n": 4})]
+    outcomes = []
+    for in_process in (False, True):
+        host = ToolsetHost("shapes", shapes(), in_process=in_process)
+        async with routing(Policy(), tmp_path / f"audit-{in_process}.jsonl", host) as r:
+            results = []
+            for i, (name, arguments) in enumerate(calls):
+                cmd = Command(call_id=f"c{i}", tool=f"shapes.{name}", arguments=arguments)
+                results.append(comparable("shapes", await r.call(cmd, "b1", 5.0)))
+        outcomes.append(results)
+    through_mcp, direct = outcomes
+    statuses = [r["status"] for r in through_mcp]
+    assert statuses == ["success", "failure", "failure", "success", "failure", "failure", "success"]
+    assert direct == through_mcp
+
+
+async def outcome(call: Awaitable[Any]) -> tuple[str, Any]:
+    try:
+        result = await call
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return "returned", result.model_dump()
+
+
+async def test_a_new_output_model_or_a_replaced_tool_is_checked_from_the_next_call_as_the_sdk_checks_it() -> None:
+    server = shapes()
+    direct = InProcessServer(server)
+
+    async def both(n: Any) -> tuple[str, Any]:
+        sdk = await outcome(server.call_tool("count", {"n": n}))
+        assert await outcome(direct._call_tool("count", {"n": n})) == sdk
+        return sdk
+
+    assert (await both(3))[0] == "returned"
+    assert (await both("w"))[0] == "UnexpectedToolError"
+    tool = server._tool_manager.get_tool("count")
+    assert tool is not None
+    tool.fn_metadata.output_model = Loose  # read live by the SDK: text now passes, a number does not
+    assert (await both("w"))[0] == "returned"
+    assert (await both(3))[0] == "UnexpectedToolError"
+    server.remove_tool("count")
+
+    @server.tool(name="count", structured_output=True)
+    async def recount(n: Any = 1) -> Annotated[CallToolResult, Count]:
+        """The same name, a new tool: judged by its own model."""
+        return CallToolResult(content=[], structured_content={"n": n})
+
+    assert (await both(3))[0] == "returned"
+    assert (await both("w"))[0] == "UnexpectedToolError"
 
 
 def test_a_built_in_tool_cannot_take_a_request_context() -> None:
