@@ -60,6 +60,7 @@ sdk_log = logging.getLogger("mcp.server.mcpserver.server")
 # Structured content made JSON-shaped, as the wire would (`TypeAdapter.dump_python(mode="json")`
 # without its wrapper's keyword handling, a third of the cost for a small value).
 _JSON_SHAPED = TypeAdapter(Any).serializer.to_python
+_COMPACT_JSON = TypeAdapter(Any).serializer.to_json  # pydantic's JSON: no spaces, UTF-8, bytes
 # `json.dumps(value, default=str)`, which measures a result against the cap, without the encoder
 # json.dumps builds for every call it makes with an argument of its own.
 _ENCODE = json.JSONEncoder(default=str).encode
@@ -636,7 +637,11 @@ class Router:
         )
 
     def _cap(self, value: Any) -> Any:
-        """SPEC section 5 output caps: oversized results are truncated with a marker, never dropped."""
+        """SPEC section 5 output caps: oversized results are truncated with a marker, never dropped.
+
+        `value` is JSON-shaped (structured content shaped by `_JSON_SHAPED`, or text parts)."""
+        if _certainly_fits(value, self.max_result_bytes):
+            return value
         encoded = _ENCODE(value)
         size = len(encoded)
         if size <= self.max_result_bytes:
@@ -644,6 +649,22 @@ class Router:
         text = value if isinstance(value, str) else encoded
         keep = self.max_result_bytes // 2
         return {"truncated": True, "original_bytes": size, "preview": text[:keep]}
+
+
+def _certainly_fits(value: Any, limit: int) -> bool:
+    """Whether the cap's measure of a JSON-shaped `value` (its `json.dumps` length) is certainly
+    within `limit`, told from pydantic's compact JSON of it for a quarter of the measure's cost.
+
+    json.dumps writes at most 6 characters for each byte of that JSON: `\\u007f` for a DEL,
+    `\\uXXXX` for a 2- or 3-byte character (a surrogate pair for a 4-byte one), `, ` and `: ` for
+    `,` and `:`, `Infinity` for `null`, a float's exponent a character longer (`1e-07` for
+    `1e-7`); every other escape, number and literal alike (tests/unit/device_agent/
+    test_result_cap.py checks the bound). False means: measure it.
+    """
+    try:
+        return 6 * len(_COMPACT_JSON(value)) <= limit
+    except ValueError:  # text UTF-8 cannot hold (a lone surrogate)
+        return False
 
 
 def with_timeout(spec: ToolSpec, arguments: dict[str, Any], limit: CallLimit) -> tuple[dict[str, Any], CallLimit, bool]:
