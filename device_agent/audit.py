@@ -41,8 +41,8 @@ ALLOWED_FIELDS = frozenset(
 
 
 # pydantic's JSON serializer writes a line for a quarter of what `json.dumps` costs (every call
-# writes two). For what a line holds (ASCII text, None, and floats from 0.001 up to 1e15: the
-# timestamp and a duration, both rounded to 3 decimals) its bytes are the ones
+# writes two). For what a line holds (ASCII text, None, and floats from 0.001 up to 1e15 with at
+# most 3 decimals: the timestamp and a duration) its bytes are the ones
 # `json.dumps(entry, separators=(",", ":"))` writes (tests/unit/device_agent/test_audit_lines.py).
 # Other text it writes unescaped where json.dumps escapes it (non-ASCII, DEL), or refuses (a lone
 # surrogate): such a line is left to json.dumps, so the log reads as it always did.
