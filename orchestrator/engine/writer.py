@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -31,28 +30,6 @@ class EventType(StrEnum):
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_DECIDED = "approval.decided"
     NODE_CHILD = "node.child"  # issue 20: a fan-out child's state (`device_id`, `device`)
-
-
-@dataclass(frozen=True)
-class EngineEvent:
-    type: EventType
-    task_id: str
-    node_id: str | None
-    at: float  # engine clock
-    data: dict[str, Any]
-
-    def row(self) -> dict[str, Any]:
-        """The stored row (its `data` is the body subscribers receive)."""
-        body = {"task_id": self.task_id, "at": iso(self.at), **self.data}
-        if self.node_id is not None:
-            body["node_id"] = self.node_id
-        return {
-            "task_id": self.task_id,
-            "type": self.type.value,
-            "node_id": self.node_id,
-            "data": body,
-            "at": utc(self.at),
-        }
 
 
 class ChangeStore(Protocol):
@@ -88,7 +65,7 @@ class StepWriter:
         self._soft = ChangeSet()  # changes that may wait for the next commit (see SOFT_FLUSH_S)
         self._soft_since: float | None = None
         self._effects: list[Callable[[], None]] = []
-        self._events: list[EngineEvent] = []
+        self._events: list[dict[str, Any]] = []  # rows of the events table
 
     # ---------------------------------------------------------------- recording
 
@@ -96,7 +73,7 @@ class StepWriter:
         self._changes.insert(model, row)
 
     def update(self, model: type[Base], key: tuple[Any, ...], **values: Any) -> None:
-        self._changes.update(model, key, **values)
+        self._changes.merge(model, key, values)
 
     def delete(self, model: type[Base], key: tuple[Any, ...]) -> None:
         self._changes.delete(model, key)
@@ -104,13 +81,19 @@ class StepWriter:
     def soft_update(self, model: type[Base], key: tuple[Any, ...], now: float, **values: Any) -> None:
         """An informational update: it rides along with the next commit, or is written on its own
         SOFT_FLUSH_S after the first one waiting (retry safety never depends on these)."""
-        self._soft.update(model, key, **values)
+        self._soft.merge(model, key, values)
         if self._soft_since is None:
             self._soft_since = now
             self.timers.add(now + SOFT_FLUSH_S, Wake())
 
     def event(self, type_: EventType, task_id: str, node_id: str | None, now: float, **data: Any) -> None:
-        self._events.append(EngineEvent(type_, task_id, node_id, now, data))
+        """An event of the task, stored in this step's commit and published after it. Its `data`
+        (with the task, the time and the node) is the body subscribers receive."""
+        body = {"task_id": task_id, "at": iso(now), **data}
+        if node_id is not None:
+            body["node_id"] = node_id
+        # str() of a StrEnum is its value, as an exact str (half the cost of `.value`)
+        self._events.append({"task_id": task_id, "type": str(type_), "node_id": node_id, "data": body, "at": utc(now)})
 
     def effect(self, fn: Callable[[], None]) -> None:
         """Run `fn` after this step's changes are committed (never if the commit fails)."""
@@ -131,7 +114,7 @@ class StepWriter:
         raise AssertionError("unreachable")
 
     async def commit(self) -> None:
-        changes, effects, events = self._changes, self._effects, [ev.row() for ev in self._events]
+        changes, effects, events = self._changes, self._effects, self._events
         self._changes, self._effects, self._events = ChangeSet(), [], []
         soft_due = self._soft_since is not None and self.clock() - self._soft_since >= SOFT_FLUSH_S
         if self._soft and (changes or events or soft_due):
@@ -140,8 +123,7 @@ class StepWriter:
             changes = merged
         if changes or events:
             changes.guard = self.lease_guard
-            for ev in events:
-                changes.event(ev)
+            changes.events.extend(events)
             ids = await self._write(changes)
             for ev, event_id in zip(events, ids, strict=True):
                 ev["id"] = event_id

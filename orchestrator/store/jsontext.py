@@ -13,7 +13,7 @@ def json_text(value: Any) -> str:
     """`value` as JSON text: orjson's (fast, compact), or the standard library's for what orjson
     will not take (an int over 64 bits), so whatever a JSON column holds can be written out again."""
     try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+        return orjson.dumps(value, None, orjson.OPT_NON_STR_KEYS).decode()  # positional: no keywords to parse
     except TypeError:
         return json.dumps(value)
 

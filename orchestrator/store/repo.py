@@ -106,7 +106,16 @@ class ChangeSet:
 
     def update(self, model: type[Base], key: tuple[Any, ...], **values: Any) -> None:
         """Merge `values` into the pending update of the row with primary key `key`."""
-        self.updates[model].setdefault(key, {}).update(values)
+        self.merge(model, key, values)
+
+    def merge(self, model: type[Base], key: tuple[Any, ...], values: dict[str, Any]) -> None:
+        """`update` with the values as a dict (which is copied, never kept)."""
+        rows = self.updates[model]
+        pending = rows.get(key)
+        if pending is None:
+            rows[key] = dict(values)
+        else:
+            pending.update(values)
 
     def event(self, row: dict[str, Any]) -> None:
         self.events.append(row)
@@ -119,7 +128,7 @@ class ChangeSet:
             self.inserts[model].extend(rows)
         for model, by_key in later.updates.items():
             for key, values in by_key.items():
-                self.update(model, key, **values)
+                self.merge(model, key, values)
         for model, keys in later.deletes.items():
             for key in keys:
                 self.delete(model, key)
@@ -145,6 +154,7 @@ _INSERT_ORDER: tuple[type[Base], ...] = (
     Schedule,
     ScheduleTick,
 )
+_INSERT_RANK = {model: rank for rank, model in enumerate(_INSERT_ORDER)}
 
 
 @dataclass
@@ -302,7 +312,7 @@ class Store:
         try:
             if self._sqlite is not None:
                 return self._sqlite.write(
-                    [(_table(m), changes.inserts[m]) for m in _INSERT_ORDER if changes.inserts.get(m)],
+                    _inserts_in_order(changes.inserts),
                     [(_table(m), list(by_key.items())) for m, by_key in changes.updates.items()],
                     (_table(Event), changes.events) if changes.events else None,
                     [(_table(m), keys) for m, keys in changes.deletes.items() if keys],
@@ -783,6 +793,13 @@ def _write(conn: Connection, changes: ChangeSet) -> list[int]:
     events = _table(Event)
     result = conn.execute(events.insert().returning(events.c.id, sort_by_parameter_order=True), changes.events)
     return [int(r[0]) for r in result]
+
+
+def _inserts_in_order(inserts: dict[type[Base], list[dict[str, Any]]]) -> list[tuple[Table, list[dict[str, Any]]]]:
+    """Each model's new rows, parents before children: in `_INSERT_ORDER`, as `_write` inserts them
+    (sorting the few models a commit has, not walking the whole order)."""
+    models = sorted((m for m, rows in inserts.items() if rows and m in _INSERT_RANK), key=_INSERT_RANK.__getitem__)
+    return [(_table(m), inserts[m]) for m in models]
 
 
 def _id_prefix(column: Any, ref: str, kind: str) -> Any:

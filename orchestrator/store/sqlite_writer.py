@@ -25,7 +25,8 @@ from orchestrator.store.jsontext import json_text, json_value
 from orchestrator.store.models import UTCDateTime
 from orrery.checkpoints import Checkpoints
 
-Processor = Callable[[Any], Any] | None
+Convert = Callable[[Any], Any]
+Processor = Convert | None
 
 
 class SqliteWriter:
@@ -68,7 +69,7 @@ class SqliteWriter:
                     _run(cursor, statement.sql, params)
             for table, keys in deletes or []:
                 statement = self._statement("delete", table, ())
-                _run(cursor, statement.sql, [statement.key(key) for key in keys])
+                _run(cursor, statement.sql, [statement.params({}, key) for key in keys])
             ids: list[int] = []
             if events is not None and events[1]:
                 table, rows = events
@@ -110,8 +111,7 @@ class SqliteWriter:
         groups: dict[_Statement, list[list[Any]]] = {}
         for key, values in keyed:
             statement = self._statement("update", table, tuple(values))
-            params = statement.params(values)
-            params.extend(statement.key(key))
+            params = statement.params(values, key)
             found = groups.get(statement)
             if found is None:
                 groups[statement] = [params]
@@ -221,9 +221,10 @@ class SqliteWriter:
             sql = f"DELETE FROM {name} WHERE {where}"
         else:  # max_id: the highest id given so far (events are numbered in the commit)
             sql = f"SELECT coalesce(max(id), 0) FROM {name}"
-        return _Statement(sql, columns, self._processors(table, columns), self._processors(table, pk))
+        bound = columns if kind == "insert" else (*columns, *pk)  # an update or delete: then its key
+        return _Statement(sql, columns, self._processors(table, bound))
 
-    def _processors(self, table: Table, columns: tuple[str, ...]) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+    def _processors(self, table: Table, columns: tuple[str, ...]) -> tuple[tuple[int, Convert], ...]:
         """Which of `columns` go through a bind processor, with the processor: most need none."""
         processors = [
             _fast_processor(table.c[c].type)
@@ -234,42 +235,28 @@ class SqliteWriter:
 
 
 class _Statement:
-    """One statement planned for one set of columns: its SQL, and how a row's parameters are made
-    from its values (read with one C-level getter, then each that needs it through its column's
-    bind processor) and from its primary key (an update's or a delete's WHERE)."""
+    """One statement planned for one set of columns: its SQL, and how a row's parameters are made:
+    its values read with one C-level getter, then the primary key for an update's or a delete's
+    WHERE, each value that needs it through its column's bind processor (most need none)."""
 
-    __slots__ = ("_key_processed", "_processed", "_take", "sql")
+    __slots__ = ("_processed", "_take", "sql")
 
-    def __init__(
-        self,
-        sql: str,
-        columns: tuple[str, ...],
-        processed: tuple[tuple[int, Callable[[Any], Any]], ...],
-        key_processed: tuple[tuple[int, Callable[[Any], Any]], ...],
-    ) -> None:
+    def __init__(self, sql: str, columns: tuple[str, ...], processed: tuple[tuple[int, Convert], ...]) -> None:
         self.sql = sql
         getter = operator.itemgetter(*columns) if columns else None
         self._take: Callable[[dict[str, Any]], Any] = (
             (lambda row: ()) if getter is None else getter if len(columns) > 1 else (lambda row: (getter(row),))
         )
-        self._processed = processed
-        self._key_processed = key_processed
+        self._processed = processed  # (index in the parameters, processor)
 
-    def params(self, row: dict[str, Any]) -> list[Any]:
-        """The row's values, in column order, as bound."""
-        return _processed(list(self._take(row)), self._processed)
-
-    def key(self, key: tuple[Any, ...]) -> list[Any]:
-        """A primary key's values, as bound."""
-        return _processed(list(key), self._key_processed)
-
-
-def _processed(values: list[Any], processed: tuple[tuple[int, Callable[[Any], Any]], ...]) -> list[Any]:
-    for i, process in processed:
-        value = values[i]
-        if value is not None:
-            values[i] = process(value)
-    return values
+    def params(self, row: dict[str, Any], key: tuple[Any, ...] = ()) -> list[Any]:
+        """The parameters of one row: its values in column order, then `key`, as bound."""
+        values = [*self._take(row), *key]
+        for i, process in self._processed:
+            value = values[i]
+            if value is not None:
+                values[i] = process(value)
+        return values
 
 
 def _with_defaults(row: dict[str, Any], defaults: tuple[Any, ...]) -> dict[str, Any]:
