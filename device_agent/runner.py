@@ -25,8 +25,9 @@ from device_agent.guards import Guards
 from device_agent.killswitch import KillSwitch
 from device_agent.ledger import Ledger, LedgerError, LedgerOwned
 from device_agent.mcp_client import ClientFeatures, HttpTarget, public_url
-from device_agent.router import Router, ToolsetHost, ToolsetUnavailable
+from device_agent.router import Router
 from device_agent.sandbox import Sandbox, SandboxUnavailable
+from device_agent.toolset_host import ToolsetHost, ToolsetUnavailable
 from device_agent.toolsets import approval, files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
 

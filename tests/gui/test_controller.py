@@ -16,7 +16,8 @@ from mcp.types import ImageContent
 
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
-from device_agent.router import Router, ToolsetHost
+from device_agent.router import Router
+from device_agent.toolset_host import ToolsetHost
 from device_agent.toolsets.gui import build, check
 from device_agent.toolsets.gui.control import Controller
 from device_agent.toolsets.gui.display import DisplayLock

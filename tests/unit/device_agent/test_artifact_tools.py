@@ -16,7 +16,8 @@ import pytest
 from device_agent.artifacts import file_digest, refusal
 from device_agent.config import AgentConfig
 from device_agent.policy import Policy
-from device_agent.router import CallLimit, ToolsetHost
+from device_agent.router import CallLimit
+from device_agent.toolset_host import ToolsetHost
 from device_agent.toolsets.base import ToolsetContext
 from device_agent.toolsets.files import build
 from device_agent.transfer import ArtifactLink, Connection, Refused, TransferError, http_base

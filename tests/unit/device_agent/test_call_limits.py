@@ -18,8 +18,9 @@ import pytest
 from mcp.server.mcpserver import MCPServer
 
 from device_agent.policy import Policy
-from device_agent.router import CallLimit, Router, ToolsetHost
+from device_agent.router import CallLimit, Router
 from device_agent.runner import BUILTIN
+from device_agent.toolset_host import ToolsetHost
 from protocol.messages import Command, Result
 from tests.unit.device_agent.toolkit import make_ctx, routing
 

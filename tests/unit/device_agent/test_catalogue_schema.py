@@ -7,8 +7,8 @@ from pathlib import Path
 
 from mcp import Client
 
-from device_agent.router import tool_spec
 from device_agent.runner import BUILTIN
+from device_agent.toolset_host import tool_spec
 from tests.unit.device_agent.toolkit import make_ctx
 
 

@@ -18,8 +18,9 @@ from device_agent.budgets import SafetyBudgets
 from device_agent.guards import Guards
 from device_agent.killswitch import KillSwitch
 from device_agent.policy import Policy
-from device_agent.router import Router, ToolsetHost
+from device_agent.router import Router
 from device_agent.runner import BUILTIN
+from device_agent.toolset_host import ToolsetHost
 from protocol.messages import Command, Result
 from tests.unit.device_agent.toolkit import make_ctx
 

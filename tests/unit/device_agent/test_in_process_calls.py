@@ -27,9 +27,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 from typing_extensions import TypedDict
 
+from device_agent import toolset_host
 from device_agent.policy import Policy
-from device_agent.router import CallLimit, InProcessServer, Router, ToolsetHost
+from device_agent.router import CallLimit, Router
 from device_agent.runner import BUILTIN
+from device_agent.toolset_host import InProcessServer, ToolsetHost, sdk_internals
 from device_agent.toolsets.base import READ_ONLY, ToolsetContext, tool
 from protocol.messages import Command, Result
 from tests.unit.device_agent.toolkit import routing
@@ -346,3 +348,21 @@ def test_a_built_in_tool_cannot_take_a_request_context() -> None:
         async def needs(ctx: Context) -> dict[str, Any]:
             """Needs the client."""
             return {}
+
+
+def test_an_sdk_without_the_internals_the_fast_path_uses_is_recognised() -> None:
+    assert sdk_internals(shapes())  # the SDK this agent is tested with
+    assert not sdk_internals(cast(MCPServer, object()))  # a server object that has none of them
+
+
+async def test_without_those_internals_every_call_takes_the_sdks_own_entry_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agent installed next to an `mcp` release that renamed them still works, the SDK's way."""
+    monkeypatch.setattr(toolset_host, "sdk_internals", lambda server: False)
+    server = shapes()
+    public = InProcessServer(server)
+    assert not public.fast
+    for n in (3, "w"):
+        assert await outcome(public._call_tool("count", {"n": n})) == await outcome(server.call_tool("count", {"n": n}))
+    assert (await public.call("shapes", "refuses", {}, 5.0)).is_error

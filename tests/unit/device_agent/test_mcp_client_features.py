@@ -12,7 +12,7 @@ from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve, Sample
 from pydantic import BaseModel
 
 from device_agent.mcp_client import ClientFeatures
-from device_agent.router import ToolsetHost
+from device_agent.toolset_host import ToolsetHost
 
 
 class Confirm(BaseModel):

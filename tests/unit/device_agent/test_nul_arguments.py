@@ -19,8 +19,9 @@ from mcp.server.mcpserver import MCPServer
 
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
-from device_agent.router import CallLimit, Router, ToolsetHost, tool_spec
+from device_agent.router import CallLimit, Router
 from device_agent.runner import BUILTIN
+from device_agent.toolset_host import ToolsetHost, tool_spec
 from device_agent.toolsets.base import NO_NUL_PATTERN, nul_field
 from orchestrator.domain.checks import schema_errors
 from protocol.messages import Command

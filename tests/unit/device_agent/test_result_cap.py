@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
-from device_agent.router import _COMPACT_JSON, Router, ToolsetHost, _certainly_fits
+from device_agent.router import _COMPACT_JSON, Router, _certainly_fits
 from device_agent.runner import BUILTIN
+from device_agent.toolset_host import ToolsetHost
 from device_agent.toolsets.base import ToolsetContext
 from protocol.messages import Command
 

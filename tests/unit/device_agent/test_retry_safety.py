@@ -25,8 +25,9 @@ from mcp.server.mcpserver import MCPServer
 
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
-from device_agent.router import Router, ToolsetHost, tool_spec
+from device_agent.router import Router
 from device_agent.runner import BUILTIN
+from device_agent.toolset_host import ToolsetHost, tool_spec
 from device_agent.toolsets.base import ToolsetContext
 from protocol.messages import Command
 from tests.unit.device_agent.toolkit import make_ctx

@@ -13,7 +13,8 @@ from mcp.types import CallToolResult
 
 from device_agent.audit import AuditLog
 from device_agent.policy import Policy
-from device_agent.router import Router, ToolsetHost
+from device_agent.router import Router
+from device_agent.toolset_host import ToolsetHost
 from device_agent.toolsets.base import ToolsetContext
 
 Build = Callable[[ToolsetContext], MCPServer]
