@@ -2,7 +2,8 @@
 
 The switch is on when the agent's configuration says so (`kill_switch = true`, read at start) or
 when the kill-switch file exists (`kill_switch_file`, default `<data dir>/kill-switch`). The file
-is checked before every command with one `stat`, so flipping it takes effect for the next
+is checked with one `stat` before every command it could refuse (a read-only tool, or an idempotent
+and not destructive one, runs whatever it says), so flipping it takes effect for the next
 command, with no restart. `orrery agent kill-switch on|off|status` flips it, and so do signals to
 the agent process: SIGUSR1 creates the file (on), SIGUSR2 removes it (off). Because the file is
 the state, a switch turned on stays on across agent restarts until it is turned off.
