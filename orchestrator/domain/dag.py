@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 import orjson
 
 from orchestrator.domain import templates
-from orchestrator.domain.model import CommandSpec, DagSpec, EdgeCondition, EdgeSpec, NodeKind, NodeState
+from orchestrator.domain.model import (
+    TERMINAL_NODE_STATES,
+    CommandSpec,
+    DagSpec,
+    EdgeCondition,
+    EdgeSpec,
+    NodeKind,
+    NodeState,
+)
 from orchestrator.domain.problems import Problem
 
 
@@ -309,11 +317,12 @@ def _nearest_hint(name: str, names: Collection[str]) -> str:
 
 def edge_status(edge: EdgeSpec, source_state: NodeState) -> bool | None:
     """True: satisfied; False: can never be satisfied; None: source not finished yet."""
-    if not source_state.terminal:
+    if source_state not in TERMINAL_NODE_STATES:
         return None
-    if edge.on is EdgeCondition.SUCCESS:
+    on = edge.on
+    if on is EdgeCondition.SUCCESS:
         return source_state is NodeState.SUCCEEDED
-    if edge.on is EdgeCondition.FAILURE:
+    if on is EdgeCondition.FAILURE:
         return source_state is NodeState.FAILED
     return source_state is not NodeState.CANCELLED  # always: any outcome but a cancellation
 
@@ -324,19 +333,31 @@ def advance(graph: Graph, states: Mapping[str, NodeState], changed: Iterable[str
     Skips propagate: a skipped node's successors are examined in turn. Returns only changes.
     """
     result: dict[str, NodeState] = {}
-    work = list(dict.fromkeys(e.target for c in changed for e in graph.outgoing.get(c, [])))
+    work = list(dict.fromkeys([e.target for c in changed for e in graph.outgoing.get(c, ())]))
     while work:
         node = work.pop()
-        current = result.get(node, states[node])
-        if current is not NodeState.PENDING:
+        if result.get(node, states[node]) is not NodeState.PENDING:
             continue
-        verdicts = [edge_status(e, result.get(e.source, states[e.source])) for e in graph.incoming[node]]
-        if any(v is False for v in verdicts):
+        verdict = _verdict(graph.incoming[node], result, states)
+        if verdict is False:
             result[node] = NodeState.SKIPPED
             work.extend(e.target for e in graph.outgoing[node])
-        elif all(v is True for v in verdicts):
+        elif verdict:
             result[node] = NodeState.READY
     return result
+
+
+def _verdict(incoming: list[EdgeSpec], result: Mapping[str, NodeState], states: Mapping[str, NodeState]) -> bool | None:
+    """False if an edge into a node can never be satisfied, True if all are, else None."""
+    verdict: bool | None = True
+    for e in incoming:
+        source = e.source
+        status = edge_status(e, result[source] if source in result else states[source])
+        if status is False:
+            return False
+        if status is None:
+            verdict = None
+    return verdict
 
 
 def initial_states(graph: Graph) -> dict[str, NodeState]:

@@ -37,7 +37,7 @@ class TaskTransition(NamedTuple):
 Transition = NodeTransition | TaskTransition
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeRecord:
     spec: NodeSpec
     state: NodeState = NodeState.PENDING
