@@ -174,20 +174,30 @@ def agent_outcome(
 def outcome(att: AttemptRun, dev: DeviceRun, results: list[Result]) -> AttemptOutcome:
     by_call = {r.call_id: r for r in results}
     ordered = [by_call.get(c.call_id) for c in att.commands]
-    ran = [(c, r) for c, r in zip(att.commands, ordered, strict=True) if r and r.status != "skipped"]
-    hints = tuple(dev.hints(c.tool) for c, _ in ran)
-    tools = tuple(c.tool for c, _ in ran)
-    indexes = tuple(i for i, r in enumerate(ordered) if r and r.status != "skipped")
+    # The commands that ran (a result not `skipped`): their tools' hints, names and indexes. One
+    # plain loop: every attempt's results pass here, and generator expressions cost more.
+    hints: list[tuple[bool, bool]] = []
+    tools: list[str] = []
+    indexes: list[int] = []
+    succeeded = True
+    for i, (command, r) in enumerate(zip(att.commands, ordered, strict=True)):
+        if r is None or r.status != "success":
+            succeeded = False
+        if r is not None and r.status != "skipped":
+            hints.append(dev.hints(command.tool))
+            tools.append(command.tool)
+            indexes.append(i)
+    ran = bool(indexes)
     dumped = [r.model_dump(mode="json") for r in results]
-    if all(r is not None and r.status == "success" for r in ordered):
+    if succeeded:
         last = ordered[-1]
         return AttemptOutcome(
             True,
             output=last.result if last else None,
             results=dumped,
-            tool_hints=hints,
-            tools=tools,
-            commands=indexes,
+            tool_hints=tuple(hints),
+            tools=tuple(tools),
+            commands=tuple(indexes),
         )
     bad = next((r for r in ordered if r is not None and r.status in ("failure", "uncertain")), None)
     refused = next((r for r in ordered if r is not None and r.error is not None), None) if not ran else None
@@ -212,10 +222,10 @@ def outcome(att: AttemptRun, dev: DeviceRun, results: list[Result]) -> AttemptOu
         results=dumped,
         error_code=code,
         error_message=message,
-        started=bool(ran),
-        tool_hints=hints,
-        tools=tools,
-        commands=indexes,
+        started=ran,
+        tool_hints=tuple(hints),
+        tools=tuple(tools),
+        commands=tuple(indexes),
         cancelled=att.cancel_reason == "cancelled",
     )
 

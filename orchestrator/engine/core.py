@@ -311,7 +311,8 @@ class Engine:
         self.runs.fire_timers(now)
         if self.schedules.due(now):
             await self.schedules.fire(now)
-        await self._reconcile_if_due(now)
+        if self._device_pass is not None or (self._next_reconcile is not None and now >= self._next_reconcile):
+            await self._reconcile_if_due(now)  # most steps have nothing to reconcile: no coroutine made
         self._schedule(now)
         await self.writer.commit()
         for fut, value in replies:

@@ -58,14 +58,24 @@ class FanOuts:
             return Node, (run.id, node_id)
         return NodeChild, (run.id, node_id, device_id)
 
-    def event(self, run: TaskRun, unit: str, now: float, state: str, **extra: Any) -> None:
-        """The event of a unit's state: `node.state` for a node, `node.child` for a fan-out child
-        (with the node's id, and the child's device id and name)."""
+    def record(self, run: TaskRun, unit: str, now: float, values: dict[str, Any], **extra: Any) -> None:
+        """A unit's new state: `values` merged into its row, and its event (of `values["state"]`,
+        with `extra`): `node.state` for a node, `node.child` for a fan-out child (with the node's
+        id, and the child's device id and name)."""
         node_id, device_id = fanout.split_unit(unit)
         if device_id is None:
-            self.writer.event(EventType.NODE_STATE, run.id, node_id, now, state=state, **extra)
+            self.writer.merge(Node, (run.id, node_id), values)
+            self.writer.event(EventType.NODE_STATE, run.id, node_id, now, state=values["state"], **extra)
             return
+        self.writer.merge(NodeChild, (run.id, node_id, device_id), values)
         name = run.rollouts[node_id].names.get(unit, device_id)
         self.writer.event(
-            EventType.NODE_CHILD, run.id, node_id, now, state=state, device_id=device_id, device=name, **extra
+            EventType.NODE_CHILD,
+            run.id,
+            node_id,
+            now,
+            state=values["state"],
+            device_id=device_id,
+            device=name,
+            **extra,
         )

@@ -27,7 +27,7 @@ class Route:
     epoch: int
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceRun:
     id: str
     name: str
@@ -83,7 +83,7 @@ class AttemptKind(StrEnum):
     VERIFY = "verify"  # a node's read-only verify commands, deciding its outcome (issue 20)
 
 
-@dataclass
+@dataclass(slots=True)
 class AttemptRun:
     batch_id: str
     task_id: str

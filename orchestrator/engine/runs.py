@@ -154,8 +154,9 @@ class Runs:
             self.writer.update(*self.fanouts.row(run, key[1]), started_at=utc(now))
         if rec.ready_since:
             self.metrics.schedule_to_start.observe(max(0.0, now - rec.ready_since))
-        ids = {"task_id": att.task_id, "node_id": att.node_id, "batch_id": att.batch_id, "device_id": dev.id}
-        log.debug("batch dispatched", extra=ids)
+        if log.isEnabledFor(logging.DEBUG):  # every dispatch passes here: no record's fields made for nothing
+            ids = {"task_id": att.task_id, "node_id": att.node_id, "batch_id": att.batch_id, "device_id": dev.id}
+            log.debug("batch dispatched", extra=ids)
         self.writer.event(
             EventType.NODE_ATTEMPT,
             att.task_id,
@@ -236,7 +237,7 @@ class Runs:
             # sends them instead of a `batch_accepted` of its own (device_agent.agent.ACCEPT_AFTER_S).
             att.accepted = True
             row["accepted_at"] = utc(now)
-        self.writer.update(Attempt, (att.batch_id,), **row)
+        self.writer.merge(Attempt, (att.batch_id,), row)
         self.writer.event(
             EventType.NODE_ATTEMPT,
             att.task_id,
@@ -249,17 +250,18 @@ class Runs:
             error=row["error"],
         )
         run = self.tasks.get(att.task_id)
-        if run is None or not run.has(att.key[1]):
+        unit = att.key[1]
+        if run is None or not run.has(unit):
             return
         if att.kind is AttemptKind.VERIFY:
             self.verify.ended(run, att, outcome, now)
             return
         if not outcome.succeeded:
-            run.record(att.key[1]).failed_on.add(att.device_id)
-        if self.verify.wants(run, att.key[1], outcome):
+            run.record(unit).failed_on.add(att.device_id)
+        if self.verify.wants(run, unit, outcome):
             self.verify.begin(run, att, outcome, now)  # its verify commands decide (issue 20)
             return
-        self.apply(run, run.attempt_ended(att.key[1], outcome, now, self.rng()), now)
+        self.apply(run, run.attempt_ended(unit, outcome, now, self.rng()), now)
 
     def _batch_counter(self, outcome: str) -> Any:
         counter = self._batches.get(outcome)
@@ -397,11 +399,10 @@ class Runs:
             values.update(output=rec.output, results=rec.results)
         elif new is NodeState.RUNNING and t.old is NodeState.READY and rec.spec.for_each is not None:
             values["started_at"] = utc(now)  # a fan-out node starts with its children
-        self.writer.update(*self.fanouts.row(run, unit), **values)
-        extra: dict[str, Any] = {}
         if rec.error and new in (NodeState.FAILED, NodeState.READY, NodeState.CANCELLED, NodeState.SKIPPED):
-            extra["error"] = rec.error
-        self.fanouts.event(run, unit, now, state, **extra)
+            self.fanouts.record(run, unit, now, values, error=rec.error)
+        else:
+            self.fanouts.record(run, unit, now, values)
         if fans_out:
             self.apply(run, self.fanouts.expand(run, unit, now), now)
 

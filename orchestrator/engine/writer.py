@@ -75,6 +75,10 @@ class StepWriter:
     def update(self, model: type[Base], key: tuple[Any, ...], **values: Any) -> None:
         self._changes.merge(model, key, values)
 
+    def merge(self, model: type[Base], key: tuple[Any, ...], values: dict[str, Any]) -> None:
+        """`update` with the values as a dict (copied): no keywords built for a dict at hand."""
+        self._changes.merge(model, key, values)
+
     def delete(self, model: type[Base], key: tuple[Any, ...]) -> None:
         self._changes.delete(model, key)
 
