@@ -26,6 +26,8 @@ from orchestrator.store.models import UTCDateTime
 from orrery.checkpoints import Checkpoints
 
 Convert = Callable[[Any], Any]
+# Parameters in one statement: SQLite's limit before 3.32 (since, 32766); a multi-row insert stays below it.
+MAX_VARIABLES = 999
 Processor = Convert | None
 
 
@@ -63,7 +65,7 @@ class SqliteWriter:
         try:
             for table, rows in inserts:
                 for statement, params in self._insert_groups(table, rows).items():
-                    _run(cursor, statement.sql, params)
+                    statement.insert(cursor, params)
             for table, keyed in updates:
                 for statement, params in self._update_groups(table, keyed).items():
                     _run(cursor, statement.sql, params)
@@ -78,7 +80,7 @@ class SqliteWriter:
                     row["id"] = first + offset
                     ids.append(first + offset)
                 statement = self._statement("insert", table, tuple(rows[0]))
-                _run(cursor, statement.sql, [statement.params(r) for r in rows])
+                statement.insert(cursor, [statement.params(r) for r in rows])
             cursor.execute("COMMIT")
             return ids
         except BaseException:
@@ -239,10 +241,11 @@ class _Statement:
     its values read with one C-level getter, then the primary key for an update's or a delete's
     WHERE, each value that needs it through its column's bind processor (most need none)."""
 
-    __slots__ = ("_processed", "_take", "sql")
+    __slots__ = ("_multi", "_processed", "_take", "sql")
 
     def __init__(self, sql: str, columns: tuple[str, ...], processed: tuple[tuple[int, Convert], ...]) -> None:
         self.sql = sql
+        self._multi: dict[int, str] = {}  # an insert's text for that many rows (see `insert`)
         getter = operator.itemgetter(*columns) if columns else None
         self._take: Callable[[dict[str, Any]], Any] = (
             (lambda row: ()) if getter is None else getter if len(columns) > 1 else (lambda row: (getter(row),))
@@ -257,6 +260,25 @@ class _Statement:
             if value is not None:
                 values[i] = process(value)
         return values
+
+    def insert(self, cursor: sqlite3.Cursor, params: list[list[Any]]) -> None:
+        """Insert rows, several in one statement (`INSERT ... VALUES (...), (...)`): the same rows
+        in the same order as one statement per row, at a fraction of the driver's cost per row (a
+        step inserts its events together)."""
+        if len(params) == 1:
+            cursor.execute(self.sql, params[0])
+            return
+        per = max(1, MAX_VARIABLES // len(params[0]))
+        for start in range(0, len(params), per):
+            rows = params[start : start + per]
+            cursor.execute(self._multi_sql(len(rows)), [value for row in rows for value in row])
+
+    def _multi_sql(self, rows: int) -> str:
+        sql = self._multi.get(rows)
+        if sql is None:
+            head, _, group = self.sql.rpartition(" VALUES ")
+            sql = self._multi[rows] = f"{head} VALUES {', '.join([group] * rows)}"
+        return sql
 
 
 def _with_defaults(row: dict[str, Any], defaults: tuple[Any, ...]) -> dict[str, Any]:

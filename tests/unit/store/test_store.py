@@ -191,3 +191,85 @@ async def test_checkpoints_run_off_the_writer_and_stop_with_it(tmp_path: Path) -
     await asyncio.to_thread(wait_until, in_database_file, 30, "the committed row to reach the database file")
     await store.close()
     assert not checkpointer.is_alive()
+
+
+def _a_busy_change_set() -> ChangeSet:
+    """Rows of every shape the engine writes in a step, and more rows of one table than fit in one
+    multi-row insert: nodes with and without columns that have defaults, events, keyed updates of
+    different column sets, a delete."""
+    from datetime import timedelta
+
+    from orchestrator.store.models import Attempt, Device
+
+    changes = ChangeSet()
+    changes.insert(Device, {"id": "d1", "name": "d1", "token_hash": "h", "created_at": AT, "labels": {"a": "b"}})
+    changes.insert(Task, task_row("t1"))
+    for i in range(300):  # 300 x 7 parameters: over SQLite's 999 in one statement
+        node = {"task_id": "t1", "id": f"n{i}", "position": i, "kind": "tool", "spec": {"i": [i, None, 1.5]}}
+        changes.insert(Node, node | ({"state": "pending", "attempts": 0} if i % 3 else {"state": "ready"}))
+    for i in range(299):
+        changes.insert(Edge, {"task_id": "t1", "source": f"n{i}", "target": f"n{i + 1}", "on": "success"})
+    changes.insert(
+        Attempt,
+        {
+            "batch_id": "b1",
+            "parent_batch_id": None,
+            "kind": "tool",
+            "task_id": "t1",
+            "node_id": "n0",
+            "n": 1,
+            "device_id": "d1",
+            "fence": 1,
+            "commands": [{"call_id": "c1", "tool": "sim.act", "arguments": {"text": "é"}}],
+            "status": "dispatched",
+            "deadline": AT + timedelta(seconds=90),
+            "started_at": AT,
+        },
+    )
+    changes.update(Device, ("d1",), current_batch_id="b1", fence=1)
+    changes.update(Node, ("t1", "n0"), state="running", attempts=1, ready_since=AT, started_at=AT)
+    changes.update(Node, ("t1", "n1"), state="succeeded", output={"ok": True}, error=None, finished_at=AT)
+    changes.update(Attempt, ("b1",), status="succeeded", results=[{"call_id": "c1"}], ended_at=AT)
+    changes.delete(Edge, ("t1", "n5", "n6"))
+    for i in range(7):
+        changes.event({"task_id": "t1", "type": "node.state", "node_id": f"n{i}", "data": {"state": i}, "at": AT})
+    return changes
+
+
+def _table_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    """Every table's rows in rowid order, JSON text as its value: SQLAlchemy's json.dumps spaces and
+    escapes what orjson does not, and it writes a JSON column's None as the text `null` where the
+    SQLite writer writes NULL; each reads back the same."""
+    import json
+
+    def value(cell: object) -> object:
+        return json.loads(cell) if isinstance(cell, str) and (cell[:1] in ("{", "[") or cell == "null") else cell
+
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        return {
+            t: [tuple(map(value, row)) for row in db.execute(f'SELECT * FROM "{t}" ORDER BY rowid')] for t in tables
+        }
+
+
+async def test_the_sqlite_group_commit_writes_the_rows_sqlalchemy_writes(tmp_path: Path) -> None:
+    """The SQLite writer (planned statements, multi-row inserts, its own converters) against the
+    SQLAlchemy Core commit the Postgres path runs, on two copies of one database: the same rows
+    and values in every table, and the same event ids."""
+    from sqlalchemy import create_engine
+
+    from orchestrator.store.repo import _write
+
+    fast, reference = tmp_path / "fast.db", tmp_path / "reference.db"
+    await asyncio.to_thread(upgrade, f"sqlite+aiosqlite:///{fast}")
+    reference.write_bytes(fast.read_bytes())
+    store = Store(f"sqlite+aiosqlite:///{fast}")
+    ids = await store.write(_a_busy_change_set())
+    await store.close()
+    engine = create_engine(f"sqlite:///{reference}")
+    with engine.begin() as conn:
+        assert _write(conn, _a_busy_change_set()) == ids == list(range(1, 8))
+    engine.dispose()
+    written, expected = _table_rows(fast), _table_rows(reference)
+    assert len(written["nodes"]) == 300 and len(written["edges"]) == 298 and len(written["events"]) == 7
+    assert written == expected
