@@ -45,6 +45,7 @@ from protocol.session import AckPolicy, Channel, Role, Session, negotiate_versio
 
 log = logging.getLogger("orrery.gateway")
 LINK_REPORT_CHUNK = 500  # links per periodic report (see Gateway._report_links)
+TIMER_RESOLUTION_S = 0.002  # how early the event loop may run a timer (see Gateway._ack_if_due)
 
 
 @dataclass
@@ -430,7 +431,10 @@ class Gateway:
     def _ack_if_due(self, link: Link, conn: Connection) -> None:
         if link.conn is not conn:
             return
-        now = time.monotonic()
+        # The loop's timers keep time to the millisecond (uvloop) and may fire a little before
+        # `due`: an ack due within that is sent now (the policy bounds how late an ack may be, not
+        # how early), rather than the timer re-armed again and again until the clock catches up.
+        now = time.monotonic() + TIMER_RESOLUTION_S
         if link.acks.ack_due(now):
             self._heartbeat_reply(conn)
         elif (due := link.acks.next_ack_at) is not None:

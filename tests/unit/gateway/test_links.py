@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -16,7 +18,7 @@ from orchestrator.gateway.hub import _STOP, Connection, Gateway, Link
 from orchestrator.security import Hasher
 from protocol.codec import encode
 from protocol.messages import Command, CommandBatch, ResultBatch
-from protocol.session import Channel, Phase, Role, Session
+from protocol.session import AckPolicy, Channel, Phase, Role, Session
 from tests.unit.engine.harness import Harness
 
 
@@ -156,3 +158,18 @@ async def test_an_engine_wait_nobody_awaits_any_more_still_ends_for_liveness(gat
     for _ in range(5):
         await asyncio.sleep(0)
     assert link.waiting == 0
+
+
+async def test_an_ack_timer_that_fires_a_hair_early_sends_the_ack_rather_than_re_arming(gateway: Gateway) -> None:
+    """uvloop keeps timers to the millisecond: the standalone-ack timer may run just before the ack
+    is due. It sends it then (an ack may be early, never late) instead of re-arming itself on
+    every loop turn until the clock passes `due` (which cost ten calls per frame under load)."""
+    link, conn = open_connection(gateway, HeldEngine())
+    written: list[str] = []
+    conn.direct = lambda text: written.append(text) is None
+    link.session.received_seq = 1
+    link.session.confirm(1)
+    link.acks = AckPolicy(link.session, delay_s=0.001)
+    assert link.acks.confirmed(time.monotonic()) is not None  # due a millisecond from now
+    gateway._ack_if_due(link, conn)
+    assert [json.loads(t)["ack"] for t in written] == [1]
