@@ -45,7 +45,6 @@ from protocol.session import AckPolicy, Channel, Role, Session, negotiate_versio
 
 log = logging.getLogger("orrery.gateway")
 LINK_REPORT_CHUNK = 500  # links per periodic report (see Gateway._report_links)
-TIMER_RESOLUTION_S = 0.002  # how early the event loop may run a timer (see Gateway._ack_if_due)
 
 
 @dataclass
@@ -400,7 +399,7 @@ class Gateway:
         link.session.confirm(msg.seq)
         # Acknowledge soon, so the agent's outbox can let go of what is now durable here (the
         # session's ack policy says when; usually a command batch carries it first).
-        due = link.acks.confirmed(time.monotonic())
+        due = link.acks.confirmed(asyncio.get_running_loop().time())
         if due is not None:
             self._ack_at(due, link, conn)
 
@@ -425,20 +424,18 @@ class Gateway:
             answer.exception()  # whoever awaits it sees the failure; an abandoned one is not logged
 
     def _ack_at(self, due: float, link: Link, conn: Connection) -> None:
-        delay = max(0.0, due - time.monotonic())
-        asyncio.get_running_loop().call_later(delay, self._ack_if_due, link, conn)
+        # Acks are timed on the loop's own clock (`loop.time()`), the one its timers keep: uvloop
+        # reads it once per loop turn, to the millisecond, so against `time.monotonic()` a timer
+        # could run up to a whole busy turn before `due` and re-arm on every turn until then.
+        asyncio.get_running_loop().call_at(due, self._ack_if_due, link, conn)
 
     def _ack_if_due(self, link: Link, conn: Connection) -> None:
         if link.conn is not conn:
             return
-        # The loop's timers keep time to the millisecond (uvloop) and may fire a little before
-        # `due`: an ack due within that is sent now (the policy bounds how late an ack may be, not
-        # how early), rather than the timer re-armed again and again until the clock catches up.
-        now = time.monotonic() + TIMER_RESOLUTION_S
-        if link.acks.ack_due(now):
+        if link.acks.ack_due(asyncio.get_running_loop().time()):
             self._heartbeat_reply(conn)
         elif (due := link.acks.next_ack_at) is not None:
-            self._ack_at(due, link, conn)  # the loop's timer fired a hair early
+            self._ack_at(due, link, conn)  # a later confirmation moved the deadline on
 
     def _heartbeat_reply(self, conn: Connection) -> None:
         session = conn.channel.session

@@ -160,16 +160,74 @@ async def test_an_engine_wait_nobody_awaits_any_more_still_ends_for_liveness(gat
     assert link.waiting == 0
 
 
-async def test_an_ack_timer_that_fires_a_hair_early_sends_the_ack_rather_than_re_arming(gateway: Gateway) -> None:
-    """uvloop keeps timers to the millisecond: the standalone-ack timer may run just before the ack
-    is due. It sends it then (an ack may be early, never late) instead of re-arming itself on
-    every loop turn until the clock passes `due` (which cost ten calls per frame under load)."""
+async def test_a_standalone_ack_is_timed_on_the_loops_clock_and_its_timer_runs_once(gateway: Gateway) -> None:
+    """uvloop reads its clock once per loop turn: an ack timed on `time.monotonic()` could find
+    itself early when its timer ran and re-arm on every turn until the clocks agreed (ten timer
+    calls per frame under load). On the loop's own clock the timer runs once, and sends the ack."""
     link, conn = open_connection(gateway, HeldEngine())
     written: list[str] = []
     conn.direct = lambda text: written.append(text) is None
     link.session.received_seq = 1
     link.session.confirm(1)
-    link.acks = AckPolicy(link.session, delay_s=0.001)
-    assert link.acks.confirmed(time.monotonic()) is not None  # due a millisecond from now
-    gateway._ack_if_due(link, conn)
-    assert [json.loads(t)["ack"] for t in written] == [1]
+    link.acks = AckPolicy(link.session, delay_s=0.01)
+    loop = asyncio.get_running_loop()
+    due = link.acks.confirmed(loop.time())
+    assert due is not None
+    runs = 0
+    ack_if_due = gateway._ack_if_due
+
+    def counted(*args: Any) -> None:
+        nonlocal runs
+        runs += 1
+        ack_if_due(*args)
+
+    gateway._ack_if_due = counted  # type: ignore[method-assign]
+    gateway._ack_at(due, link, conn)
+    async with asyncio.timeout(5):
+        while not written:
+            await asyncio.sleep(0.005)
+    assert [json.loads(t)["ack"] for t in written] == [1] and runs == 1
+
+
+def test_on_uvloop_an_ack_armed_at_the_end_of_a_long_turn_runs_its_timer_once(tmp_path: Path) -> None:
+    """The case that spun: uvloop's clock read at the start of a turn that then ran 20 ms (a big
+    engine step), an ack armed at its end. Timed on `time.monotonic()`, its timer ran early and
+    re-armed turn after turn; on the loop's clock it runs once."""
+    import uvloop
+
+    async def scenario() -> tuple[int, list[int]]:
+        h = await (await asyncio.to_thread(Harness, tmp_path)).open()
+        try:
+            gateway = Gateway(h.settings, h.store, Hasher(b"k" * 32), h.engine.metrics)
+            link, conn = open_connection(gateway, HeldEngine())
+            written: list[str] = []
+            conn.direct = lambda text: written.append(text) is None
+            link.session.received_seq = 1
+            runs = 0
+            ack_if_due = gateway._ack_if_due
+
+            def counted(*args: Any) -> None:
+                nonlocal runs
+                runs += 1
+                ack_if_due(*args)
+
+            gateway._ack_if_due = counted  # type: ignore[method-assign]
+            link.acks = AckPolicy(link.session, delay_s=0.01)
+
+            def long_turn_then_confirm() -> None:
+                time.sleep(0.02)  # a turn that keeps the loop busy: its clock is now 20 ms behind
+                link.session.confirm(1)
+                due = link.acks.confirmed(asyncio.get_running_loop().time())
+                assert due is not None
+                gateway._ack_at(due, link, conn)
+
+            asyncio.get_running_loop().call_soon(long_turn_then_confirm)
+            async with asyncio.timeout(5):
+                while not written:
+                    await asyncio.sleep(0.001)
+            return runs, [json.loads(t)["ack"] for t in written]
+        finally:
+            await h.close()
+
+    runs, acks = uvloop.run(scenario())
+    assert acks == [1] and runs == 1
