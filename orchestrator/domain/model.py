@@ -169,7 +169,9 @@ class ForEach(_Spec):
 class NodeSpec(_Spec):
     id: Annotated[str, Field(pattern=SLUG_PATTERN)]
     kind: NodeKind = NodeKind.TOOL
-    placement: Placement = Placement()
+    # Not a shared `Placement()`: pydantic deep-copies an unhashable default (it holds a dict) for
+    # every node it validates, which cost more than making an empty one.
+    placement: Placement = Field(default_factory=Placement)
     commands: list[CommandSpec] = Field(default_factory=list)
     instruction: str | None = None
     max_steps: int = Field(default=20, ge=1, le=200)
