@@ -20,7 +20,12 @@ _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 
 def decode(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message:
     """Parse one frame. Raises `FrameTooLarge` (4413), `MalformedFrame` (4400) or
-    `NoCommonVersion` (4426, a frame written in a protocol version this side does not speak)."""
+    `NoCommonVersion` (4426, a frame written in a protocol version this side does not speak).
+
+    A well-formed frame is parsed and checked in one pass by pydantic's JSON parser; any frame
+    that fails it goes through `checked_decode`, which finds what is wrong in the order the
+    contract states (size, JSON, object, type, version, schema) and says so. Both accept the same
+    frames: the envelope's `v` is a strict integer in the schema too."""
     size = len(data) if isinstance(data, bytes) else utf8_len(data)
     if size > max_bytes:
         raise FrameTooLarge(f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
@@ -28,6 +33,16 @@ def decode(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Messa
         # SPEC section 4: every frame is one JSON *text* object. A binary frame is refused even
         # when it holds valid JSON, so no peer comes to depend on a second encoding.
         raise MalformedFrame("binary frames are refused: send each frame as one JSON text message")
+    try:
+        message = _ADAPTER.validate_json(data)
+    except ValidationError:
+        return checked_decode(data)
+    _check_version(message.v)
+    return message
+
+
+def checked_decode(data: str) -> Message:
+    """Parse one frame step by step, raising the `ProtocolError` that names its first fault."""
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

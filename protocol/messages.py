@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
@@ -23,7 +23,9 @@ class _Model(BaseModel):
 
 
 class _Frame(_Model):
-    v: int = Field(default=PROTOCOL_VERSION, ge=1)
+    # Strict: the envelope names its version with a JSON integer, never "1", 1.0 or true (the
+    # codec refuses those before the schema too; see `protocol.codec.decode`).
+    v: Annotated[int, Strict()] = Field(default=PROTOCOL_VERSION, ge=1)
     seq: int = Field(default=0, ge=0)
     ack: int = Field(default=0, ge=0)
 

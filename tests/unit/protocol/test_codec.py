@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from protocol.codec import decode, encode
+from protocol.codec import checked_decode, decode, encode
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
     BatchAccepted,
@@ -133,3 +133,36 @@ def test_a_frame_in_a_protocol_version_this_side_does_not_speak_is_refused_with_
 def test_a_version_that_is_not_an_integer_is_refused_with_4400(v: object) -> None:
     frame = json.dumps({"v": v, "type": "heartbeat", "seq": 0, "ack": 0, "state": "idle"})
     assert _code(frame) == (ErrorCode.MALFORMED_FRAME, CloseCode.MALFORMED)
+
+
+def _outcome(parse: object, frame: str) -> object:
+    try:
+        return ("ok", repr(parse(frame)))  # type: ignore[operator]  # repr: a NaN argument equals itself
+    except ProtocolError as exc:
+        return (type(exc).__name__, exc.code, exc.close_code, exc.message)
+
+
+HEARTBEAT = {"v": 1, "type": "heartbeat", "seq": 0, "ack": 0, "state": "idle"}
+AWKWARD_FRAMES = [
+    *(encode(m) for m in EVERY_MESSAGE),
+    *(json.dumps({**HEARTBEAT, "v": v}) for v in ["1", 1.0, True, None, [1], 2, 0]),
+    json.dumps({k: v for k, v in HEARTBEAT.items() if k != "v"}),  # v left out: version 1
+    json.dumps({k: v for k, v in HEARTBEAT.items() if k != "type"}),
+    json.dumps({**HEARTBEAT, "state": "sleepy"}),
+    json.dumps({**HEARTBEAT, "extra": 1}),
+    json.dumps({**HEARTBEAT, "seq": "0"}),  # lax: a digit string for an int, in both paths
+    '{"v": 1, "type": "heartbeat", "seq": 0, "ack": 0, "state": "busy", "state": "idle"}',  # last key wins
+    '{"v": 1, "type": "cancel", "seq": 1, "ack": 0, "batch_id": "b", "reason": "\\ud800"}',  # lone surrogate
+    '{"v": 1, "type": "command_batch", "seq": 1, "ack": 0, "batch_id": "b", "task_id": "t", "node_id": "n",'
+    ' "attempt": 1, "fence": 1, "commands": [{"call_id": "c", "tool": "x.y", "arguments": {"n": NaN}}]}',
+    "[1, 2]",
+    "not json",
+    "",
+]
+
+
+@pytest.mark.parametrize("frame", AWKWARD_FRAMES)
+def test_the_one_pass_parse_accepts_and_refuses_exactly_what_the_checked_parse_does(frame: str) -> None:
+    """`decode` parses a frame in one pass and falls back to `checked_decode` on any failure: the
+    same frames must come out, and every refusal must keep its code, close code and message."""
+    assert _outcome(decode, frame) == _outcome(checked_decode, frame)
