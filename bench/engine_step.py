@@ -1,10 +1,14 @@
-"""The engine's own cost per chained node: no sockets, no agent, the real engine and SQLite store.
+"""The engine's own cost per node: no sockets, no agent, the real engine and SQLite store.
 
-A chain of no-op nodes on one device, driven step by step through the in-process engine harness
-(tests/unit/engine/harness.py): each step takes the device's `result_batch` for the running node,
-ends its attempt, assigns the next node, commits, and hands the next `command_batch` to the
-stand-in gateway. What the server does between a result frame decoded and the next frame encoded,
-without the gateway and the WebSocket around it.
+Driven step by step through the in-process engine harness (tests/unit/engine/harness.py), with
+the server's garbage-collector settings (`orchestrator.app.tune_gc`). Two shapes:
+- `chain` (the round trip's): no-op nodes one after another on one device; each step takes the
+  device's `result_batch` for the running node, ends its attempt, assigns the next node, commits,
+  and hands the next `command_batch` to the stand-in gateway;
+- `layered` (`bench/dag_throughput.py`'s): LAYERS x 100 no-op nodes, each after two of the layer
+  before, on 50 devices; each step takes the results of every batch the last one sent.
+What the server does between result frames decoded and the next frames encoded, without the
+gateway and the WebSocket around it.
 
 Two figures:
 - wall time per step (p50), which moves with the machine's load;
@@ -12,7 +16,9 @@ Two figures:
   chains of different lengths and differenced, so start-up and the warm-up cancel out. The count
   is the same on a busy machine as on an idle one: use it to compare two versions of the code.
 
-    python bench/engine_step.py [--nodes 500] [--instructions]
+    python bench/engine_step.py [--shape chain|layered] [--nodes 500] [--instructions]
+
+`--nodes` is the chain's length, or for `layered` the number of nodes (a multiple of 100).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.dag_throughput import dag as layered_dag
+from orchestrator.app import tune_gc
 from protocol.messages import CommandBatch
 from tests.unit.engine.harness import Harness, results
 
@@ -67,12 +75,41 @@ async def chain(nodes: int) -> list[float]:
             await h.close()
 
 
-def instructions(nodes: int) -> float:
+async def layered(nodes: int, devices: int = 50, width: int = 100) -> list[float]:
+    """Per-node wall times (µs) of a layered DAG of `nodes` no-op nodes on `devices` devices: each
+    step's time shared by the nodes whose results it took."""
+    with tempfile.TemporaryDirectory() as tmp:
+        h = await (await asyncio.to_thread(Harness, Path(tmp), max_nodes_per_task=nodes)).open()
+        try:
+            for i in range(devices):
+                await h.connect(await h.enroll(f"d{i}"))
+            spec = layered_dag(nodes // width, width)
+            for node in spec["nodes"]:
+                node["commands"][0]["tool"] = "sim.act"
+            await h.submit(spec)
+            times: list[float] = []
+            seen = 0
+            while batches := [s for s in h.links.sent[seen:] if isinstance(s.message, CommandBatch)]:
+                seen = len(h.links.sent)
+                frames = [results(s.device_id, s.message) for s in batches]  # type: ignore[arg-type]
+                t0 = time.perf_counter_ns()
+                await h.step(*frames)
+                times += [(time.perf_counter_ns() - t0) / 1000 / len(frames)] * len(frames)
+                h.clock.now += 0.001
+            state = (await h.task("task_1"))["state"]
+            assert state == "succeeded" and len(times) == nodes, (state, len(times))
+            return times
+        finally:
+            await h.close()
+
+
+def instructions(shape: str, nodes: int) -> float:
     """Instructions per node: callgrind totals of a short and a long chain, differenced."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     totals = []
-    for n in (nodes // 5, nodes):
+    short = nodes // 5 if shape == "chain" else max(100, nodes // 500 * 100)
+    for n in (short, nodes):
         with tempfile.TemporaryDirectory() as tmp:
             out = subprocess.run(
                 [
@@ -81,6 +118,8 @@ def instructions(nodes: int) -> float:
                     f"--callgrind-out-file={tmp}/cg.out",
                     sys.executable,
                     __file__,
+                    "--shape",
+                    shape,
                     "--nodes",
                     str(n),
                 ],
@@ -91,22 +130,26 @@ def instructions(nodes: int) -> float:
         match = re.search(r"Collected : (\d+)", out.stderr)
         assert match, out.stderr[-2000:]
         totals.append(int(match.group(1)))
-    return (totals[1] - totals[0]) / (nodes - nodes // 5)
+    return (totals[1] - totals[0]) / (nodes - short)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=("chain", "layered"), default="chain")
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--instructions", action="store_true", help="count instructions per node with valgrind")
     args = parser.parse_args()
+    what = "chained no-op node" if args.shape == "chain" else "layered DAG, 50 devices"
     if args.instructions:
-        per_node = instructions(args.nodes)
-        print(f"engine step, chained no-op node: {per_node / 1e6:.3f}M instructions per node")
+        per_node = instructions(args.shape, args.nodes)
+        print(f"engine step, {what}: {per_node / 1e6:.3f}M instructions per node")
         print(json.dumps({"instructions_per_node": per_node}))
         return
-    times = asyncio.run(chain(args.nodes))[WARMUP:]
+    tune_gc()
+    run = chain if args.shape == "chain" else layered
+    times = asyncio.run(run(args.nodes))[WARMUP:]
     p50 = statistics.median(times)
-    print(f"engine step, chained no-op node: p50 {p50:.1f} µs over {len(times)} steps")
+    print(f"engine step, {what}: p50 {p50:.1f} µs per node over {len(times)} nodes")
     print(json.dumps({"step_p50_us": p50}))
 
 

@@ -110,10 +110,14 @@ def install_docs(app: FastAPI) -> None:
         return get_swagger_ui_oauth2_redirect_html()
 
 
-async def start_components(settings: Settings, migrate: bool) -> Components:
-    # The engine keeps many small, long-lived objects; the default thresholds make the cyclic
-    # collector rescan them every few hundred allocations, which cost ~10% of a busy engine.
+def tune_gc() -> None:
+    """The engine keeps many small, long-lived objects; the default thresholds make the cyclic
+    collector rescan them every few hundred allocations, which cost ~10% of a busy engine."""
     gc.set_threshold(50_000, 20, 20)
+
+
+async def start_components(settings: Settings, migrate: bool) -> Components:
+    tune_gc()
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
