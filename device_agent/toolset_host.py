@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, is_typeddict
 
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedResourceError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool as MCPServerTool
-from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
@@ -35,10 +35,10 @@ from mcp.types import (
     Tool,
     ToolListChangedNotification,
 )
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from device_agent.mcp_client import ClientFeatures, HttpTarget, OriginBoundHeaders, describe_failure
-from device_agent.toolsets.base import without_nul
+from device_agent.toolsets.base import in_process_tools, without_nul
 from protocol.messages import ToolAnnotations, ToolSpec
 
 log = logging.getLogger("orrery.agent.router")
@@ -237,27 +237,25 @@ class InProcessServer:
     router's, the same on both paths; a cancel kills process groups through `ProcessTracker`
     whichever path started them.
 
-    It reaches into three SDK internals (`MCPServer._tool_manager`, `MCPServer._subscriptions`,
-    `FuncMetadata._output_adapter`). tests/unit/device_agent/test_in_process_calls.py holds every
-    outcome to the SDK's own (through the MCP client, and `MCPServer.call_tool` itself), so an SDK
-    release that changes them fails there; and an agent installed next to such a release finds
-    them missing and calls the SDK's public `MCPServer.call_tool` instead (`sdk_internals`).
+    The tools it calls are the objects the server itself serves: a `Toolkit` (toolsets.base)
+    built them with the SDK's public `Tool.from_function` and gave them to the server it built
+    (`in_process_tools`). A server no Toolkit built, and a tool that takes a request Context or
+    resolves parameters, get the SDK's public `MCPServer.call_tool` instead.
+    tests/unit/device_agent/test_in_process_calls.py holds every outcome to the SDK's own
+    (through the MCP client, and `MCPServer.call_tool` itself), so an SDK release that changes
+    them fails there.
     """
 
     def __init__(self, server: MCPServer) -> None:
         self.server = server
-        self.fast = sdk_internals(server)
-        # The request Context `MCPServer.call_tool` builds for a call made without one. It holds
-        # the server and its subscription bus, nothing of the call, and nothing writes to a
-        # Context once it is built (mcp/server/mcpserver/context.py sets its fields in `__init__`
-        # only), so one built per server is the same to every call as one built per call, which
-        # cost a pydantic model per call. Built-in tools never see it anyway (`toolsets.base.tool`
-        # refuses a tool that takes one).
-        self._context: Context[Any, Any] | None = (
-            Context(mcp_server=server, subscriptions=server._subscriptions) if self.fast else None
-        )
-        # Per tool name: the tool, its output model and the SDK's validator for it (`_output_check`).
-        self._outputs: dict[str, tuple[MCPServerTool, Any, Callable[[Any], Any]]] = {}
+        self.tools = in_process_tools(server)
+        self.fast = self.tools is not None
+        # The request Context a direct call runs under. The tools called directly take none
+        # (`_call_tool` sends those that do to `MCPServer.call_tool`), so it only has to exist:
+        # one built per server, not a pydantic model per call.
+        self._context: Context[Any, Any] = Context(mcp_server=server)
+        # Per tool name: the tool, its output model and a validator for it (`_output_check`).
+        self._outputs: dict[str, tuple[MCPServerTool, Any, Callable[[Any], Any] | None]] = {}
 
     async def call(
         self, namespace: str, tool: str, arguments: dict[str, Any], timeout_s: float, grace_s: float = 0.0
@@ -302,11 +300,9 @@ class InProcessServer:
         maps are the SDK's), and the conversion `Tool.run` would have made follows, its failures
         mapped as `Tool.run` maps them (`_converted`).
         """
-        if self._context is None:  # an SDK without the internals used here: its own public entry point
-            return await self.server.call_tool(name, arguments)
-        tool = self.server._tool_manager.get_tool(name)
-        if tool is None:
-            raise ToolError(f"Unknown tool: {name}")  # as `ToolManager.call_tool` says it
+        tool = self.tools.get(name) if self.tools is not None else None
+        if tool is None or tool.context_kwarg is not None or tool.resolved_params:
+            return await self.server.call_tool(name, arguments)  # the SDK's own entry point
         result = await tool.run(arguments, self._context)
         try:
             return self._converted(tool, result)
@@ -322,35 +318,30 @@ class InProcessServer:
     def _converted(self, tool: MCPServerTool, result: Any) -> CallToolResult | InputRequiredResult:
         """`tool.fn_metadata.convert_result(result)`: the check it makes of a `CallToolResult` (the
         output model's, unless the result is an error or the tool publishes no output schema),
-        with the validator held in a plain dict; anything else is converted by the SDK itself."""
+        with a validator held in a plain dict; anything else is converted by the SDK itself."""
         meta = tool.fn_metadata
         if not isinstance(result, CallToolResult):
             return meta.convert_result(result)
         model = meta.output_model if meta.output_schema is not None else None
         if model is not None and not result.is_error:
-            self._output_check(tool, model)(result.structured_content)
+            check = self._output_check(tool, model)
+            if check is None:
+                return meta.convert_result(result)
+            check(result.structured_content)
         return result
 
-    def _output_check(self, tool: MCPServerTool, model: Any) -> Callable[[Any], Any]:
-        """The SDK's own validator for `model` (`FuncMetadata._output_adapter`), asked for once per
-        tool and model: kept while the server holds this tool object with this output model, the
-        rule the SDK's own cache follows (its fields are read live: a new model gets a new one)."""
+    def _output_check(self, tool: MCPServerTool, model: Any) -> Callable[[Any], Any] | None:
+        """A validator for `model`, made once per tool and model (the tool's fields are read live:
+        a new model gets a new one). It is pydantic's `TypeAdapter(model)`, which the SDK builds
+        too; None where the SDK would first rebuild the model (a `typing.TypedDict` below Python
+        3.12, which pydantic refuses), for which the SDK converts the result itself."""
         held = self._outputs.get(tool.name)
         if held is None or held[0] is not tool or held[1] is not model:
-            held = self._outputs[tool.name] = (tool, model, tool.fn_metadata._output_adapter(model).validate_python)
+            check: Callable[[Any], Any] | None = None
+            if sys.version_info >= (3, 12) or not is_typeddict(model) or type(model).__module__ != "typing":
+                check = TypeAdapter(model).validate_python
+            held = self._outputs[tool.name] = (tool, model, check)
         return held[2]
-
-
-def sdk_internals(server: MCPServer) -> bool:
-    """Whether this `mcp` SDK has the internals `InProcessServer` uses, as the release it was
-    written against has them (names and kinds); else every call takes `MCPServer.call_tool`."""
-    manager = getattr(server, "_tool_manager", None)
-    return (
-        callable(getattr(manager, "get_tool", None))
-        and hasattr(server, "_subscriptions")
-        and callable(getattr(FuncMetadata, "_output_adapter", None))
-        and callable(getattr(MCPServerTool, "run", None))
-    )
 
 
 def _timed_out(namespace: str, tool: str, timeout_s: float) -> CallToolResult:

@@ -15,7 +15,7 @@ from mcp.types import CallToolResult
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from device_agent.toolsets.base import READ_ONLY, ToolsetContext, success, tool
+from device_agent.toolsets.base import READ_ONLY, Toolkit, ToolsetContext, success, tool
 
 
 class RequestResult(TypedDict):
@@ -24,9 +24,9 @@ class RequestResult(TypedDict):
 
 
 def build(_ctx: ToolsetContext) -> MCPServer:
-    server = MCPServer("approval")
+    kit = Toolkit("approval")
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def request(
         reason: Annotated[
             str,
@@ -44,4 +44,4 @@ def build(_ctx: ToolsetContext) -> MCPServer:
         with error `approval_denied` (its message says why): do not do that step."""
         return success({"approved": True, "note": f"approved: {reason[:200]}"})
 
-    return server
+    return kit.server()

@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 from typing import Annotated, NotRequired
 
-from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult
 from pydantic import Field
 from typing_extensions import TypedDict
 
 from device_agent import artifacts
 from device_agent.policy import PolicyDenied, contain
-from device_agent.toolsets.base import ToolsetContext, action, failure, success, tool
+from device_agent.toolsets.base import Toolkit, ToolsetContext, action, failure, success, tool
 from device_agent.transfer import ArtifactLink, Connection, TransferError
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$"  # the orchestrator's (orchestrator/artifacts/model.py)
@@ -61,10 +60,10 @@ class Fetched(TypedDict):
     retries: NotRequired[int]
 
 
-def register(server: MCPServer, ctx: ToolsetContext) -> None:
+def register(kit: Toolkit, ctx: ToolsetContext) -> None:
     """Add the two artifact tools to the `files` server."""
 
-    @tool(server, action(idempotent=True, destructive=False))
+    @tool(kit, action(idempotent=True, destructive=False))
     async def publish_artifact(
         path: PathArg,
         name: Annotated[
@@ -87,7 +86,7 @@ def register(server: MCPServer, ctx: ToolsetContext) -> None:
         """
         return await _publish(ctx, path, name, timeout_s)
 
-    @tool(server, action(idempotent=True, destructive=True))
+    @tool(kit, action(idempotent=True, destructive=True))
     async def fetch_artifact(
         path: PathArg,
         name: Annotated[

@@ -1,7 +1,8 @@
 """What every built-in toolset gets, and how it reports a failure.
 
-A toolset module exposes `build(ctx: ToolsetContext) -> MCPServer`. The server's tools are
-plain names (`run`, `read`); the router prefixes them with the namespace (`shell.run`).
+A toolset module exposes `build(ctx: ToolsetContext) -> MCPServer`, a server its `Toolkit` built
+(`Toolkit.server`). The server's tools are plain names (`run`, `read`); the router prefixes them
+with the namespace (`shell.run`).
 
 Failures are returned, not raised: `failure(code, message, **details)` makes an MCP result
 with `is_error=True` whose structured content carries a stable `code` (SPEC section 4 error
@@ -16,12 +17,14 @@ import inspect
 import json
 import os
 import signal
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
@@ -71,7 +74,45 @@ def action(*, idempotent: bool, destructive: bool) -> ToolAnnotations:
     )
 
 
-def tool(server: MCPServer, annotations: ToolAnnotations, name: str | None = None) -> Callable[[_Fn], _Fn]:
+class Toolkit:
+    """The tools of one built-in toolset, and the MCP server that serves them (`server()`).
+
+    Each tool is built once, by the SDK's public `Tool.from_function`, and the server is given
+    those very objects (`MCPServer(tools=...)`). The agent calls built-in tools in process
+    (`toolset_host.InProcessServer`) through the same objects, found with `in_process_tools`:
+    one definition, one validation, whichever path a call takes. A toolkit's tool list is fixed
+    once its server is built.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tools: list[Tool] = []
+
+    def add(self, fn: Callable[..., Any], **options: Any) -> Tool:
+        """Add `fn` as a tool (`options` as `Tool.from_function` takes them); a name twice is a mistake."""
+        made = Tool.from_function(fn, **options)
+        if any(t.name == made.name for t in self.tools):
+            raise ValueError(f"toolset {self.name} has two tools named {made.name}")
+        self.tools.append(made)
+        return made
+
+    def server(self, **options: Any) -> MCPServer:
+        """The toolset's MCP server (`options` as `MCPServer` takes them), serving this toolkit's tools."""
+        server: MCPServer = MCPServer(self.name, tools=list(self.tools), **options)
+        _SERVED[server] = {t.name: t for t in self.tools}
+        return server
+
+
+# Every server a Toolkit built, with the tool objects it serves by name.
+_SERVED: weakref.WeakKeyDictionary[MCPServer, Mapping[str, Tool]] = weakref.WeakKeyDictionary()
+
+
+def in_process_tools(server: MCPServer) -> Mapping[str, Tool] | None:
+    """The tool objects `server` serves, by name, if a `Toolkit` built it; else None."""
+    return _SERVED.get(server)
+
+
+def tool(kit: Toolkit, annotations: ToolAnnotations, name: str | None = None) -> Callable[[_Fn], _Fn]:
     """Register a structured-output tool whose description is its docstring, dedented for the reader."""
 
     def register(fn: _Fn) -> _Fn:
@@ -82,7 +123,8 @@ def tool(server: MCPServer, annotations: ToolAnnotations, name: str | None = Non
                 f"built-in tool {fn.__name__} takes a request Context; built-in tools are called in process"
             )
         description = inspect.cleandoc(fn.__doc__ or "")
-        return server.tool(name=name, description=description, annotations=annotations, structured_output=True)(fn)
+        kit.add(fn, name=name, description=description, annotations=annotations, structured_output=True)
+        return fn
 
     return register
 

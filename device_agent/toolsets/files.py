@@ -27,7 +27,7 @@ from typing_extensions import TypedDict
 
 from device_agent.policy import PolicyDenied, check_action, contain
 from device_agent.toolsets import artifacts
-from device_agent.toolsets.base import READ_ONLY, ToolsetContext, action, failure, success, tool
+from device_agent.toolsets.base import READ_ONLY, Toolkit, ToolsetContext, action, failure, success, tool
 
 Encoding = Literal["utf-8", "base64"]
 PathArg = Annotated[str, Field(description="Path relative to the workspace, e.g. 'logs/app.txt'.")]
@@ -75,9 +75,9 @@ class _Refused(Exception):
 
 def build(ctx: ToolsetContext) -> MCPServer:
     """The `files` MCP server: `read`, `write`, `append`, `list`, `delete`."""
-    server = MCPServer("files")
+    kit = Toolkit("files")
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def read(path: PathArg) -> Annotated[CallToolResult, ReadResult]:
         """Read a file from the workspace.
 
@@ -90,7 +90,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
     # MCP hints are per tool, not per call, and the engine retries an `uncertain` attempt only
     # when every tool it called is idempotent (SPEC section 2). Writing the same content twice
     # leaves the same file; appending twice does not, so appending is a tool of its own.
-    @tool(server, action(idempotent=True, destructive=True))
+    @tool(kit, action(idempotent=True, destructive=True))
     async def write(
         path: PathArg, content: Content, encoding: EncodingArg = "utf-8"
     ) -> Annotated[CallToolResult, WriteResult]:
@@ -102,7 +102,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
         """
         return await _in_thread(_write, ctx, path, content, encoding)
 
-    @tool(server, action(idempotent=False, destructive=True))
+    @tool(kit, action(idempotent=False, destructive=True))
     async def append(
         path: PathArg, content: Content, encoding: EncodingArg = "utf-8"
     ) -> Annotated[CallToolResult, WriteResult]:
@@ -115,7 +115,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
         return await _in_thread(_append, ctx, path, content, encoding)
 
     # Named `list` on the wire (SPEC section 5); `list_dir` here so the builtin stays usable.
-    @tool(server, READ_ONLY, name="list")
+    @tool(kit, READ_ONLY, name="list")
     async def list_dir(
         path: Annotated[str, Field(description="Directory relative to the workspace.")] = ".",
         limit: Annotated[int, Field(ge=1, le=10_000, description="Maximum entries returned.")] = 1000,
@@ -125,7 +125,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
         """
         return await _in_thread(_list, ctx, path, limit)
 
-    @tool(server, action(idempotent=True, destructive=True))
+    @tool(kit, action(idempotent=True, destructive=True))
     async def delete(
         path: PathArg,
         recursive: Annotated[bool, Field(description="Required to delete a directory and everything in it.")] = False,
@@ -137,8 +137,8 @@ def build(ctx: ToolsetContext) -> MCPServer:
         """
         return await _in_thread(_delete, ctx, path, recursive)
 
-    artifacts.register(server, ctx)  # publish_artifact, fetch_artifact (issue 20)
-    return server
+    artifacts.register(kit, ctx)  # publish_artifact, fetch_artifact (issue 20)
+    return kit.server()
 
 
 async def _in_thread(

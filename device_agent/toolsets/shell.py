@@ -33,7 +33,7 @@ from typing_extensions import TypedDict
 
 from device_agent.policy import PolicyDenied, check_action, check_program, child_env, contain
 from device_agent.sandbox import signal_exit
-from device_agent.toolsets.base import ToolsetContext, action, failure, success, tool
+from device_agent.toolsets.base import Toolkit, ToolsetContext, action, failure, success, tool
 
 _CHUNK = 64 * 1024
 # Signals the kernel sends when a sandbox resource limit (setrlimit) is reached.
@@ -109,9 +109,9 @@ def check(ctx: ToolsetContext) -> dict[str, Any]:
 
 def build(ctx: ToolsetContext) -> MCPServer:
     """The `shell` MCP server: one tool, `run`."""
-    server = MCPServer("shell")
+    kit = Toolkit("shell")
 
-    @tool(server, action(idempotent=False, destructive=True))
+    @tool(kit, action(idempotent=False, destructive=True))
     async def run(
         argv: Annotated[
             list[str],
@@ -163,7 +163,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
             )
         return await _run(ctx, argv, workdir, timeout, stdin)
 
-    return server
+    return kit.server()
 
 
 async def _run(

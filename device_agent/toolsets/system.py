@@ -21,7 +21,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from device_agent.policy import PolicyDenied, contain
-from device_agent.toolsets.base import READ_ONLY, ToolsetContext, failure, success, tool
+from device_agent.toolsets.base import READ_ONLY, Toolkit, ToolsetContext, failure, success, tool
 
 _PROC = Path("/proc")
 # /proc/<pid>/stat state letters (proc(5)), spelled out for a reader who is not a kernel hacker.
@@ -159,9 +159,9 @@ class EchoResult(TypedDict):
 
 def build(ctx: ToolsetContext) -> MCPServer:
     """The `system` MCP server: `info`, `echo`, `processes`, `disk`, all read-only."""
-    server = MCPServer("system")
+    kit = Toolkit("system")
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def info() -> Annotated[CallToolResult, InfoResult]:
         """Describe the device: platform (linux, windows, macos, other), OS name and release,
         hostname, CPU count, total memory in MB (0 if unknown), CPU architecture, Python version
@@ -169,7 +169,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
         """
         return success(_info())
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def echo(
         text: Annotated[str, Field(max_length=65_536, description="Any text; it comes back unchanged.")] = "",
     ) -> Annotated[CallToolResult, EchoResult]:
@@ -177,7 +177,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
         round trip without doing any work on the device."""
         return success({"text": text})
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def processes(
         limit: Annotated[int, Field(ge=1, le=10_000, description="Maximum processes returned.")] = 50,
     ) -> Annotated[CallToolResult, ProcessesResult]:
@@ -186,7 +186,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
         """
         return success(await asyncio.to_thread(_processes, limit))
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def disk(
         path: Annotated[str, Field(description="Path relative to the workspace whose filesystem to measure.")] = ".",
     ) -> Annotated[CallToolResult, DiskResult]:
@@ -209,4 +209,4 @@ def build(ctx: ToolsetContext) -> MCPServer:
         }
         return success(result)
 
-    return server
+    return kit.server()

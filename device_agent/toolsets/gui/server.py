@@ -37,7 +37,7 @@ from typing_extensions import TypedDict
 
 from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.policy import PolicyDenied, check_action
-from device_agent.toolsets.base import READ_ONLY, ToolsetContext, action, failure, success, tool
+from device_agent.toolsets.base import READ_ONLY, Toolkit, ToolsetContext, action, failure, success, tool
 from device_agent.toolsets.gui.control import SETTLE_S, Controller, Observation
 from device_agent.toolsets.gui.display import DisplayLock
 from device_agent.toolsets.gui.grounding import Accessibility, AtspiAccessibility, ElementAct
@@ -175,7 +175,7 @@ def build(
         finally:  # the agent is shutting the toolset down: give the display up
             controller.close()
 
-    server = MCPServer("gui", lifespan=lifespan)
+    kit = Toolkit("gui")
 
     async def act(
         name: str, arguments: dict[str, Any], gesture_for: Callable[[Observation], Gesture | ElementAct | None]
@@ -193,7 +193,7 @@ def build(
             return failure(exc.code, exc.message, **exc.details)
         return _result(outcome, images)
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def observe() -> Annotated[CallToolResult, ObservationResult]:
         """Take a screenshot of the device's screen: the first step before any input.
 
@@ -213,7 +213,7 @@ def build(
             return failure(exc.code, exc.message, **exc.details)
         return _result(Outcome(True, data), images)
 
-    @tool(server, INPUT)
+    @tool(kit, INPUT)
     async def click(
         observation_id: ObservationId,
         action_id: ActionId,
@@ -232,7 +232,7 @@ def build(
         args |= {"element_id": element_id, "name": name}
         return await act("click", args, _target("click", x, y, element_id, name, button=BUTTONS[button]))
 
-    @tool(server, INPUT)
+    @tool(kit, INPUT)
     async def double_click(
         observation_id: ObservationId,
         action_id: ActionId,
@@ -246,7 +246,7 @@ def build(
         args |= {"element_id": element_id, "name": name}
         return await act("double_click", args, _target("double_click", x, y, element_id, name, count=2))
 
-    @tool(server, INPUT, name="type")
+    @tool(kit, INPUT, name="type")
     async def type_text(
         observation_id: ObservationId,
         action_id: ActionId,
@@ -280,7 +280,7 @@ def build(
         args |= {"element_id": element_id, "name": name}
         return await act("type", args, lambda o: ElementAct("type", o.element(element_id, name), text=text))
 
-    @tool(server, INPUT)
+    @tool(kit, INPUT)
     async def set_value(
         observation_id: ObservationId,
         action_id: ActionId,
@@ -301,7 +301,7 @@ def build(
             return failure("invalid_arguments", f"value has {len(value)} characters, more than the 2000 allowed")
         return await act("set_value", args, lambda o: ElementAct("set_value", o.element(element_id, name), value=value))
 
-    @tool(server, INPUT)
+    @tool(kit, INPUT)
     async def key(
         observation_id: ObservationId,
         action_id: ActionId,
@@ -320,7 +320,7 @@ def build(
         args = {"observation_id": observation_id, "action_id": action_id, "key": key}
         return await act("key", args, lambda _: Gesture("key", keys=keys))
 
-    @tool(server, INPUT)
+    @tool(kit, INPUT)
     async def scroll(
         observation_id: ObservationId,
         action_id: ActionId,
@@ -336,7 +336,7 @@ def build(
             "scroll", args, lambda o: Gesture("scroll", (o.point(x, y),), SCROLL_BUTTONS[direction], count=amount)
         )
 
-    @tool(server, INPUT)
+    @tool(kit, INPUT)
     async def drag(
         observation_id: ObservationId, action_id: ActionId, x: X, y: Y, to_x: X, to_y: Y
     ) -> Annotated[CallToolResult, InputReceipt]:
@@ -344,7 +344,7 @@ def build(
         args = {"observation_id": observation_id, "action_id": action_id, "x": x, "y": y, "to_x": to_x, "to_y": to_y}
         return await act("drag", args, lambda o: Gesture("drag", (o.point(x, y), o.point(to_x, to_y, "to_x, to_y"))))
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def wait(
         observation_id: ObservationId,
         action_id: ActionId,
@@ -354,7 +354,7 @@ def build(
         args = {"observation_id": observation_id, "action_id": action_id, "ms": ms}
         return await act("wait", args, _wait)
 
-    @tool(server, READ_ONLY)
+    @tool(kit, READ_ONLY)
     async def windows() -> Annotated[CallToolResult, WindowList]:
         """List the top-level windows on the screen: id, title, pid, bounds and which one is focused."""
         try:
@@ -364,7 +364,7 @@ def build(
         except GuiError as exc:
             return failure(exc.code, exc.message)
 
-    @tool(server, INPUT)
+    @tool(kit, INPUT)
     async def focus_window(
         window_id: Annotated[int, Field(ge=1, description="a window id from gui.windows")],
     ) -> Annotated[CallToolResult, FocusResult]:
@@ -389,7 +389,7 @@ def build(
             return failure(exc.code, exc.message, **exc.details)
         return success({"window_id": window_id, "title": target["title"], "focused": focused})
 
-    @tool(server, INPUT)
+    @tool(kit, INPUT)
     async def launch(
         argv: Annotated[
             list[str],
@@ -413,7 +413,7 @@ def build(
         controller.invalidate()
         return success({"pid": pid, "program": argv[0]})
 
-    @tool(server, CONTROL)
+    @tool(kit, CONTROL)
     async def stop() -> Annotated[CallToolResult, StopResult]:
         """Stop all input on this device now: an input in flight is interrupted, held keys released.
 
@@ -422,7 +422,7 @@ def build(
         """
         return success(await controller.stop())
 
-    return server
+    return kit.server(lifespan=lifespan)
 
 
 def _wait(_: Observation) -> Gesture | None:

@@ -18,6 +18,7 @@ import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -27,12 +28,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 from typing_extensions import TypedDict
 
-from device_agent import toolset_host
 from device_agent.policy import Policy
 from device_agent.router import CallLimit, Router
 from device_agent.runner import BUILTIN
-from device_agent.toolset_host import InProcessServer, ToolsetHost, sdk_internals
-from device_agent.toolsets.base import READ_ONLY, ToolsetContext, tool
+from device_agent.toolset_host import InProcessServer, ToolsetHost
+from device_agent.toolsets.base import READ_ONLY, Toolkit, ToolsetContext, in_process_tools, tool
 from protocol.messages import Command, Result
 from tests.unit.device_agent.toolkit import routing
 
@@ -207,26 +207,26 @@ async def test_a_shell_timeout_and_a_cancel_end_the_same_on_both_paths(tmp_path:
 
 
 def hanging() -> MCPServer:
-    server = MCPServer("probe")
+    kit = Toolkit("probe")
 
-    @server.tool(structured_output=True)
+    @partial(kit.add, structured_output=True)
     async def hang(text: str = "") -> dict[str, Any]:
         """Never finishes in time; only the router's clock stops it."""
         await asyncio.Event().wait()
         return {"text": text}
 
-    @server.tool(structured_output=True)
+    @partial(kit.add, structured_output=True)
     async def boom(text: str = "") -> dict[str, Any]:
         """Raises something no tool should."""
         raise RuntimeError(f"secret detail {text}")
 
-    @server.tool()
+    @kit.add
     async def shaped() -> CallToolResult:
         """Structured content the wire cannot carry as it is: a tuple, a datetime, a set."""
         when = datetime(2026, 12, 2, 15, 40, tzinfo=UTC)
         return CallToolResult(content=[], structured_content={"pair": (1, "a"), "when": when, "tags": {"x"}})
 
-    return server
+    return kit.server()
 
 
 async def test_the_routers_own_timeout_a_crashing_tool_and_unshaped_content_end_the_same_on_both_paths(
@@ -260,30 +260,30 @@ class Loose(TypedDict, total=False):
 
 def shapes() -> MCPServer:
     """Tools whose results meet, or miss, the output model they declare."""
-    server = MCPServer("shapes")
+    kit = Toolkit("shapes")
 
-    @server.tool(structured_output=True)
+    @partial(kit.add, structured_output=True)
     async def count(n: Any = 1) -> Annotated[CallToolResult, Count]:
         """Reports `n` as its count, whatever it is (text misses the output model)."""
         return CallToolResult(content=[TextContent(type="text", text=str(n))], structured_content={"n": n})
 
-    @server.tool(structured_output=True)
+    @partial(kit.add, structured_output=True)
     async def failed() -> Annotated[CallToolResult, Count]:
         """An error result, which the output model does not judge."""
         detail = {"code": "tool_error", "message": "it did not work"}
         return CallToolResult(content=[TextContent(type="text", text="no")], structured_content=detail, is_error=True)
 
-    @server.tool(structured_output=True)
+    @partial(kit.add, structured_output=True)
     async def plain(n: int = 1) -> Count:
         """A dict, which the SDK converts and checks itself; a negative `n` misses the model."""
         return cast(Count, {"n": n if n >= 0 else "negative"})
 
-    @server.tool()
+    @kit.add
     async def refuses() -> str:
         """Refuses on purpose."""
         raise ToolError("not today")
 
-    return server
+    return kit.server()
 
 
 async def test_output_model_checks_and_tool_errors_end_the_same_on_both_paths(tmp_path: Path) -> None:
@@ -312,9 +312,12 @@ async def outcome(call: Awaitable[Any]) -> tuple[str, Any]:
     return "returned", result.model_dump()
 
 
-async def test_a_new_output_model_or_a_replaced_tool_is_checked_from_the_next_call_as_the_sdk_checks_it() -> None:
+async def test_a_direct_call_runs_the_tool_object_the_server_serves_and_reads_its_output_model_live() -> None:
+    """The Toolkit gives the server the tools it built, and the direct path calls those objects:
+    a change to one (here its output model) shows on both paths from the next call on."""
     server = shapes()
     direct = InProcessServer(server)
+    assert direct.fast
 
     async def both(n: Any) -> tuple[str, Any]:
         sdk = await outcome(server.call_tool("count", {"n": n}))
@@ -323,46 +326,54 @@ async def test_a_new_output_model_or_a_replaced_tool_is_checked_from_the_next_ca
 
     assert (await both(3))[0] == "returned"
     assert (await both("w"))[0] == "UnexpectedToolError"
-    tool = server._tool_manager.get_tool("count")
-    assert tool is not None
-    tool.fn_metadata.output_model = Loose  # read live by the SDK: text now passes, a number does not
+    tools = in_process_tools(server)
+    assert tools is not None
+    tools["count"].fn_metadata.output_model = Loose  # read live by the SDK: text now passes, a number does not
     assert (await both("w"))[0] == "returned"
     assert (await both(3))[0] == "UnexpectedToolError"
-    server.remove_tool("count")
-
-    @server.tool(name="count", structured_output=True)
-    async def recount(n: Any = 1) -> Annotated[CallToolResult, Count]:
-        """The same name, a new tool: judged by its own model."""
-        return CallToolResult(content=[], structured_content={"n": n})
-
+    tools["count"].fn_metadata.output_model = Count
     assert (await both(3))[0] == "returned"
     assert (await both("w"))[0] == "UnexpectedToolError"
 
 
 def test_a_built_in_tool_cannot_take_a_request_context() -> None:
     """Built-in tools run outside any client session, so `tool` refuses one that wants a Context."""
-    server = MCPServer("x")
+    kit = Toolkit("x")
     with pytest.raises(TypeError, match="request Context"):
 
-        @tool(server, READ_ONLY)
+        @tool(kit, READ_ONLY)
         async def needs(ctx: Context) -> dict[str, Any]:
             """Needs the client."""
             return {}
 
-
-def test_an_sdk_without_the_internals_the_fast_path_uses_is_recognised() -> None:
-    assert sdk_internals(shapes())  # the SDK this agent is tested with
-    assert not sdk_internals(cast(MCPServer, object()))  # a server object that has none of them
+    assert kit.tools == []
 
 
-async def test_without_those_internals_every_call_takes_the_sdks_own_entry_point(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An agent installed next to an `mcp` release that renamed them still works, the SDK's way."""
-    monkeypatch.setattr(toolset_host, "sdk_internals", lambda server: False)
-    server = shapes()
+def test_a_toolkit_refuses_a_name_twice() -> None:
+    kit = Toolkit("x")
+
+    @tool(kit, READ_ONLY)
+    async def probe() -> dict[str, Any]:
+        """One."""
+        return {}
+
+    with pytest.raises(ValueError, match="two tools named probe"):
+        kit.add(probe, name="probe")
+
+
+async def test_a_server_no_toolkit_built_takes_the_sdks_own_entry_point() -> None:
+    """A plain `MCPServer` (tools registered the SDK's way) is served by `MCPServer.call_tool`,
+    with the same outcomes, on the agent's path too."""
+    server = MCPServer("plain")
+
+    @server.tool(structured_output=True)
+    async def count(n: Any = 1) -> Annotated[CallToolResult, Count]:
+        """Reports `n` as its count, whatever it is."""
+        return CallToolResult(content=[TextContent(type="text", text=str(n))], structured_content={"n": n})
+
     public = InProcessServer(server)
-    assert not public.fast
+    assert not public.fast and in_process_tools(server) is None
     for n in (3, "w"):
         assert await outcome(public._call_tool("count", {"n": n})) == await outcome(server.call_tool("count", {"n": n}))
-    assert (await public.call("shapes", "refuses", {}, 5.0)).is_error
+    assert await outcome(public._call_tool("nope", {})) == await outcome(server.call_tool("nope", {}))
+    assert (await public.call("plain", "nope", {}, 5.0)).is_error
