@@ -178,7 +178,10 @@ class AckPolicy:
     the ack first and no extra frame is needed. The rule: an ack owed is sent no later than
     `delay_s` after the confirmation that made it owed, and one ack covers every confirmation
     made before it. The caller tells the policy of each confirmation (`confirmed`), sets a timer
-    for the time it returns, and sends an ack when the timer fires if `ack_due(now)` says so.
+    for the time it returns, and when that timer runs sends an ack if `timer_ran(due)` says so.
+    The timer is trusted with the time: the policy never compares a clock with the deadline, so
+    a timer that runs a hair early by float rounding (uvloop keeps whole milliseconds) cannot
+    find itself early and re-arm turn after turn.
     """
 
     def __init__(self, session: Session, delay_s: float = ACK_DELAY_S) -> None:
@@ -206,9 +209,12 @@ class AckPolicy:
             return None
         return self._due
 
-    def ack_due(self, now: float) -> bool:
+    def timer_ran(self, due: float) -> bool:
+        """The timer set for `due` (a time `confirmed` returned) ran: True if the ack it was set
+        for is still owed, so send one now. False if an outgoing frame carried it meanwhile, or
+        nothing is owed; a wait started since has a timer of its own (`confirmed` returned it)."""
         at = self.next_ack_at
-        return at is not None and now >= at
+        return at is not None and at <= due
 
 
 def negotiate_version(offered: list[int]) -> int:

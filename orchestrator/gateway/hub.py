@@ -424,18 +424,14 @@ class Gateway:
             answer.exception()  # whoever awaits it sees the failure; an abandoned one is not logged
 
     def _ack_at(self, due: float, link: Link, conn: Connection) -> None:
-        # Acks are timed on the loop's own clock (`loop.time()`), the one its timers keep: uvloop
-        # reads it once per loop turn, to the millisecond, so against `time.monotonic()` a timer
-        # could run up to a whole busy turn before `due` and re-arm on every turn until then.
-        asyncio.get_running_loop().call_at(due, self._ack_if_due, link, conn)
+        # Acks are timed on the loop's own clock (`loop.time()`), the one its timers keep (uvloop
+        # reads it once per loop turn, to the millisecond). The timer carries the deadline it was
+        # set for, and when it runs the policy decides without reading any clock: it runs once.
+        asyncio.get_running_loop().call_at(due, self._ack_if_due, link, conn, due)
 
-    def _ack_if_due(self, link: Link, conn: Connection) -> None:
-        if link.conn is not conn:
-            return
-        if link.acks.ack_due(asyncio.get_running_loop().time()):
+    def _ack_if_due(self, link: Link, conn: Connection, due: float) -> None:
+        if link.conn is conn and link.acks.timer_ran(due):
             self._heartbeat_reply(conn)
-        elif (due := link.acks.next_ack_at) is not None:
-            self._ack_at(due, link, conn)  # a later confirmation moved the deadline on
 
     def _heartbeat_reply(self, conn: Connection) -> None:
         session = conn.channel.session

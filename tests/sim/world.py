@@ -590,12 +590,12 @@ class Gateway:
                         w.unverified_acks.append(msg.batch_id)
                     due = link.acks.confirmed(w.now)  # the session's ack policy, as the hub asks it
                     if due is not None:
-                        w.at(due - w.now, partial(self._ack_if_due, link, conn), "standalone ack")
+                        w.at(due - w.now, partial(self._ack_if_due, link, conn, due), "standalone ack")
 
             self._engine(conn, link, FrameIn(conn.device.id, msg), confirmed)
 
-    def _ack_if_due(self, link: Link, conn: Conn) -> None:
-        if link.conn is conn and conn.open and link.acks.ack_due(self.world.now):
+    def _ack_if_due(self, link: Link, conn: Conn, due: float) -> None:
+        if link.conn is conn and conn.open and link.acks.timer_ran(due):
             self.world.to_device(conn, conn.server.send(link.session.heartbeat_reply()))
 
     def _engine(self, conn: Conn, link: Link, item: Input, then: Callable[[bool, Any], None]) -> None:
