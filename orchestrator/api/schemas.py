@@ -58,12 +58,16 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _task_create_schema(schema: dict[str, Any]) -> None:
+    # Exactly one of the two, said in the schema too, so clients and fuzzers know the rule; the
+    # one given is never null (the Python default None stands for "left out").
+    schema["oneOf"] = [{"required": ["request"]}, {"required": ["dag"]}]
+    dag = schema["properties"]["dag"]
+    dag.update(next(s for s in dag.pop("anyOf") if s.get("type") != "null"))
+
+
 class TaskCreate(_In):
-    model_config = ConfigDict(
-        extra="forbid",
-        # Exactly one of the two, said in the schema too, so clients and fuzzers know the rule.
-        json_schema_extra={"oneOf": [{"required": ["request"]}, {"required": ["dag"]}]},
-    )
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_task_create_schema)
 
     name: Annotated[str, Field(max_length=200), NO_NUL] | None = None
     request: Annotated[
@@ -74,6 +78,17 @@ class TaskCreate(_In):
     priority: int = Field(default=0, ge=-1000, le=1000)
     labels: dict[TextKey, Text] = Field(default_factory=dict)
     replan: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null_choice(cls, data: Any) -> Any:
+        # The schema's oneOf is about which key is present, so a key given as null counts as
+        # given: {"request": "...", "dag": null} names both, and is refused as the schema says.
+        if isinstance(data, dict):
+            for key in ("request", "dag"):
+                if key in data and data[key] is None:
+                    raise ValueError(f"'{key}' is null: leave it out, and give exactly one of 'request' or 'dag'")
+        return data
 
     @model_validator(mode="after")
     def _one_of(self) -> TaskCreate:

@@ -84,6 +84,34 @@ def test_both_or_neither_of_request_and_dag_is_a_validation_error(fleet_with_age
     assert post(fleet_with_agent, {}).json()["code"] == "validation_error"
 
 
+def test_the_server_takes_request_or_dag_exactly_as_its_published_schema_says(fleet_with_agent: Fleet) -> None:
+    """The body's oneOf is about which key is present, so a key given as null counts as given:
+    schemathesis found {"request": ..., "dag": null} accepted, which the schema refuses. Each body
+    here is refused with validation_error if and only if the schema refuses it."""
+    import jsonschema
+
+    with fleet_with_agent.server.client() as c:
+        spec = c.get("/openapi.json").json()
+        schema = {"$ref": "#/components/schemas/TaskCreate", "components": spec["components"]}
+        dag = {"nodes": [{"id": "a", "commands": [{"tool": "system.echo", "arguments": {"text": "x"}}]}]}
+        bodies: list[dict[str, Any]] = [
+            {},
+            {"dag": dag},
+            {"request": "collect the logs"},
+            {"request": "collect the logs", "dag": dag},
+            {"request": "collect the logs", "dag": None},
+            {"request": None, "dag": dag},
+            {"dag": None},
+            {"request": None},
+        ]
+        for body in bodies:
+            schema_ok = jsonschema.Draft202012Validator(schema).is_valid(body)
+            r = c.post("/v1/tasks", params={"dry_run": "true"}, json=body)
+            refused = r.status_code == 422 and r.json()["code"] == "validation_error"
+            assert refused == (not schema_ok), (body, schema_ok, r.status_code, r.text)
+    assert schema_ok is False and task_count(fleet_with_agent) == 0  # dry runs: nothing was created
+
+
 def test_no_key_is_401_and_an_unknown_task_is_404(fleet_with_agent: Fleet) -> None:
     import httpx
 
