@@ -63,7 +63,10 @@ def _task_create_schema(schema: dict[str, Any]) -> None:
     # one given is never null (the Python default None stands for "left out").
     schema["oneOf"] = [{"required": ["request"]}, {"required": ["dag"]}]
     dag = schema["properties"]["dag"]
-    dag.update(next(s for s in dag.pop("anyOf") if s.get("type") != "null"))
+    if "anyOf" in dag:
+        dag.update(next(s for s in dag.pop("anyOf") if s.get("type") != "null"))
+    for key in ("request", "dag"):
+        schema["properties"][key].pop("default", None)  # left out, not null
 
 
 class TaskCreate(_In):
