@@ -137,7 +137,8 @@ def open_batch(fleet: Fleet, agent: Agent) -> Iterator[tuple[str, str]]:
 
 
 def corrupt_blob(fleet: Fleet, sha256: str) -> None:
-    """Flip one byte of a stored blob, in whichever store the server uses."""
+    """Flip one byte of a stored blob, in whichever store the server uses. Flipped, not set: a
+    random blob's byte already holding the value set (1 in 256) would leave it intact."""
     blob = fleet.server.data_dir / "artifacts" / "blobs" / sha256[:2] / sha256
     if blob.exists():
         data = bytearray(blob.read_bytes())
@@ -150,13 +151,14 @@ def corrupt_blob(fleet: Fleet, sha256: str) -> None:
     async def flip() -> None:
         engine = create_async_engine(fleet.server.env["ORRERY_DATABASE_URL"])
         async with engine.begin() as conn:
-            await conn.execute(
+            flipped = await conn.execute(
                 text(
-                    "UPDATE artifact_chunks SET data = overlay(data placing '\\xff'::bytea from 1 for 1) "
+                    "UPDATE artifact_chunks SET data = set_byte(data, 0, get_byte(data, 0) # 255) "
                     "WHERE upload_id = (SELECT upload_id FROM artifact_blobs WHERE sha256 = :s) AND start_byte = 0"
                 ),
                 {"s": sha256},
             )
+            assert flipped.rowcount == 1, f"{flipped.rowcount} chunks of blob {sha256} were damaged, not one"
         await engine.dispose()
 
     asyncio.run(flip())
