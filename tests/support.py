@@ -19,6 +19,7 @@ import httpx
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
+TASK_ENDS = ("succeeded", "failed", "cancelled")  # the task states that end it
 
 
 def free_port() -> int:
@@ -289,10 +290,11 @@ class Fleet:
             result: dict[str, Any] = c.get(f"/v1/tasks/{task_id}").json()
             return result
 
-    def wait_task(
-        self, task_id: str, timeout: float = 60, states: tuple[str, ...] = ("succeeded", "failed", "cancelled")
-    ) -> dict[str, Any]:
-        """Follow the task's event stream until it reaches one of `states` (bounded)."""
+    def follow_task(
+        self, task_id: str, timeout: float = 60, states: tuple[str, ...] = TASK_ENDS
+    ) -> tuple[float, str] | None:
+        """Follow the task's event stream to its first task event in one of `states` (bounded):
+        `time.perf_counter()` when it came, and the state; None if the stream or the time ran out."""
         deadline = time.monotonic() + timeout
         with (
             contextlib.suppress(httpx.HTTPError),
@@ -303,9 +305,14 @@ class Fleet:
                 if line.startswith("data:"):
                     data = json.loads(line[5:])
                     if data.get("node_id") is None and data.get("state") in states:
-                        break
+                        return time.perf_counter(), data["state"]
                 if time.monotonic() > deadline:
                     break
+        return None
+
+    def wait_task(self, task_id: str, timeout: float = 60, states: tuple[str, ...] = TASK_ENDS) -> dict[str, Any]:
+        """Follow the task's event stream until it reaches one of `states` (bounded); the task."""
+        self.follow_task(task_id, timeout, states)
         return wait_until(lambda: (t := self.task(task_id))["state"] in states and t, 10, f"task {task_id} to end")
 
     def node(self, task: dict[str, Any], node_id: str) -> dict[str, Any]:

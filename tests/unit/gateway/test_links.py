@@ -166,11 +166,18 @@ async def test_a_standalone_ack_is_timed_on_the_loops_clock_and_its_timer_runs_o
     calls per frame under load). On the loop's own clock the timer runs once, and sends the ack."""
     link, conn = open_connection(gateway, HeldEngine())
     written: list[str] = []
-    conn.direct = lambda text: written.append(text) is None
+    written_at: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    def direct(text: str) -> bool:
+        written.append(text)
+        written_at.append(loop.time())
+        return True
+
+    conn.direct = direct
     link.session.received_seq = 1
     link.session.confirm(1)
     link.acks = AckPolicy(link.session, delay_s=0.01)
-    loop = asyncio.get_running_loop()
     due = link.acks.confirmed(loop.time())
     assert due is not None
     runs = 0
@@ -187,6 +194,8 @@ async def test_a_standalone_ack_is_timed_on_the_loops_clock_and_its_timer_runs_o
         while not written:
             await asyncio.sleep(0.005)
     assert [json.loads(t)["ack"] for t in written] == [1] and runs == 1
+    # Not before it was due: the loop runs a timer at most its clock's resolution early.
+    assert written_at[0] >= due - max(loop._clock_resolution, 0.001)  # type: ignore[attr-defined]
 
 
 def test_on_uvloop_an_ack_armed_at_the_end_of_a_long_turn_runs_its_timer_once(tmp_path: Path) -> None:
