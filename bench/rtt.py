@@ -8,18 +8,19 @@ point), records the result in its outbox and sends `result_batch` (which accepts
 `ended_at - started_at` from the store, over a chain of sequential nodes on one device.
 
 The raw echo sends a frame of the same size to a `websockets` echo server in another process and
-waits for it to come back. Ray is `ray.get(f.remote())` of a no-op task (`num_cpus=2`).
+waits for it to come back. Ray is `ray.get(f.remote())` of a no-op task (`num_cpus=2`). The
+durable floor (`bench/rtt_floor.py`) is the same round trip with only its hops and its commits
+(the same statements on a real store and a real ledger, no engine, no validation, no checks): the
+least a round trip that keeps Orrery's durability can cost with these libraries on this machine.
 
-    python bench/rtt.py [--nodes 300] [--echo 2000] [--ray 2000]
+    python bench/rtt.py [--nodes 300] [--echo 2000] [--ray 2000] [--floor 1000]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,45 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import itertools
 
-from protocol.codec import encode
-from protocol.messages import Command, CommandBatch
-from tests.support import Fleet, free_port
-
-ECHO_SERVER = """
-import asyncio, sys
-from websockets.asyncio.server import serve
-async def echo(ws):
-    async for message in ws:
-        await ws.send(message)
-async def main():
-    async with serve(echo, "127.0.0.1", int(sys.argv[1]), compression=None):
-        print("ready", flush=True)
-        await asyncio.Future()
-asyncio.run(main())
-"""
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def frame_size() -> int:
-    frame = CommandBatch(
-        seq=12,
-        ack=11,
-        batch_id="b_0123456789abcdef0123",
-        task_id="task_0123456789abcdef0123",
-        node_id="n123",
-        attempt=1,
-        fence=123,
-        commands=[
-            Command(
-                call_id="c1", tool="system.echo", tool_type="data_collection", arguments={"text": "x"}, timeout_s=60
-            )
-        ],
-    )
-    return len(encode(frame))
+from bench.echo import echo_rtt, frame_size, percentile
+from bench.rtt_floor import floor_rtt
+from tests.support import Fleet
 
 
 def orrery_rtt(nodes: int) -> tuple[list[float], dict[str, list[float]]]:
@@ -102,32 +67,6 @@ def _ts(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-async def _echo_rtt(port: int, size: int, n: int) -> list[float]:
-    from websockets.asyncio.client import connect
-
-    payload = "x" * size
-    samples = []
-    async with connect(f"ws://127.0.0.1:{port}", compression=None) as ws:
-        for i in range(n + 50):
-            t0 = time.perf_counter()
-            await ws.send(payload)
-            await ws.recv()
-            if i >= 50:
-                samples.append((time.perf_counter() - t0) * 1000)
-    return samples
-
-
-def echo_rtt(size: int, n: int) -> list[float]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        return asyncio.run(_echo_rtt(port, size, n))
-    finally:
-        proc.terminate()
-        proc.wait()
-
-
 def ray_rtt(n: int) -> list[float] | None:
     try:
         import ray
@@ -157,13 +96,17 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=300)
     parser.add_argument("--echo", type=int, default=2000)
     parser.add_argument("--ray", type=int, default=2000)
+    parser.add_argument("--floor", type=int, default=1000, help="rounds of the durable floor (0: skip it)")
     args = parser.parse_args()
     size = frame_size()
     orrery, parts = orrery_rtt(args.nodes)
     echo = echo_rtt(size, args.echo)
+    floor = floor_rtt(args.floor) if args.floor else None
     ray_samples = ray_rtt(args.ray)
     base = statistics.median(echo)
     rows: list[tuple[str, list[float]]] = [("raw websockets echo", echo)]
+    if floor:
+        rows.append(("durable floor (hops and commits only)", floor))
     if ray_samples:
         rows.append(("Ray no-op ray.get(f.remote())", ray_samples))
     rows.append(("Orrery no-op command (full engine)", orrery))
@@ -172,6 +115,8 @@ def main() -> None:
     for name, samples in rows:
         p50, p99 = statistics.median(samples), percentile(samples, 0.99)
         print(f"{name:40} {len(samples):>6} {p50:>8.3f} {p99:>8.3f} {p50 / base:>7.1f}")
+    if floor:
+        print(f"\nOrrery / durable floor: {statistics.median(orrery) / statistics.median(floor):.2f}x")
     print("\nwhere Orrery's time goes (p50, ms):")
     for name, samples in parts.items():
         print(f"  {name:38} {statistics.median(samples):8.3f}")
@@ -181,6 +126,7 @@ def main() -> None:
                 "orrery_p50": statistics.median(orrery),
                 "echo_p50": base,
                 "ray_p50": statistics.median(ray_samples) if ray_samples else None,
+                "floor_p50": statistics.median(floor) if floor else None,
             }
         )
     )

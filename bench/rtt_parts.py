@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.rtt import echo_rtt, frame_size
+from bench.echo import echo_rtt, frame_size
 from tests.rawdevice import RawDevice
 from tests.support import Fleet
 from tests.unit.device_agent.scripted import scripted
