@@ -123,15 +123,19 @@ async def _server(db_path: str, port: int, task_id: str, device_id: str, nodes: 
         return json.dumps(frame, separators=(",", ":"))
 
     async def handler(ws) -> None:
-        t0 = time.perf_counter()
-        await ws.send(step(0, None))
-        for i in range(1, len(nodes)):
-            message = json.loads(await ws.recv())
-            samples.append((time.perf_counter() - t0) * 1000)  # node i-1: its transaction to its results
+        try:
             t0 = time.perf_counter()
-            await ws.send(step(i, json.dumps(message["results"], separators=(",", ":"))))
-        await ws.recv()
-        finished.set_result(None)
+            await ws.send(step(0, None))
+            for i in range(1, len(nodes)):
+                message = json.loads(await ws.recv())
+                samples.append((time.perf_counter() - t0) * 1000)  # node i-1: its transaction to its results
+                t0 = time.perf_counter()
+                await ws.send(step(i, json.dumps(message["results"], separators=(",", ":"))))
+            await ws.recv()
+        except Exception as exc:  # the agent went away, or a statement failed: end the run with it
+            finished.set_exception(exc)
+        else:
+            finished.set_result(None)
 
     try:
         async with serve(handler, "127.0.0.1", port, compression=None):
@@ -276,6 +280,8 @@ def floor_rtt(nodes: int) -> list[float]:
             agent.wait(timeout=60)
         finally:
             server.kill()
+        if server.returncode or agent.returncode:
+            raise SystemExit(f"the floor's server exited {server.returncode}, its agent {agent.returncode}")
         return list(json.loads(out.strip().splitlines()[-1]))
 
 
