@@ -177,8 +177,8 @@ async def _run(
         if not _findable(argv[0], workdir, env):
             return _not_found(argv[0])
         command = ctx.sandbox.wrap(argv, workdir)
-    try:
-        proc = await asyncio.create_subprocess_exec(
+    spawning = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
             *command,
             cwd=workdir,
             env=env,
@@ -188,6 +188,12 @@ async def _run(
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
+    )
+    try:
+        proc = await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        await _kill_once_started(spawning)
+        raise
     except FileNotFoundError:
         return _not_found(argv[0])
     except PermissionError:
@@ -251,6 +257,23 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
         await proc.stdin.wait_closed()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the program exited without reading all of its input: not our error to report
+
+
+async def _kill_once_started(spawning: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    """The call was cancelled (a cancel, its timeout, an emergency stop) while its program was
+    being started. Left to itself, asyncio would kill only the program and then wait for its
+    pipes, which the program's own children hold open: the cancel would hang until they exit,
+    and they would run on. So the start (a fork and an exec, quick) is let finish, then the
+    whole group is killed and reaped, and the cancel goes on."""
+    while not spawning.done():
+        try:
+            await asyncio.wait({spawning})
+        except asyncio.CancelledError:
+            continue  # cancelled again: the one cancel already under way is re-raised by the caller
+    if spawning.cancelled() or spawning.exception() is not None:
+        return  # it never started: nothing to kill
+    proc = spawning.result()
+    await _cleanup(proc, {asyncio.create_task(proc.wait())})
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

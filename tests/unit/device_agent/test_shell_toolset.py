@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -201,24 +203,63 @@ async def test_cancelling_the_call_kills_the_process_group(tmp_path: Path) -> No
     pid_file = tmp_path / "pid"
 
     async with Client(build(ctx)) as client:
-        # The deadline is moved to "now" once the script has started: a cancel at a known point.
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(10) as deadline:
-
-                async def cancel_once_started() -> None:
-                    while not pid_file.exists() or not pid_file.read_text().strip():
-                        await asyncio.sleep(0.02)
-                    deadline.reschedule(asyncio.get_running_loop().time())
-
-                watcher = asyncio.create_task(cancel_once_started())
-                await client.call_tool("run", {"argv": ["sh", "-c", "echo $$ > pid; sleep 30 & sleep 30"]})
-        if not watcher.done():
-            watcher.cancel()
-            pytest.fail("the script never wrote its pid")
-        await wait_until_group_gone(int(pid_file.read_text()))
+        # The children outlive any bound here: only the group kill can end them (and the call).
+        script = "echo $$ > pid; sleep 600 & sleep 600"
+        call = asyncio.create_task(client.call_tool("run", {"argv": ["sh", "-c", script]}))
+        async with asyncio.timeout(10):
+            while not pid_file.exists() or not pid_file.read_text().strip():
+                await asyncio.sleep(0.02)
+        pgid = int(pid_file.read_text())
+        call.cancel()  # a cancel at a known point: the script has started
+        await ended_by_the_cancel(call, pgid)
+        await wait_until_group_gone(pgid)
         # The server is still usable after the cancelled call.
         assert data(await client.call_tool("run", {"argv": ["true"]}))["exit_code"] == 0
     assert ctx.processes.count() == 0
+
+
+async def test_a_cancel_while_the_program_is_starting_kills_its_group_and_does_not_wait_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel (its timeout, an emergency stop) that lands while the program is being started:
+    the program already runs, its start has not returned. asyncio alone would kill the program
+    but not its children, and wait for the pipes they hold: the cancel hung until they exited on
+    their own (30 s in 7 runs of 10 of the test above, which then passed only because they had).
+    Here the start is held open at that point, deterministically."""
+    real_start = asyncio.create_subprocess_exec
+    running, release = asyncio.Event(), asyncio.Event()
+    pids: list[int] = []
+
+    async def start_held_open(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        proc = await real_start(*args, **kwargs)
+        pids.append(proc.pid)
+        running.set()
+        await release.wait()
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", start_held_open)
+    ctx = make_ctx(tmp_path)
+    async with Client(build(ctx)) as client:
+        call = asyncio.create_task(client.call_tool("run", {"argv": ["sh", "-c", "sleep 600 & sleep 600"]}))
+        async with asyncio.timeout(10):
+            await running.wait()
+        call.cancel()
+        await asyncio.sleep(0)  # (a yield, not a wait) the cancel reaches the start first
+        release.set()
+        await ended_by_the_cancel(call, pids[0])
+        await wait_until_group_gone(pids[0])
+        assert data(await client.call_tool("run", {"argv": ["true"]}))["exit_code"] == 0
+    assert ctx.processes.count() == 0
+
+
+async def ended_by_the_cancel(call: asyncio.Task[Any], pgid: int) -> None:
+    """`call` ends, cancelled, within 10 s; if not, its group is killed here so nothing leaks."""
+    done, _ = await asyncio.wait({call}, timeout=10)
+    if not done:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        pytest.fail("the cancelled call had not ended 10 s later: its processes were not killed")
+    assert call.cancelled()
 
 
 async def test_run_is_annotated_as_a_destructive_non_idempotent_action(tmp_path: Path) -> None:
