@@ -53,6 +53,23 @@ SERVER_SQL = [
     "UPDATE nodes SET state = 'running', attempts = 1, queued_on = NULL, ready_since = ?, not_before = NULL, "
     "started_at = ? WHERE task_id = ? AND id = ?",
 ]
+# The agent's ledger writes per batch (`device_agent.ledger`): the receipt (one transaction), the
+# command started (one statement), the results (one transaction, letting go of the last
+# acknowledged outbox entry).
+RECEIPT_SQL = [
+    "SELECT state FROM batches WHERE batch_id=?",
+    "INSERT INTO batches (batch_id, fence, frame, state, received_at) VALUES (?,?,?,?,?)",
+    "INSERT INTO fences (server_id, device_id, max_fence) VALUES (?,?,?) "
+    "ON CONFLICT(server_id, device_id) DO UPDATE SET max_fence=excluded.max_fence",
+]
+STARTED_SQL = "UPDATE batches SET state='running', running_call=? WHERE batch_id=? AND state!='done'"
+RESULTS_SQL = [
+    "UPDATE batches SET state='done', finished_at=?, results=?, running_call=NULL WHERE batch_id=?",
+    "INSERT OR REPLACE INTO outbox (batch_id, fence, results, created_at) VALUES (?,?,?,?)",
+    "DELETE FROM calls WHERE batch_id=?",
+    "DELETE FROM outbox WHERE batch_id=?",
+]
+NEXT_EVENT_SQL = "SELECT coalesce(max(id), 0) FROM events"
 EVENTS_SQL = "INSERT INTO events (task_id, type, node_id, data, at, id) VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * 5)
 
 
@@ -99,12 +116,12 @@ async def _server(db_path: str, port: int, task_id: str, device_id: str, nodes: 
         cursor.execute(SERVER_SQL[3], (batch_id, fence + i, device_id))
         cursor.execute(SERVER_SQL[4], (now, now, task_id, node))
         events += [("node.state", node, "ready"), ("node.state", node, "running"), ("node.attempt", node, "dispatched")]
-        first = int(cursor.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]) + 1
-        params: list[object] = []
-        for n, (kind, node_id, state) in enumerate(events[:5]):
-            data = {"task_id": task_id, "at": now, "state": state, "node_id": node_id, "batch_id": batch_id}
-            params += [task_id, kind, node_id, json.dumps(data, separators=(",", ":")), now, first + n]
-        if len(events) == 5:
+        first = int(cursor.execute(NEXT_EVENT_SQL).fetchone()[0]) + 1
+        if len(events) == 5:  # (the first round, with no results yet, writes no events)
+            params: list[object] = []
+            for n, (kind, node_id, state) in enumerate(events):
+                data = {"task_id": task_id, "at": now, "state": state, "node_id": node_id, "batch_id": batch_id}
+                params += [task_id, kind, node_id, json.dumps(data, separators=(",", ":")), now, first + n]
             cursor.execute(EVENTS_SQL, params)
         cursor.execute("COMMIT")
         frame = {
@@ -171,21 +188,11 @@ async def _agent(ledger_path: str, port: int) -> None:
                 batch = json.loads(data)
                 batch_id, fence = batch["batch_id"], batch["fence"]
                 db.execute("BEGIN IMMEDIATE")  # the receipt
-                db.execute("SELECT state FROM batches WHERE batch_id=?", (batch_id,)).fetchone()
-                db.execute(
-                    "INSERT INTO batches (batch_id, fence, frame, state, received_at) VALUES (?,?,?,?,?)",
-                    (batch_id, fence, data, "received", time.time()),
-                )
-                db.execute(
-                    "INSERT INTO fences (server_id, device_id, max_fence) VALUES (?,?,?) "
-                    "ON CONFLICT(server_id, device_id) DO UPDATE SET max_fence=excluded.max_fence",
-                    ("srv", "dev", fence),
-                )
+                db.execute(RECEIPT_SQL[0], (batch_id,)).fetchone()
+                db.execute(RECEIPT_SQL[1], (batch_id, fence, data, "received", time.time()))
+                db.execute(RECEIPT_SQL[2], ("srv", "dev", fence))
                 db.execute("COMMIT")
-                db.execute(  # the command started
-                    "UPDATE batches SET state='running', running_call=? WHERE batch_id=? AND state!='done'",
-                    ("c1", batch_id),
-                )
+                db.execute(STARTED_SQL, ("c1", batch_id))
                 t0 = time.perf_counter()
                 output = _noop(batch["commands"][0]["arguments"]["text"])
                 results = [
@@ -200,17 +207,11 @@ async def _agent(ledger_path: str, port: int) -> None:
                 ]
                 payload, now = json.dumps(results, separators=(",", ":")), time.time()
                 db.execute("BEGIN IMMEDIATE")  # the results
-                db.execute(
-                    "UPDATE batches SET state='done', finished_at=?, results=?, running_call=NULL WHERE batch_id=?",
-                    (now, payload, batch_id),
-                )
-                db.execute(
-                    "INSERT OR REPLACE INTO outbox (batch_id, fence, results, created_at) VALUES (?,?,?,?)",
-                    (batch_id, fence, payload, now),
-                )
-                db.execute("DELETE FROM calls WHERE batch_id=?", (batch_id,))
+                db.execute(RESULTS_SQL[0], (now, payload, batch_id))
+                db.execute(RESULTS_SQL[1], (batch_id, fence, payload, now))
+                db.execute(RESULTS_SQL[2], (batch_id,))
                 if acked is not None:
-                    db.execute("DELETE FROM outbox WHERE batch_id=?", (acked,))
+                    db.execute(RESULTS_SQL[3], (acked,))
                 db.execute("COMMIT")
                 acked, seq = batch_id, seq + 1
                 frame = {"type": "result_batch", "seq": seq, "ack": batch["seq"], "batch_id": batch_id}

@@ -1,6 +1,6 @@
 """`bench/rtt_floor.py`, the durable floor the README measures the round trip against, stays the
-floor of *this* system: its server transaction writes what the engine's group commit writes for a
-chained node (the same tables, the same columns, the same number of events), and it runs."""
+floor of *this* system: its server transaction is the statements the engine's group commit issues
+for a chained node, its agent the statements the ledger issues for a batch, and it runs."""
 
 from __future__ import annotations
 
@@ -13,21 +13,19 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from bench.rtt_floor import EVENTS_SQL, SERVER_SQL
+from bench.rtt_floor import EVENTS_SQL, NEXT_EVENT_SQL, RECEIPT_SQL, RESULTS_SQL, SERVER_SQL, STARTED_SQL
+from device_agent.ledger import Ledger
+from protocol.messages import Command, CommandBatch, Result
 from tests.unit.engine.harness import Harness, results
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def shape(sql: str) -> tuple[str, str, frozenset[str], int]:
-    """(verb, table, columns written, rows) of an INSERT or UPDATE, literals or placeholders alike."""
-    if m := re.match(r"INSERT INTO (\w+) \(([^)]*)\) VALUES (.*)$", sql, re.S):
-        columns = frozenset(c.strip() for c in m.group(2).split(","))
-        rows = len(re.findall(r"\),\s*\(", m.group(3))) + 1
-        return "insert", m.group(1), columns, rows
-    m = re.match(r"UPDATE (\w+) SET (.*?) WHERE ", sql, re.S)
-    assert m, sql
-    return "update", m.group(1), frozenset(re.findall(r"(?:^|, )(\w+) = ", m.group(2))), 1
+def normalized(sql: str) -> str:
+    """A statement with every value a `?`: a traced one (values written in) and one with
+    placeholders compare equal when they are the same statement."""
+    sql = re.sub(r"'(?:[^']|'')*'", "?", sql)
+    return re.sub(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])", "?", sql)
 
 
 async def test_the_floor_writes_what_the_engine_writes_for_a_chained_node(tmp_path: Path) -> None:
@@ -52,11 +50,44 @@ async def test_the_floor_writes_what_the_engine_writes_for_a_chained_node(tmp_pa
             writer._db.set_trace_callback(None)
     finally:
         await h.close()
-    engine = Counter(shape(s) for s in traced if s.startswith(("INSERT", "UPDATE")))
-    floor = Counter(shape(s) for s in [*SERVER_SQL, EVENTS_SQL])
+    engine = Counter(normalized(s) for s in traced)
+    floor = Counter(normalized(s) for s in [*SERVER_SQL, EVENTS_SQL, NEXT_EVENT_SQL, "BEGIN IMMEDIATE", "COMMIT"])
     assert engine == floor
-    assert sum(1 for s in traced if s.startswith("SELECT")) == 1  # the events' next id, as the floor reads it
     assert traced[0] == "BEGIN IMMEDIATE" and traced[-1] == "COMMIT"
+
+
+def test_the_floor_agent_writes_what_the_ledger_writes_for_a_batch(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.db", "dev_1")
+    try:
+
+        def batch(n: int) -> CommandBatch:
+            command = Command(call_id="c1", tool="system.echo", tool_type="data_collection", arguments={"text": "x"})
+            return CommandBatch(
+                seq=n, batch_id=f"b{n}", task_id="t", node_id=f"n{n}", attempt=1, fence=n, commands=[command]
+            )
+
+        def run(n: int, acknowledged: list[str]) -> None:
+            ledger.receive(batch(n), acknowledged)
+            ledger.start_call(f"b{n}", "c1")
+            ledger.finish_batch(f"b{n}", n, [Result(call_id="c1", status="success", result={"text": "x"})])
+
+        run(1, [])
+        traced: list[str] = []
+        ledger._db.set_trace_callback(traced.append)
+        run(2, ["b1"])  # as in the floor: the result of the batch before was acknowledged
+        ledger._db.set_trace_callback(None)
+    finally:
+        ledger.close()
+    floor = [
+        "BEGIN IMMEDIATE",
+        *RECEIPT_SQL,
+        "COMMIT",
+        STARTED_SQL,
+        "BEGIN IMMEDIATE",
+        *RESULTS_SQL,
+        "COMMIT",
+    ]
+    assert [normalized(s) for s in traced] == [normalized(s) for s in floor]
 
 
 def test_the_floor_benchmark_runs_and_prints_its_figures() -> None:
