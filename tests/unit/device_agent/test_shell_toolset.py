@@ -15,6 +15,7 @@ import pytest
 from mcp import Client
 from mcp.types import CallToolResult
 
+from device_agent.toolset_host import InProcessServer
 from device_agent.toolsets.base import ToolsetContext
 from device_agent.toolsets.shell import build
 from tests.unit.device_agent import toolkit
@@ -224,7 +225,7 @@ async def test_a_cancel_while_the_program_is_starting_kills_its_group_and_does_n
     """A cancel (its timeout, an emergency stop) that lands while the program is being started:
     the program already runs, its start has not returned. asyncio alone would kill the program
     but not its children, and wait for the pipes they hold: the cancel hung until they exited on
-    their own (30 s in 7 runs of 10 of the test above, which then passed only because they had).
+    their own (30 s in 7 runs of 10 of the test above as it was, which passed only because they had).
     Here the start is held open at that point, deterministically."""
     real_start = asyncio.create_subprocess_exec
     running, release = asyncio.Event(), asyncio.Event()
@@ -239,17 +240,19 @@ async def test_a_cancel_while_the_program_is_starting_kills_its_group_and_does_n
 
     monkeypatch.setattr(asyncio, "create_subprocess_exec", start_held_open)
     ctx = make_ctx(tmp_path)
-    async with Client(build(ctx)) as client:
-        call = asyncio.create_task(client.call_tool("run", {"argv": ["sh", "-c", "sleep 600 & sleep 600"]}))
-        async with asyncio.timeout(10):
-            await running.wait()
-        call.cancel()
-        await asyncio.sleep(0)  # (a yield, not a wait) the cancel reaches the start first
-        release.set()
-        await ended_by_the_cancel(call, pids[0])
-        await wait_until_group_gone(pids[0])
-        assert data(await client.call_tool("run", {"argv": ["true"]}))["exit_code"] == 0
+    # The agent's own path (in process, the tool runs in the calling task), so the cancel is
+    # thrown in at the call's next step: while the start is held open, whatever the machine's speed.
+    server = InProcessServer(build(ctx))
+    call = asyncio.create_task(server.call("shell", "run", {"argv": ["sh", "-c", "sleep 600 & sleep 600"]}, 60))
+    async with asyncio.timeout(10):
+        await running.wait()
+    call.cancel()
+    await asyncio.sleep(0)  # (a yield, not a wait) the call's step that takes the cancel, at the start
+    release.set()
+    await ended_by_the_cancel(call, pids[0])
+    await wait_until_group_gone(pids[0])
     assert ctx.processes.count() == 0
+    assert data(await server.call("shell", "run", {"argv": ["true"]}, 60))["exit_code"] == 0
 
 
 async def ended_by_the_cancel(call: asyncio.Task[Any], pgid: int) -> None:
