@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--ray", type=int, default=2000)
     parser.add_argument("--floor", type=int, default=1000, help="rounds of the durable floor (0: skip it)")
     args = parser.parse_args()
+    if args.floor < 0 or args.floor == 1:
+        parser.error("--floor is 0 (leave the floor out) or at least 2 rounds")
     size = frame_size()
     orrery, parts = orrery_rtt(args.nodes)
     echo = echo_rtt(size, args.echo)

@@ -265,7 +265,9 @@ def _child(argv: list[str]) -> None:
 
 
 def floor_rtt(nodes: int) -> list[float]:
-    """The floor's samples (ms), after a warm-up of WARMUP rounds."""
+    """The floor's samples (ms), after a warm-up of WARMUP rounds: `nodes` - 1 of them."""
+    if nodes < 2:
+        raise SystemExit(f"the durable floor needs at least 2 rounds to time one (asked for {nodes})")
     with tempfile.TemporaryDirectory() as tmp:
         task_id, device_id, ids, fence = asyncio.run(_prepare_store(Path(tmp), nodes + WARMUP))
         ledger = Path(tmp) / "ledger.db"
@@ -294,6 +296,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--echo", type=int, default=2000)
     args = parser.parse_args()
+    if args.nodes < 2:
+        parser.error("--nodes: at least 2 rounds (one of them is timed)")
     floor = floor_rtt(args.nodes)
     echo = echo_rtt(frame_size(), args.echo)
     base = statistics.median(echo)
