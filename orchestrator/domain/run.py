@@ -248,6 +248,13 @@ class TaskRun:
         if self.cancel_requested or outcome.cancelled:
             return self._set(node_id, NodeState.CANCELLED, now) + self._ended(node_id, now, False)
         rec.queued_on = None
+        halted = self._halted_rollout(node_id)
+        if halted is not None:
+            # A fan-out child whose rollout halted while it ran: no child may start again, so it
+            # fails now instead of being placed again (a restart from the store would not place it
+            # either: it would skip it as a child waiting in a halted rollout).
+            rec.error["not_retried"] = f"not retried: {halted}"
+            return self._set(node_id, NodeState.FAILED, now) + self._ended(node_id, now, True)
         if retry.never_started(outcome.error_code, outcome.started):
             # Nothing ran, so nothing failed: place it again without spending a try. Its queue
             # timeout keeps counting from when it first became ready (schedule-to-start), which
@@ -272,6 +279,14 @@ class TaskRun:
         if outcome.final_code:
             rec.error["code"] = outcome.final_code
         return self._set(node_id, NodeState.FAILED, now) + self._ended(node_id, now, True)
+
+    def _halted_rollout(self, unit: str) -> str | None:
+        """Why no child of its fan-out may start again, if `unit` is a child of a halted rollout."""
+        if unit not in self.children:
+            return None
+        rollout = self.rollouts[fanout.split_unit(unit)[0]]
+        code = rollout.halt()
+        return rollout.halt_message(code) if code is not None else None
 
     def fail(self, node_id: str, code: str, message: str, now: float) -> list[Transition]:
         """Fail a node that has no attempt in flight (queue timeout, template error, ...)."""
