@@ -21,6 +21,7 @@ from device_agent.config import AgentConfig
 from device_agent.datadir import SCREENSHOTS_NAME
 from device_agent.faults import CrashPoints
 from device_agent.ledger import (
+    AppliedControl,
     Ledger,
     LedgerError,
     Receipt,
@@ -39,13 +40,12 @@ from protocol.messages import (
     SUPPORTED_VERSIONS,
     ApprovalDecision,
     BatchAccepted,
-    BudgetReset,
     Cancel,
     Command,
     CommandBatch,
+    ControlState,
+    DeviceControl,
     DeviceInfo,
-    DeviceResume,
-    DeviceStop,
     Error,
     ErrorInfo,
     Heartbeat,
@@ -115,6 +115,7 @@ class Agent:
         self.session: Session | None = None
         self.transport: Transport | None = None
         self.pending_acks: dict[int, str] = {}  # seq of a result_batch -> its batch id
+        self.pending_reports: dict[int, str] = {}  # seq of an approval decision reported -> its approval id
         self.work: asyncio.Queue[CommandBatch] = asyncio.Queue()
         self.queued: set[str] = set()
         # Batches this process recorded as new and queued: only the executor can finish them, and
@@ -160,12 +161,13 @@ class Agent:
         if closed:
             log.warning("closed %d batch(es) interrupted by the last stop: %s", len(closed), closed)
         await self.router.start()
-        stopped, reason = self.ledger.stop_state()
-        if stopped:
+        applied = self.ledger.control()
+        if applied.stopped:
             log.warning(
-                "this device is stopped by an operator (%s): action tools are refused until it is resumed", reason
+                "this device is stopped by an operator (%s): action tools are refused until it is resumed",
+                applied.reason,
             )
-            await self.router.stop_latch.engage(reason)
+            await self.router.stop_latch.engage(applied.reason)
         executor = asyncio.create_task(self._executor(), name="agent-executor")
         connector = asyncio.create_task(self._connect_forever(), name="agent-connection")
         try:
@@ -256,12 +258,8 @@ class Agent:
                 raise Closed(closes.get(first.code), f"the server refused the hello: {first.code}: {first.message}")
             assert isinstance(first, Welcome)
             self.ledger.welcomed(first.server_id)
-            if first.stopped is not None and first.stopped != self.router.stop_latch.stopped:
-                # Stopped or resumed while this agent was away: the server's word decides.
-                if first.stopped:
-                    await self._device_stop(first.stop_reason)
-                else:
-                    self._device_resume()
+            if first.control is not None:  # stopped or resumed while this agent was away: converge now
+                await self._apply_control(first.control)
             if first.server_time is not None:
                 self.clock_offset_s = first.server_time.timestamp() - time.time()
             resend = self._open(channel, first)
@@ -305,6 +303,7 @@ class Agent:
             tools=self.router.catalogue(),
             resume=resume,
             fence_seen=self.ledger.max_fence,
+            control_gen=self._control_gen(),
         )
 
     def _open(self, channel: Channel, welcome: Welcome) -> list[str]:
@@ -316,12 +315,17 @@ class Agent:
         self.session = Session(welcome.session_id, welcome.version)
         channel.open_agent(welcome, self.session)
         self.pending_acks = {}
+        self.pending_reports = {}
         frames = []
         for entry in self.ledger.outbox():
             stamped = self.session.stamp(ResultBatch(batch_id=entry.batch_id, fence=entry.fence, results=entry.results))
             self.pending_acks[stamped.seq] = entry.batch_id
             frames.append(encode(stamped))
-        frames += [encode(self.session.stamp(m)) for m in self.approvals.on_connect()]
+        for message in self.approvals.on_connect():
+            stamped = self.session.stamp(message)
+            if isinstance(stamped, ApprovalDecision):
+                self.pending_reports[stamped.seq] = stamped.approval_id
+            frames.append(encode(stamped))
         return frames
 
     async def _read(self, t: Transport, channel: Channel) -> None:
@@ -343,20 +347,11 @@ class Agent:
                 assert self.session is not None
                 self.session.confirm(msg.seq)
             elif isinstance(msg, ApprovalDecision):
-                self.approvals.on_decision(msg)  # recorded in the ledger before we acknowledge it
+                await self.approvals.on_decision(msg)  # recorded in the ledger before we acknowledge it
                 assert self.session is not None
                 self.session.confirm(msg.seq)
-            elif isinstance(msg, BudgetReset):
-                log.warning("safety budgets reset by the orchestrator: %s", msg.reason or "the device was uncordoned")
-                self.router.guards.budgets.reset()
-                assert self.session is not None
-                self.session.confirm(msg.seq)
-            elif isinstance(msg, DeviceStop):
-                await self._device_stop(msg.reason)
-                assert self.session is not None
-                self.session.confirm(msg.seq)
-            elif isinstance(msg, DeviceResume):
-                self._device_resume()
+            elif isinstance(msg, DeviceControl):
+                await self._apply_control(msg.control)  # recorded in the ledger before we acknowledge it
                 assert self.session is not None
                 self.session.confirm(msg.seq)
             elif isinstance(msg, Error):
@@ -371,8 +366,7 @@ class Agent:
                 await t.close(1001, "server silent")
                 return
             self._healthy(url)
-            batch = self.current.batch_id if self.current else None
-            await self._send(Heartbeat(state="busy" if batch else "idle", batch_id=batch))
+            await self._heartbeat()
 
     def _healthy(self, url: str | None) -> None:
         """Keep (or, with None, remove) the session file `python3 -m device_agent.health` reads.
@@ -388,9 +382,19 @@ class Agent:
         except OSError as exc:
             log.warning("could not update %s: %s", data_dir / health.FILE, exc)
 
+    async def _heartbeat(self) -> None:
+        batch = self.current.batch_id if self.current else None
+        await self._send(Heartbeat(state="busy" if batch else "idle", batch_id=batch, control_gen=self._control_gen()))
+
     def _settle_acks(self) -> list[str]:
-        """The outbox entries the server acknowledged (durable there), for the caller to let go."""
-        if self.session is None or not self.pending_acks:
+        """The outbox entries the server acknowledged (durable there), for the caller to let go;
+        approval decisions it acknowledged are marked reported here."""
+        if self.session is None:
+            return []
+        if self.pending_reports:
+            for seq in [s for s in self.pending_reports if s <= self.session.peer_ack]:
+                self.approvals.acknowledged(self.pending_reports.pop(seq))
+        if not self.pending_acks:
             return []
         return [self.pending_acks.pop(s) for s in [s for s in self.pending_acks if s <= self.session.peer_ack]]
 
@@ -402,6 +406,8 @@ class Agent:
             stamped = self.session.stamp(message)
             if isinstance(stamped, ResultBatch):
                 self.pending_acks[stamped.seq] = stamped.batch_id
+            elif isinstance(stamped, ApprovalDecision):
+                self.pending_reports[stamped.seq] = stamped.approval_id
             if self.transport is not None:
                 with contextlib.suppress(Closed, OSError):
                     await self.transport.send(encode(stamped))
@@ -465,26 +471,58 @@ class Agent:
         await self._send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results, fence_seen=mark))
 
     def _on_cancel(self, msg: Cancel) -> None:
+        running = self.current is not None and self.current.batch_id == msg.batch_id
+        if not running and msg.batch_id not in self.queued and self.ledger.results(msg.batch_id) is not None:
+            return  # finished already: the cancel (sent again while its results were on their way) is moot
         self.cancelling.add(msg.batch_id)
-        if self.current is not None and self.current.batch_id == msg.batch_id:
+        self.approvals.wake(msg.batch_id)  # a command waiting for approval stops waiting at once
+        if running:
             killed = self.router.kill_running()
             log.info("cancel %s: stopping after the current command (%d process group(s) killed)", msg.batch_id, killed)
 
-    async def _device_stop(self, reason: str) -> None:
-        """An operator's emergency stop: kept in the ledger first (an agent restart keeps it), then
-        the running command is interrupted (process groups killed, GUI input stopped and held
-        buttons and modifiers released) and every action tool refused until `device_resume`."""
-        self.ledger.set_stop(True, reason)
+    def _control_gen(self) -> int:
+        """The generation of the controls applied for the orchestrator we talk to (0: none yet)."""
+        applied = self.ledger.control()
+        return applied.gen if applied.server_id == self.ledger.server_id else 0
+
+    async def _apply_control(self, state: ControlState) -> None:
+        """The device's controls as operators want them (a welcome or `device_control`): applied
+        if newer than what the ledger holds, kept there first (an agent restart keeps them), then
+        acted on; the next heartbeat, sent at once, tells the server this generation is applied."""
+        applied = self.ledger.control()
+        server = self.ledger.server_id
+        same = applied.server_id == server
+        if same and state.gen <= applied.gen:
+            return  # sent again, or an older copy: applied already
+        before = applied.gen if same else 0
+        self.ledger.set_control(AppliedControl(server, state.gen, state.stopped, state.reason))
+        latch = self.router.stop_latch
+        if state.stopped:
+            if not latch.stopped:
+                await self._engage_stop(state.reason)
+            latch.reason = state.reason
+        elif latch.stopped or state.resumed > before:
+            self._lift_stop()
+        if state.budgets_reset > before:
+            log.warning("safety budgets reset by the orchestrator (the device was uncordoned)")
+            self.router.guards.budgets.reset()
+        if self.session is not None and self.transport is not None:
+            await self._heartbeat()
+
+    async def _engage_stop(self, reason: str) -> None:
+        """An operator's emergency stop (kept in the ledger already): the running command is
+        interrupted (process groups killed, GUI input stopped and held buttons and modifiers
+        released) and every action tool refused until a resume."""
         killed = self.router.kill_running()
         if self.current is not None:
             self.stopped_batches.add(self.current.batch_id)
+            self.approvals.wake(self.current.batch_id)
         if self.running_call is not None:
             asyncio.get_running_loop().call_later(STOP_GRACE_S, self._halt, self.running_call)
         await self.router.stop_latch.engage(reason)
         log.warning("device stopped by an operator (%s); %d process group(s) killed", reason or "no reason", killed)
 
-    def _device_resume(self) -> None:
-        self.ledger.set_stop(False)
+    def _lift_stop(self) -> None:
         if self.router.stop_latch.stopped:
             log.warning("device resumed by an operator: action tools run again")
         else:
@@ -572,6 +610,10 @@ class Agent:
                     results.append(refusal)
                     if batch.early_exit:
                         stop = f"command {cmd.call_id} ({cmd.tool}) was not approved, so the rest was skipped"
+                    continue
+                if batch_id in self.cancelling:  # cancelled as it was approved: it must not run now
+                    stop = "the batch was cancelled while this command waited for approval"
+                    results.append(skipped(cmd.call_id, cmd.tool, f"not run: {stop}", ErrorCode.CANCELLED.value))
                     continue
                 approved = True
                 batch = batch.model_copy(update={"deadline": deadline_of(batch, rec)})

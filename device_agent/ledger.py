@@ -155,6 +155,17 @@ class Receipt(StrEnum):
 
 
 @dataclass(frozen=True)
+class AppliedControl:
+    """The device's controls as this agent last applied them: the generation is the server's
+    (`server_id`'s), so a ledger welcomed by another orchestrator starts again from its word."""
+
+    server_id: str
+    gen: int
+    stopped: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class OutboxEntry:
     batch_id: str
     fence: int
@@ -266,21 +277,33 @@ class Ledger:
         ).fetchone()
         return int(row[0]) if row else 0
 
-    # ------------------------------------------------------------------ emergency stop
-
-    def stop_state(self) -> tuple[bool, str]:
-        """(stopped, reason) as an operator's last `device_stop` / `device_resume` left it."""
-        row = self._db.execute("SELECT value FROM meta WHERE key='stop'").fetchone()
-        if row is None or not row[0]:
-            return False, ""
-        return True, str(row[0])[1:]
+    # ------------------------------------------------------------------ controls
 
     @_durable
-    def set_stop(self, stopped: bool, reason: str = "") -> None:
-        """Keep the stop across agent restarts: stored before the agent acts on it."""
-        value = f"!{reason}" if stopped else ""
+    def control(self) -> AppliedControl:
+        """The device's controls as the last one applied left them (`protocol.messages.ControlState`)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='control'").fetchone()
+        if row is not None:
+            data = json.loads(row[0])
+            return AppliedControl(
+                str(data.get("server", "")),
+                int(data.get("gen", 0)),
+                bool(data.get("stopped")),
+                str(data.get("reason", "")),
+            )
+        # A ledger from before control generations kept only the stop.
+        old = self._db.execute("SELECT value FROM meta WHERE key='stop'").fetchone()
+        stopped = old is not None and bool(old[0])
+        return AppliedControl(self._server_id, 0, stopped, str(old[0])[1:] if stopped else "")
+
+    @_durable
+    def set_control(self, applied: AppliedControl) -> None:
+        """Keep the controls across agent restarts: stored before the agent acts on them."""
+        value = json.dumps(
+            {"server": applied.server_id, "gen": applied.gen, "stopped": applied.stopped, "reason": applied.reason}
+        )
         self._db.execute(
-            "INSERT INTO meta (key, value) VALUES ('stop', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            "INSERT INTO meta (key, value) VALUES ('control', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (value,),
         )
 
@@ -437,26 +460,21 @@ class Ledger:
             self._approval_batches.add(approval.batch_id)
 
     @_durable
-    def decide(
-        self,
-        approval_id: str,
-        state: str,
-        by: str,
-        reason: str = "",
-        deadline: float | None = None,
-        reported: bool = True,
-    ) -> bool:
-        """Record a decision on a pending approval; False if it was not pending (decided already)."""
+    def decide(self, approval_id: str, state: str, by: str, reason: str = "") -> bool:
+        """Record a decision on a pending approval; False if it was not pending (decided already).
+        The ledger is the approval's one arbiter: the first decision recorded here holds, whoever
+        made it (this agent, the owner's `orrery agent approve`, a request from the server)."""
         cur = self._db.execute(
-            "UPDATE approvals SET state=?, decided_by=?, decision_reason=?, deadline=?, decided_at=?, reported=? "
+            "UPDATE approvals SET state=?, decided_by=?, decision_reason=?, decided_at=?, reported=0 "
             "WHERE approval_id=? AND state='pending'",
-            (state, by, reason, deadline, time.time(), int(reported), approval_id),
+            (state, by, reason, time.time(), approval_id),
         )
         return cur.rowcount == 1
 
     @_durable
     def reported(self, approval_id: str) -> None:
-        self._db.execute("UPDATE approvals SET reported=1 WHERE approval_id=?", (approval_id,))
+        """The server acknowledged the decision that holds: it is recorded there."""
+        self._db.execute("UPDATE approvals SET reported=1 WHERE approval_id=? AND state != 'pending'", (approval_id,))
 
     @_durable
     def results(self, batch_id: str) -> list[Result] | None:
@@ -559,9 +577,11 @@ class Ledger:
         return closed
 
     def _prune(self) -> None:
+        # A decision the server has not acknowledged is kept, whatever became of its batch: it is
+        # reported until the server records it (the store must hold what the device decided).
         self._db.execute(
             "DELETE FROM approvals WHERE batch_id IN (SELECT batch_id FROM batches WHERE state='done') "
-            "AND state != 'pending'"
+            "AND state != 'pending' AND reported = 1"
         )
         self._approval_batches = None  # read again on next use
         self._db.execute(
@@ -589,13 +609,23 @@ class Approval:
     state: str = "pending"  # pending, approved, denied, expired, cancelled
     decided_by: str | None = None
     decision_reason: str | None = None
-    deadline: float | None = None  # the batch's deadline moved on by the wait (server time)
-    reported: bool = True  # a decision given on the device has been told to the server
+    deadline: float | None = None  # unused since the agent measures the wait itself (older ledgers)
+    # The decision that holds has been acknowledged by the server (it is recorded there): until
+    # then it is reported again on every new session, whoever made it.
+    reported: bool = False
+    decided_at: float | None = None  # this device's clock
+
+    @property
+    def waited_s(self) -> float:
+        """How long the command waited for its decision (0 while it waits)."""
+        if self.decided_at is None:
+            return 0.0
+        return max(0.0, self.decided_at - self.created_at)
 
 
 APPROVAL_COLUMNS = (
     "approval_id, batch_id, call_id, tool, arguments, reason, local_only, created_at, state, decided_by, "
-    "decision_reason, deadline, reported"
+    "decision_reason, deadline, reported, decided_at"
 )
 
 
@@ -614,6 +644,7 @@ def approval_from_row(row: tuple[Any, ...]) -> Approval:
         row[10],
         row[11],
         bool(row[12]),
+        float(row[13]) if row[13] is not None else None,
     )
 
 

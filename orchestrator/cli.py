@@ -667,6 +667,14 @@ def _decide_cli(
         result = c.decide(approval_id, decision, reason)
     if json_out:
         _print_json(result)
+    elif result["state"] == "pending" and result.get("requested_state"):
+        console.print(
+            f"{result['id']} {result['requested_state']} asked of device {result['device_id']}, which has not "
+            "confirmed it yet (offline?): it takes effect when the device gets it, unless its owner decides there "
+            f"first; see 'orrery approvals list --state all'",
+            markup=False,
+            highlight=False,
+        )
     else:
         console.print(f"{result['id']} {result['state']} ({result['tool']})", markup=False, highlight=False)
 

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     queue_timeout_s: float = Field(default=300.0, gt=0)
     # A command waiting for a person's approval fails with `approval_timeout` after this long.
     approval_timeout_s: float = Field(default=3600.0, gt=0)
+    # An operator's approve or deny is asked of the device (its ledger decides); the API waits
+    # this long for the device to confirm the decision that holds before it answers 202.
+    approval_confirm_s: float = Field(default=10.0, ge=0)
     # Issue 20: a node whose outcome is unknown (its device died mid-command) waits this long for
     # a capable device to run its verify commands; then it fails with its original error.
     probe_timeout_s: float = Field(default=900.0, gt=0)

@@ -92,6 +92,26 @@ class Result(_Model):
     duration_ms: float = 0.0
 
 
+class ControlState(_Model):
+    """What operators want of the device itself, as one piece of desired state with a generation
+    (level-triggered, as in Kubernetes): the server sends it until the agent reports (in its
+    heartbeats and hellos) that it has applied this generation, so a lost frame only delays it.
+    `gen` grows with every change; an agent applies a state whose `gen` is above the one its
+    ledger holds and ignores older ones, so copies sent again or out of order change nothing."""
+
+    gen: int = Field(ge=0)
+    # Emergency stop: the agent kills what runs and refuses every action tool until a newer
+    # state says not stopped. Only an operator's resume lowers it.
+    stopped: bool = False
+    reason: str = Field(default="", max_length=MAX_STOP_REASON_CHARS * 2)
+    # The generation of the last resume: an agent applying a newer one lifts its stop latch even
+    # if it was not stopped (a model's own `gui.stop`, which no tool can lift).
+    resumed: int = Field(default=0, ge=0)
+    # The generation of the last budget reset (an operator uncordoned the device): an agent
+    # applying a newer one clears its safety budgets.
+    budgets_reset: int = Field(default=0, ge=0)
+
+
 # ---------------------------------------------------------------- frames
 
 
@@ -108,6 +128,8 @@ class Hello(_Frame):
     # whose own counter is lower (its database was restored from a backup) raises it past this
     # before assigning anything, so its next batch is not refused as stale.
     fence_seen: int = Field(default=0, ge=0)
+    # The generation of the device's controls its ledger has applied (see `ControlState`).
+    control_gen: int = Field(default=0, ge=0)
 
 
 class Welcome(_Frame):
@@ -124,12 +146,10 @@ class Welcome(_Frame):
     # The server's clock when it sent this: batch deadlines are in the server's time, so the
     # agent measures its offset here and judges deadlines by it (device clocks drift).
     server_time: datetime | None = None
-    # Emergency stop (issue 18): an operator stopped this device (`POST /v1/devices/{id}/stop`).
-    # The `device_stop` / `device_resume` frames tell a connected agent; this tells one that was
-    # away when the operator acted, so it converges to the server's word at every welcome. None:
-    # the server does not say (an older one); the agent keeps the stop its ledger holds.
-    stopped: bool | None = None
-    stop_reason: str = Field(default="", max_length=MAX_STOP_REASON_CHARS * 2)
+    # The device's controls (emergency stop, budget reset, resume) as operators want them: an agent
+    # that was away when they changed converges at every welcome, before anything else happens.
+    # None: the server does not say; the agent keeps what its ledger holds.
+    control: ControlState | None = None
 
 
 class Heartbeat(_Frame):
@@ -140,6 +160,9 @@ class Heartbeat(_Frame):
     type: Literal["heartbeat"] = "heartbeat"
     state: Literal["idle", "busy"]
     batch_id: str | None = None
+    # Agent to server: the generation of the device's controls the agent has applied (its
+    # ledger's), so the server sends the controls again until the device has caught up.
+    control_gen: int = Field(default=0, ge=0)
 
 
 class CommandBatch(_Frame):
@@ -180,14 +203,13 @@ class ToolsChanged(_Frame):
     tools: list[ToolSpec]
 
 
-# ---------------------------------------------------------------- approvals (issue 18)
+# ---------------------------------------------------------------- approvals
 
 
 class ApprovalRequest(_Frame):
     """Agent to server: a command needs a person's approval before it runs (the tool is in the
     agent's `approval_required`, or it is `approval.request`). Sent again, unchanged, after every
-    reconnect until a decision arrives; the server keys it by `approval_id` and answers a request
-    it has already decided with that decision. Nothing of the command has run."""
+    reconnect until the approval is decided. Nothing of the command has run."""
 
     type: Literal["approval_request"] = "approval_request"
     approval_id: Identifier
@@ -204,9 +226,13 @@ class ApprovalRequest(_Frame):
 
 
 class ApprovalDecision(_Frame):
-    """Server to agent: the decision on `approval_id`, or the agent's own report (agent to
-    server) of a decision given on the device. `deadline`: the batch's deadline moved on by the
-    time it waited (server time), so the command still gets its whole timeout."""
+    """The device's ledger is the one arbiter of an approval. Server to agent: a decision asked
+    of the device (an operator's, the expiry, or `cancelled` when its attempt ended), sent again
+    until the device confirms it; the ledger takes it only if nothing was decided first. Agent to
+    server: the decision that holds, whoever made it (the owner at the device, or a request the
+    ledger took), sent until the server acknowledges it; only then is it recorded there.
+    `deadline` (agent to server): the batch's deadline moved on by the time the command waited
+    (server time), so it still gets its whole timeout."""
 
     type: Literal["approval_decision"] = "approval_decision"
     approval_id: Identifier
@@ -222,15 +248,16 @@ class Error(_Frame):
     message: str
 
 
-# ---------------------------------------------------------------- issue 18: safety budgets part
+# ---------------------------------------------------------------- safety budgets
 
 SafetyBudget = Literal["destructive_per_minute", "consecutive_bad_outcomes"]
 
 
 class SafetyBreach(_Frame):
     """Agent to server: the device refused work because one of its owner's safety budgets was
-    breached. The server cordons the device with this as the reason (idempotent: sent again on
-    every new session until a `budget_reset` arrives)."""
+    breached. The server cordons the device with this as the reason (a stopped device stays
+    stopped; the breach is recorded). Sent again on every new session until a control state
+    with a newer `budgets_reset` arrives."""
 
     type: Literal["safety_breach"] = "safety_breach"
     budget: SafetyBudget
@@ -238,31 +265,15 @@ class SafetyBreach(_Frame):
     detail: str = Field(default="", max_length=1000)
 
 
-class BudgetReset(_Frame):
-    """Server to agent: an operator uncordoned the device; the agent clears its safety budgets."""
-
-    type: Literal["budget_reset"] = "budget_reset"
-    reason: str = Field(default="", max_length=300)
+# ---------------------------------------------------------------- controls
 
 
-SAFETY_TYPES = frozenset({"safety_breach", "budget_reset"})
+class DeviceControl(_Frame):
+    """Server to agent: the device's control state (`ControlState`), sent whenever it changes and
+    again until the agent's heartbeats report its generation applied."""
 
-# ---------------------------------------------------------------- emergency stop (issue 18)
-
-
-class DeviceStop(_Frame):
-    """Server to agent: an operator stopped the device. The agent kills what runs (process
-    groups, held GUI buttons and keys), ends the running batch with `device_stopped`, and refuses
-    every action tool until `device_resume`; the stop is kept in its ledger across restarts."""
-
-    type: Literal["device_stop"] = "device_stop"
-    reason: str = Field(default="", max_length=MAX_STOP_REASON_CHARS * 2)
-
-
-class DeviceResume(_Frame):
-    """Server to agent: an operator lifted the stop (the only thing that lifts it)."""
-
-    type: Literal["device_resume"] = "device_resume"
+    type: Literal["device_control"] = "device_control"
+    control: ControlState
 
 
 # ---------------------------------------------------------------- the union
@@ -280,9 +291,7 @@ Message = Annotated[
     | ApprovalDecision
     | Error
     | SafetyBreach
-    | BudgetReset
-    | DeviceStop
-    | DeviceResume,
+    | DeviceControl,
     Field(discriminator="type"),
 ]
 
@@ -295,9 +304,13 @@ RELIABLE_TYPES = frozenset(
         "tools_changed",
         "approval_request",
         "approval_decision",
+        "safety_breach",
+        "device_control",
     }
 )
-SERVER_TO_AGENT = frozenset({"welcome", "heartbeat", "command_batch", "cancel", "approval_decision", "error"})
+SERVER_TO_AGENT = frozenset(
+    {"welcome", "heartbeat", "command_batch", "cancel", "approval_decision", "device_control", "error"}
+)
 AGENT_TO_SERVER = frozenset(
     {
         "hello",
@@ -307,16 +320,10 @@ AGENT_TO_SERVER = frozenset(
         "tools_changed",
         "approval_request",
         "approval_decision",
+        "safety_breach",
         "error",
     }
 )
-# issue 18, safety budgets part
-RELIABLE_TYPES |= SAFETY_TYPES
-SERVER_TO_AGENT |= {"budget_reset"}
-AGENT_TO_SERVER |= {"safety_breach"}
-# emergency stop (issue 18)
-RELIABLE_TYPES |= {"device_stop", "device_resume"}
-SERVER_TO_AGENT |= {"device_stop", "device_resume"}
 
 
 def is_reliable(message: Message) -> bool:

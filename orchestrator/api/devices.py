@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from orchestrator.api.deps import Admin, Comp, Operator, Viewer
+from orchestrator.api.deps import Admin, Comp, Operator, Principal, Viewer
 from orchestrator.api.errors import COMMON, LISTING, ApiError, problems
 from orchestrator.api.lookup import find_device
 from orchestrator.api.render import device_out
@@ -24,9 +24,10 @@ from orchestrator.api.schemas import (
     DeviceStopIn,
     Page,
 )
-from orchestrator.domain.lifecycle import history_state
-from orchestrator.domain.model import AdminState, Liveness
-from orchestrator.engine.records import DeviceChanged
+from orchestrator.domain.controls import ControlAction
+from orchestrator.domain.model import AdminState
+from orchestrator.engine.controls import controls_of
+from orchestrator.engine.records import ControlDevice, DeviceChanged
 from orchestrator.engine.times import utc
 from orchestrator.ids import new_id
 from orchestrator.security import device_token
@@ -34,14 +35,6 @@ from orchestrator.store.models import Device, DeviceHistory
 from orchestrator.store.repo import ChangeSet, WriteConflict
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"], responses={**COMMON, **problems(404, 409)})
-
-_ADMIN_REASONS = {
-    AdminState.ACTIVE: "uncordoned by an operator",
-    AdminState.DRAINING: "drained by an operator",
-    AdminState.CORDONED: "cordoned by an operator",
-    AdminState.STOPPED: "stopped by an operator",
-    AdminState.REVOKED: "revoked by an admin",
-}
 
 
 @router.post(
@@ -176,22 +169,22 @@ _STOPPED_409 = "`conflict`: the device is revoked, or (drain, cordon, uncordon) 
 
 
 @router.post("/{device_id}/drain", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
-async def drain(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
-    return await _set_admin(comp, device_id, AdminState.DRAINING)
+async def drain(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
+    return await _control(comp, device_id, ControlAction.DRAIN, _by("drained", principal))
 
 
 @router.post("/{device_id}/cordon", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
-async def cordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
+async def cordon(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
     """Take no new work; `cordon_reason` says "cordoned by an operator". (A device whose agent
     breaches one of its safety budgets is cordoned by the engine, the breach as its reason.)"""
-    return await _set_admin(comp, device_id, AdminState.CORDONED)
+    return await _control(comp, device_id, ControlAction.CORDON, _by("cordoned", principal))
 
 
 @router.post("/{device_id}/uncordon", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
-async def uncordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
-    """Back to service; clears `cordon_reason`, and the device's agent resets its safety budgets
-    (`budget_reset`), so a device cordoned by a breach takes work again."""
-    return await _set_admin(comp, device_id, AdminState.ACTIVE)
+async def uncordon(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
+    """Back to service; clears `cordon_reason`, and the device's agent resets its safety budgets,
+    so a device cordoned by a breach takes work again."""
+    return await _control(comp, device_id, ControlAction.UNCORDON, _by("uncordoned", principal), guarded=True)
 
 
 @router.post(
@@ -203,33 +196,31 @@ async def stop(device_id: str, comp: Comp, principal: Operator, body: DeviceStop
     and modifiers released; the stopped commands end with error code `device_stopped`, and the
     node fails or is retried by the usual retry rules), and its agent refuses every action tool
     (read-only tools still run) until `POST /v1/devices/{id}/resume`. The stop is durable: it
-    outlasts agent and orchestrator restarts, and an agent that was offline learns it when it
-    reconnects. The history entry records who stopped the device and why. Stopping a stopped
-    device changes nothing."""
+    outlasts agent and orchestrator restarts, and it is sent to the agent until the agent
+    reports it applied (an agent that was offline learns it when it reconnects). The history
+    entry records who stopped the device and why. Stopping a stopped device changes nothing."""
     reason = (body.reason if body else "").strip()
-    why = f"stopped by an operator (key {principal.key_id})" + (f": {reason}" if reason else "")
-    return await _set_admin(comp, device_id, AdminState.STOPPED, why)
+    why = _by("stopped", principal) + (f": {reason}" if reason else "")
+    return await _control(comp, device_id, ControlAction.STOP, why)
 
 
 @router.post(
-    "/{device_id}/resume", response_model=DeviceOut, responses=problems(s409="`conflict`: the device is revoked")
+    "/{device_id}/resume",
+    response_model=DeviceOut,
+    responses=problems(s409="`conflict`: the device is revoked, or its controls changed since it was read"),
 )
 async def resume(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
     """Lift an emergency stop: the device is `active` again (takes work, its agent runs action
-    tools again; a GUI needs a new `gui.observe` first). The only way to lift a stop. On a
-    device that is not stopped its state does not change, but its agent is still told to resume:
-    that lifts a `gui.stop` a model called (no tool can lift it)."""
-    row = await _usable(comp, device_id)
-    if row.admin_state != AdminState.STOPPED:
-        await comp.cluster.submit(DeviceChanged(row.id, resume=True))  # lifts a model's `gui.stop`
-        return await _detail(comp, row)
-    why = f"resumed by an operator (key {principal.key_id})"
-    return await _set_admin(comp, row.id, AdminState.ACTIVE, why, resuming=True)
+    tools again; a GUI needs a new `gui.observe` first), or `cordoned` if its agent breached a
+    safety budget meanwhile (uncordon it to reset them). The only way to lift a stop. On a
+    device that is not stopped its state does not change, but its agent is still told to
+    resume: that lifts a `gui.stop` a model called (no tool can lift it)."""
+    return await _control(comp, device_id, ControlAction.RESUME, _by("resumed", principal), guarded=True)
 
 
 @router.delete("/{device_id}", status_code=200)
 async def revoke(device_id: str, comp: Comp, _p: Admin) -> dict[str, Any]:
-    out = await _set_admin(comp, device_id, AdminState.REVOKED)
+    out = await _control(comp, device_id, ControlAction.REVOKE, "revoked by an admin")
     return {"id": out.id, "state": "revoked"}
 
 
@@ -240,32 +231,20 @@ async def _usable(comp: Comp, device_id: str) -> Device:
     return row
 
 
-async def _set_admin(
-    comp: Comp, device_id: str, admin: AdminState, reason: str | None = None, *, resuming: bool = False
-) -> DeviceOut:
-    """Set the admin state (and record why in the history). Only `resuming` (the resume
-    endpoint) takes a device out of `stopped`; revoking it is allowed too."""
+def _by(done: str, principal: Principal) -> str:
+    return f"{done} by an operator (key {principal.key_id})" if principal.key_id else f"{done} by an operator"
+
+
+async def _control(comp: Comp, device_id: str, action: ControlAction, why: str, guarded: bool = False) -> DeviceOut:
+    """Ask the engine, the one writer of a device's controls, for `action`. `guarded` (resume,
+    uncordon): only on the controls this request read, so a repeated or stale request cannot
+    lift a stop given since."""
     row = await _usable(comp, device_id)
-    lifts = admin not in (AdminState.STOPPED, AdminState.REVOKED)
-    if row.admin_state == AdminState.STOPPED and lifts and not resuming:
-        raise ApiError(
-            409,
-            "conflict",
-            f"device '{row.name}' is stopped (emergency stop); only resume lifts it: "
-            f"POST /v1/devices/{row.id}/resume (orrery devices resume {row.name}), then {admin.value} it",
-        )
-    changes = ChangeSet()
-    cordon_reason = _ADMIN_REASONS[admin] if admin is AdminState.CORDONED else None
-    if admin.value == row.admin_state and row.cordon_reason:
-        cordon_reason = row.cordon_reason  # cordoned again: keep why it was (a safety breach says more)
-    changes.update(Device, (row.id,), admin_state=admin.value, cordon_reason=cordon_reason)
-    if admin.value != row.admin_state:  # the change and its history entry in one transaction
-        queued = (await comp.store.queue_lengths()).get(row.id, 0) if admin is AdminState.ACTIVE else 0
-        state = history_state(admin, Liveness(row.liveness), row.current_batch_id is not None, queued)
-        why = reason or cordon_reason or _ADMIN_REASONS[admin]
-        changes.insert(DeviceHistory, _history(row.id, state.value, why, time.time()))
-    await comp.store.write(changes)
-    await comp.cluster.submit(DeviceChanged(row.id))
+    expect = controls_of(row).gen if guarded else None
+    reply = await comp.cluster.submit(ControlDevice(row.id, action, why, new_id("req"), expect))
+    if not reply.get("ok"):
+        code = str(reply.get("code") or "conflict")
+        raise ApiError(404 if code == "not_found" else 409, code, str(reply.get("detail") or ""))
     await comp.store.prune_device_history([row.id], comp.settings.device_history_kept)
     return await _detail(comp, await find_device(comp.store, row.id))
 
@@ -279,7 +258,7 @@ async def _detail(comp: Comp, row: Device) -> DeviceOut:
     work = await comp.store.current_work([row.current_batch_id] if row.current_batch_id else [])
     out = _out(comp, row, queues.get(row.id, 0), work)
     if row.admin_state == AdminState.STOPPED:
-        out.stop_reason = await comp.store.stop_reason(row.id)
+        out.stop_reason = controls_of(row).stop_reason
     return out
 
 

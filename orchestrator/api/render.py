@@ -281,4 +281,6 @@ def device_out(
         connected=connected,
         created_at=row.created_at,
         cordon_reason=row.cordon_reason if row.admin_state == AdminState.CORDONED else None,
+        control_generation=int((row.control or {}).get("gen") or 0),
+        control_applied=int((row.control or {}).get("applied") or 0),
     )

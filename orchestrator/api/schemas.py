@@ -316,6 +316,15 @@ class DeviceOut(BaseModel):
         description='why it is cordoned: "cordoned by an operator", or the safety budget its agent breached '
         "(null unless cordoned)",
     )
+    control_generation: int = Field(
+        default=0,
+        description="the generation of the device's controls (stop, resume, budget reset) as operators want them",
+    )
+    control_applied: int = Field(
+        default=0,
+        description="the generation its agent last reported applied: below `control_generation`, the agent has "
+        "not applied the latest stop, resume or budget reset yet (it is sent until it does)",
+    )
 
 
 class DeviceHistoryItem(BaseModel):

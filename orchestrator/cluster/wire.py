@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.domain.controls import ControlAction
 from orchestrator.domain.model import Liveness
 from orchestrator.engine.intake import Submission
 from orchestrator.engine.records import (
-    ApprovalDecided,
     CancelTask,
+    ControlDevice,
+    DecideApproval,
     DeviceChanged,
     DeviceHello,
     FrameIn,
@@ -35,9 +37,24 @@ def dump(item: Input) -> dict[str, Any]:
     if isinstance(item, CancelTask):
         return {"kind": "cancel_task", "task_id": item.task_id}
     if isinstance(item, DeviceChanged):
-        return {"kind": "device_changed", "device_id": item.device_id, **({"resume": True} if item.resume else {})}
-    if isinstance(item, ApprovalDecided):
-        return {"kind": "approval_decided", "approval_id": item.approval_id}
+        return {"kind": "device_changed", "device_id": item.device_id}
+    if isinstance(item, ControlDevice):
+        return {
+            "kind": "control_device",
+            "device_id": item.device_id,
+            "action": item.action.value,
+            "reason": item.reason,
+            "request_id": item.request_id,
+            "expect_gen": item.expect_gen,
+        }
+    if isinstance(item, DecideApproval):
+        return {
+            "kind": "decide_approval",
+            "approval_id": item.approval_id,
+            "decision": item.decision,
+            "by": item.by,
+            "reason": item.reason,
+        }
     if isinstance(item, DeviceHello):
         return {
             "kind": "hello",
@@ -56,7 +73,10 @@ def dump(item: Input) -> dict[str, Any]:
             "replica": item.replica,
         }
     if isinstance(item, LinkReport):
-        links = [[s.device_id, s.epoch, s.liveness.value, round(s.silent_s, 3), s.batch_id] for s in item.links]
+        links = [
+            [s.device_id, s.epoch, s.liveness.value, round(s.silent_s, 3), s.batch_id, s.control_gen]
+            for s in item.links
+        ]
         return {"kind": "links", "replica": item.replica, "links": links}
     if isinstance(item, FrameIn):
         return {"kind": "frame", "device_id": item.device_id, "frame": encode(item.message)}
@@ -74,9 +94,20 @@ def load(data: dict[str, Any]) -> Input:
     if kind == "cancel_task":
         return CancelTask(data["task_id"])
     if kind == "device_changed":
-        return DeviceChanged(data["device_id"], bool(data.get("resume", False)))
-    if kind == "approval_decided":
-        return ApprovalDecided(data["approval_id"])
+        return DeviceChanged(data["device_id"])
+    if kind == "control_device":
+        expect = data.get("expect_gen")
+        return ControlDevice(
+            str(data["device_id"]),
+            ControlAction(data["action"]),
+            str(data.get("reason") or ""),
+            str(data.get("request_id") or ""),
+            int(expect) if expect is not None else None,
+        )
+    if kind == "decide_approval":
+        return DecideApproval(
+            str(data["approval_id"]), str(data["decision"]), str(data["by"]), str(data.get("reason") or "")
+        )
     if kind == "hello":
         return DeviceHello(
             data["device_id"], decode(data["frame"]), bool(data["resumed"]), int(data["epoch"]), str(data["replica"])
@@ -86,7 +117,7 @@ def load(data: dict[str, Any]) -> Input:
     if kind == "links":
         return LinkReport(
             str(data["replica"]),
-            [LinkState(str(d), int(e), Liveness(lv), float(s), b) for d, e, lv, s, b in data["links"]],
+            [LinkState(str(d), int(e), Liveness(lv), float(s), b, int(g)) for d, e, lv, s, b, g in data["links"]],
         )
     if kind == "frame":
         return FrameIn(data["device_id"], decode(data["frame"]))

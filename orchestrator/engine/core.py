@@ -45,9 +45,10 @@ from orchestrator.engine.queues import Queues
 from orchestrator.engine.records import (
     AgentDone,
     AgentStep,
-    ApprovalDecided,
     AttemptKind,
     CancelTask,
+    ControlDevice,
+    DecideApproval,
     DeviceChanged,
     DeviceHello,
     DeviceRun,
@@ -72,8 +73,6 @@ from orchestrator.engine.validation import validate_against
 from orchestrator.engine.writer import EventSink, StepWriter
 from orchestrator.ids import new_id
 from orchestrator.metrics import EngineGauges, Metrics
-from orchestrator.store import approvals as stored_approvals
-from orchestrator.store import schedules as stored_schedules
 from orchestrator.store.repo import Store
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -157,7 +156,6 @@ class Engine:
             self.attempts,
             self.outbox,
             self.runs.apply,
-            self.notify,
         )
         self.runs.on_approval_expiry = self.approvals.expire
         self.runs.on_attempt_end = self.approvals.attempt_ended
@@ -186,7 +184,8 @@ class Engine:
             LinkReport: self._sync(self._on_report),
             Hearing: self._sync(lambda item, now: self.fleet.hearing(item.up, now)),
             DeviceChanged: self._on_device_changed,
-            ApprovalDecided: lambda item, now: self.approvals.decided(item.approval_id, now),
+            DecideApproval: self._sync(self.approvals.decide),
+            ControlDevice: self._sync(self._on_control),
             Wake: self._sync(lambda item, now: None),
             AgentStep: self._sync(self.llm.agent_step),
             AgentDone: self._sync(lambda item, now: self.runs.end_agent(self.llm.agent_done(item, now), now)),
@@ -371,9 +370,19 @@ class Engine:
 
     def _on_report(self, item: LinkReport, now: float) -> None:
         self.runs.carry_out(self.fleet.report(item, now), now)
+        if self.approvals.waiting:  # requests its devices have not confirmed go again while they wait
+            for link in item.links:
+                dev = self.fleet.devices.get(link.device_id)
+                if dev is not None and link.batch_id is not None and link.epoch >= dev.epoch:
+                    self.approvals.heard(dev, link.batch_id, now)
+
+    def _on_control(self, item: ControlDevice, now: float) -> dict[str, Any]:
+        reply, actions = self.fleet.controls.control(item, now)
+        self.runs.carry_out(actions, now)
+        return reply
 
     async def _on_device_changed(self, item: DeviceChanged, now: float) -> None:
-        self.runs.carry_out(await self.fleet.changed(item.device_id, now, item.resume), now)
+        self.runs.carry_out(await self.fleet.changed(item.device_id, now), now)
 
     async def _on_frame(self, item: FrameIn, now: float) -> None:
         dev = self.fleet.devices.get(item.device_id)
@@ -391,9 +400,9 @@ class Engine:
         elif isinstance(msg, ApprovalRequest):
             await self.approvals.requested(dev, msg, now)
         elif isinstance(msg, ApprovalDecision):
-            await self.approvals.reported(dev, msg, now)
-        elif isinstance(msg, SafetyBreach):  # issue 18: a breached safety budget cordons the device
-            news, actions = self.fleet.safety_breach(dev, msg, now)
+            self.approvals.reported(dev, msg, now)
+        elif isinstance(msg, SafetyBreach):  # a breached safety budget cordons the device
+            news, actions = self.fleet.controls.breach(dev, msg, now)
             if news:
                 self.metrics.safety_breaches.labels(msg.budget).inc()
             self.runs.carry_out(actions, now)
@@ -429,7 +438,6 @@ class Engine:
             self.timers.add(self._next_reconcile, timers.Wake())
             self._reconciles += 1
             await self._adopt_tasks(now)
-            await self.approvals.reconcile(now)
             if self._reconciles % DEVICE_RECONCILE_EVERY == 0 and self._device_pass is None:
                 self._device_pass = ""
                 await self._adopt_device_page(now)
@@ -450,15 +458,11 @@ class Engine:
         fleet; at the end of the pass, old device history is pruned."""
         after = self._device_pass or ""
         rows = await self.store.device_admin(after, DEVICE_PAGE)
-        for device_id, name, admin, labels, token_hash in rows:
+        for device_id, name, _admin, labels, token_hash in rows:
             dev = self.fleet.devices.get(device_id)
-            if (
-                dev is None
-                or dev.admin.value != admin
-                or dev.name != name
-                or dev.labels != labels
-                or dev.token_hash != token_hash
-            ):
+            # The admin state is the engine's own (it is its one writer): only what the API writes
+            # (enrollments, names, labels, tokens) can be news here.
+            if dev is None or dev.name != name or dev.labels != labels or dev.token_hash != token_hash:
                 log.info("adopting a change of device %s found in the store", device_id)
                 await self._on_device_changed(DeviceChanged(device_id), now)
         if len(rows) == DEVICE_PAGE:
@@ -478,8 +482,8 @@ class Engine:
         `start` does this before looping; tests and simulations call it, then drive `step`."""
         now = self.clock()
         self._settle(restore.load(await self.store.load_runtime(), now), now)
-        self.approvals.restore(await stored_approvals.pending(self.store), now)
-        self.schedules.restore(await stored_schedules.load(self.store), now)
+        self.approvals.restore(await self.store.approvals_to_restore(), now)
+        self.schedules.restore(await self.schedules.load_rows(self.store), now)
         self.recovered_at = now
         self._next_reconcile = now + self.settings.reconcile_interval_s
         self.timers.add(self._next_reconcile, timers.Wake())

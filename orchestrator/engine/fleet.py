@@ -1,6 +1,8 @@
 """The devices as the engine knows them: what devices say (hello, acceptances, tool changes),
 what replicas report of their links (liveness, periodic link reports, hearing), the sweep for
-devices nobody reports any more, and what operators change (drain, revoke, rotate a token).
+devices nobody reports any more, and what the API changes in their rows (enrollments, labels,
+tokens). Their controls (drain, cordon, stop, resume, revoke, safety breaches) are the one
+writer's in `controls`, a part of the fleet.
 
 The fleet keeps the device records, their fences and their history. What a change means for
 tasks (queued nodes made ready again, attempts of a lost device ended, nodes no device can run
@@ -9,24 +11,25 @@ any more) it returns as actions for the engine to apply."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orchestrator.config import Settings
 from orchestrator.domain import placement
 from orchestrator.domain.lifecycle import history_state
-from orchestrator.domain.model import AdminState, DeviceState, Liveness
+from orchestrator.domain.model import AdminState, Liveness
+from orchestrator.engine.actions import Action, Lost, Requeue
 from orchestrator.engine.attempts import Attempts
+from orchestrator.engine.controls import DeviceControls
 from orchestrator.engine.outbox import Outbox
 from orchestrator.engine.queues import Queues
-from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceHello, DeviceRun, LinkReport, NodeKey
+from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceHello, DeviceRun, LinkReport
 from orchestrator.engine.restore import device_from_row
 from orchestrator.engine.times import utc
 from orchestrator.engine.validation import known_tools
 from orchestrator.engine.writer import StepWriter
 from orchestrator.store.models import Attempt, Device, DeviceHistory
 from protocol.errors import CloseCode
-from protocol.messages import BudgetReset, DeviceResume, DeviceStop, Hello, SafetyBreach, ToolsChanged
+from protocol.messages import Cancel, Hello, ToolsChanged
 
 log = logging.getLogger("orrery.engine")
 
@@ -42,42 +45,6 @@ _LIVENESS_REASONS = {
 
 class DeviceRows(Protocol):
     async def get_device(self, device_id: str) -> Device | None: ...
-
-    async def last_device_state(self, device_id: str) -> str | None: ...
-
-    async def stop_reason(self, device_id: str) -> str: ...
-
-
-@dataclass(frozen=True)
-class Requeue:
-    """These nodes left a device's queue: they are READY again."""
-
-    keys: list[NodeKey]
-
-
-@dataclass(frozen=True)
-class Lost:
-    """The device is lost (a new fencing epoch): its open attempts end `device_lost`."""
-
-    device: DeviceRun
-    message: str
-
-
-@dataclass(frozen=True)
-class Revoked:
-    """A device will never run anything again: nodes only it could run fail now."""
-
-
-@dataclass(frozen=True)
-class Stopped:
-    """An operator stopped the device (emergency stop): its agent nodes end `device_stopped` (its
-    tool batches are ended by the agent itself, which kills them and reports `device_stopped`)."""
-
-    device: DeviceRun
-    message: str
-
-
-Action = Requeue | Lost | Revoked | Stopped
 
 
 class Fleet:
@@ -101,6 +68,7 @@ class Fleet:
         self.replica_id = "local"  # the replica this engine runs on (its own devices need no bus)
         self.deaf = False  # cannot hear other replicas now (see `Hearing`)
         self.history_written: set[str] = set()  # devices whose history grew since it was last pruned
+        self.controls = DeviceControls(self)  # the one writer of the devices' controls
 
     # ---------------------------------------------------------------- connections
 
@@ -129,7 +97,8 @@ class Fleet:
         )
         self.raise_fence(dev, hello.fence_seen)
         recovering, dev.recovering = dev.recovering, False
-        actions = self._set_liveness(dev, Liveness.ONLINE, now)
+        actions = self.set_liveness(dev, Liveness.ONLINE, now)
+        self.controls.heard(dev, hello.control_gen, now, connected=True)
         if not item.resumed or recovering:
             # A new session knows nothing of earlier frames, and an engine that (re)started since
             # the session began does not know what reached it: re-send every open attempt from
@@ -186,7 +155,7 @@ class Fleet:
             # before may be lost, so every open batch goes again (the agent de-duplicates).
             dev.recovering = False
             self._redispatch(dev)
-        return self._set_liveness(dev, liveness, now)
+        return self.set_liveness(dev, liveness, now)
 
     def report(self, report: LinkReport, now: float) -> list[Action]:
         """A replica's periodic account of its links: the liveness view, acceptances and busy
@@ -201,6 +170,8 @@ class Fleet:
                 actions += self.liveness(link.device_id, link.liveness, now, link.epoch, report.replica)
             # else: the usual case at scale (nothing changed), without the general path's work
             dev.heard_at = now - max(0.0, link.silent_s)
+            if link.control_gen != dev.applied_gen or link.control_gen < dev.control_gen:
+                self.controls.heard(dev, link.control_gen, now)
             if link.batch_id is not None or dev.current_batch is not None:  # an idle device has nothing to reconcile
                 self._reconcile_batch(dev, link.batch_id, now)
         return actions
@@ -208,10 +179,13 @@ class Fleet:
     def _reconcile_batch(self, dev: DeviceRun, running: str | None, now: float) -> None:
         """The device said (heartbeat) it is running `running`: that batch was accepted, even if
         its `batch_accepted` was lost; and a device that is idle or on other work is not busy
-        with a batch the engine already closed."""
+        with a batch the engine already closed. A cancel is desired state too: a batch the engine
+        cancelled or already ended that the device says it still runs is told again to stop."""
         att = self.attempts.get(running)
         if att is not None and att.device_id == dev.id:
             self.accepted(att, now)
+        if running is not None and (att is None or att.device_id != dev.id or att.cancel_reason is not None):
+            self._cancel_again(dev, running, att.cancel_reason if att is not None and att.cancel_reason else None, now)
         waiting = self.attempts.get(dev.current_batch)
         if (
             running is None
@@ -229,6 +203,20 @@ class Fleet:
         current = dev.current_batch
         if current is not None and current != running and self.attempts.get(current) is None:
             self.set_current(dev, None, now)
+
+    def _cancel_again(self, dev: DeviceRun, batch_id: str, reason: str | None, now: float) -> None:
+        last = dev.cancel_sent
+        if last is not None and last[0] == batch_id and now - last[1] < RESEND_AFTER_S:
+            return
+        if last is None or last[0] != batch_id:
+            dev.cancel_sent = (batch_id, now)  # the first sighting: the cancel sent with its end may still land
+            return
+        dev.cancel_sent = (batch_id, now)
+        why = reason or "ended"
+        log.info(
+            "device %s still runs batch %s (%s by the orchestrator): telling it again to stop", dev.id, batch_id, why
+        )
+        self.outbox.send(dev.id, Cancel(batch_id=batch_id, reason=why))
 
     def accepted(self, att: AttemptRun, now: float) -> None:
         if att.accepted:
@@ -270,7 +258,7 @@ class Fleet:
                 log.warning("device %s not reported for %.0fs: offline", dev.id, now - dev.heard_at)
                 dev.recovering = False
                 reason = f"not heard from for {now - dev.heard_at:.0f}s"
-                actions += self._set_liveness(dev, Liveness.OFFLINE, now, reason)
+                actions += self.set_liveness(dev, Liveness.OFFLINE, now, reason)
         return actions
 
     # ---------------------------------------------------------------- state and history
@@ -280,9 +268,9 @@ class Fleet:
             dev.current_batch = batch_id
             self.writer.update(Device, (dev.id,), current_batch_id=batch_id)
             if batch_id is None and dev.admin is AdminState.DRAINING:
-                self._record_state(dev, "its last batch ended", now)
+                self.record_state(dev, "its last batch ended", now)
 
-    def _set_liveness(self, dev: DeviceRun, liveness: Liveness, now: float, reason: str = "") -> list[Action]:
+    def set_liveness(self, dev: DeviceRun, liveness: Liveness, now: float, reason: str = "") -> list[Action]:
         if dev.liveness is liveness:
             return []
         dev.liveness = liveness
@@ -293,10 +281,10 @@ class Fleet:
         if liveness is Liveness.OFFLINE:
             actions.append(self._lose(dev, now))
         if dev.admin is not AdminState.REVOKED:  # revoking is recorded where the operator did it
-            self._record_state(dev, reason or _LIVENESS_REASONS[liveness], now)
+            self.record_state(dev, reason or _LIVENESS_REASONS[liveness], now)
         return actions
 
-    def _record_state(self, dev: DeviceRun, reason: str, now: float) -> None:
+    def record_state(self, dev: DeviceRun, reason: str, now: float) -> None:
         """Add the device's state to its history, in the commit of the change that made it
         (liveness and admin changes; running a batch or not is no change of state there)."""
         state = history_state(dev.admin, dev.liveness, dev.current_batch is not None, len(dev.queue))
@@ -341,9 +329,9 @@ class Fleet:
 
     # ---------------------------------------------------------------- what operators change
 
-    async def changed(self, device_id: str, now: float, resume: bool = False) -> list[Action]:
-        """Adopt an operator's change of the device row; `resume`: send `device_resume` even if
-        it was not stopped (an operator's resume of an active device lifts a model's `gui.stop`)."""
+    async def changed(self, device_id: str, now: float) -> list[Action]:
+        """Adopt what the API changed in a device row: a new enrollment, its labels, name or
+        token. Its admin state and controls are the engine's own (`controls`), never read back."""
         row = await self.store.get_device(device_id)
         if row is None:
             return []
@@ -352,70 +340,10 @@ class Fleet:
         if dev is None:
             self.devices[device_id] = device_from_row(row)
             return []
-        actions: list[Action] = []
-        old_admin, old_token = dev.admin, dev.token_hash
-        dev.admin = AdminState(row.admin_state)
+        old_token = dev.token_hash
         dev.labels = dict(row.labels or {})
         dev.name = row.name
         dev.token_hash = row.token_hash
-        dev.cordon_reason = row.cordon_reason
-        if dev.admin is AdminState.ACTIVE and old_admin is AdminState.CORDONED:
-            self._reset_budgets_after_commit(dev)
-        stopping = dev.admin is AdminState.STOPPED and old_admin is not AdminState.STOPPED
-        if dev.admin is not AdminState.ACTIVE and (old_admin is AdminState.ACTIVE or stopping):
-            actions.append(Requeue(self.queues.unqueue_all(dev)))
-        if stopping:
-            reason = await self.store.stop_reason(dev.id) or "stopped by an operator"
-            self.outbox.frame_after_commit(dev, DeviceStop(reason=reason[:400]))
-            actions.append(Stopped(dev, f"device '{dev.name}' was stopped by an operator ({reason})"))
-        elif dev.admin is not AdminState.STOPPED and (old_admin is AdminState.STOPPED or resume):
-            self.outbox.frame_after_commit(dev, DeviceResume())
-        # The operator's change is in the history already (written with it); this engine now
-        # knows it too, and a drain that found nothing running is already drained.
-        dev.recorded = history_state(dev.admin, dev.liveness, dev.current_batch is not None, len(dev.queue)).value
-        if (
-            dev.admin is AdminState.DRAINING
-            and old_admin is not AdminState.DRAINING
-            and dev.recorded == DeviceState.DRAINED
-            and await self.store.last_device_state(dev.id) == DeviceState.DRAINING
-        ):
-            # Its last batch ended between the operator's request and now.
-            dev.recorded = None
-            self._record_state(dev, "its last batch ended", now)
         if old_token and dev.token_hash != old_token and dev.admin is not AdminState.REVOKED:
             self.outbox.close_after_commit(dev, CloseCode.UNAUTHORIZED, "device token rotated")
-        if dev.admin is AdminState.REVOKED:
-            self.outbox.close_after_commit(dev, CloseCode.UNAUTHORIZED, "device token revoked")
-            actions += self._set_liveness(dev, Liveness.OFFLINE, now)
-            actions.append(Revoked())
-        return actions
-
-    # ---------------------------------------------------------------- issue 18: safety budgets
-
-    def safety_breach(self, dev: DeviceRun, msg: SafetyBreach, now: float) -> tuple[bool, list[Action]]:
-        """The device's agent breached one of its owner's safety budgets: cordon the device,
-        durably, with the breach as the reason (history and `cordon_reason`). True if this is news
-        (the agent repeats a breach on every new session until an uncordon resets its budgets)."""
-        reason = f"safety budget {msg.budget} (limit {msg.limit}) exceeded: {msg.detail}"[:300]
-        if dev.admin is AdminState.REVOKED or (dev.admin is AdminState.CORDONED and dev.cordon_reason == reason):
-            return False, []
-        log.warning("device %s breached its safety budget %s: cordoned", dev.id, msg.budget)
-        actions: list[Action] = []
-        if dev.admin is AdminState.ACTIVE:
-            actions.append(Requeue(self.queues.unqueue_all(dev)))
-        dev.admin = AdminState.CORDONED
-        dev.cordon_reason = reason
-        self.queues.devices_changed()
-        self.writer.update(Device, (dev.id,), admin_state=AdminState.CORDONED.value, cordon_reason=reason)
-        dev.recorded = None  # a breach is always an entry of its own, even on a device cordoned already
-        self._record_state(dev, reason, now)
-        return True, actions
-
-    def _reset_budgets_after_commit(self, dev: DeviceRun) -> None:
-        """An operator uncordoned the device: its agent clears its safety budgets (`budget_reset`)."""
-        frame, outbox, device_id = BudgetReset(reason="the device was uncordoned by an operator"), self.outbox, dev.id
-
-        def send() -> None:
-            outbox.send(device_id, frame)
-
-        self.writer.effect(send)
+        return []

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from orchestrator.domain.controls import ControlAction, Controls
 from orchestrator.domain.edits import EditList
 from orchestrator.domain.fanout import child_unit
 from orchestrator.domain.model import AdminState, DagSpec, Liveness
@@ -48,7 +49,33 @@ class DeviceRun:
     heard_at: float | None = None  # engine clock: the last sign of life any replica reported
     token_hash: str = ""  # of its current token: a rotation closes connections made with the old one
     recorded: str | None = None  # the state this engine last wrote to the device's history
-    cordon_reason: str | None = None  # why it is cordoned (issue 18: an operator, or a safety breach)
+    cordon_reason: str | None = None  # why it is cordoned (an operator, or a safety breach)
+    # The agent's part of its controls (`orchestrator.domain.controls`): desired state whose
+    # generation the agent reports applied; sent again until it does.
+    control_gen: int = 0
+    stop_reason: str = ""
+    resumed_gen: int = 0
+    budgets_reset_gen: int = 0
+    breach: str | None = None
+    applied_gen: int = 0  # what the device last reported applied (hello, heartbeats)
+    control_sent_at: float = -1e18  # engine clock: when its control state was last sent
+    cancel_sent: tuple[str, float] | None = None  # (batch, when) a cancel was last sent again
+
+    def controls(self) -> Controls:
+        return Controls(
+            admin=self.admin,
+            gen=self.control_gen,
+            stop_reason=self.stop_reason,
+            resumed=self.resumed_gen,
+            budgets_reset=self.budgets_reset_gen,
+            cordon_reason=self.cordon_reason,
+            breach=self.breach,
+        )
+
+    def take_controls(self, c: Controls) -> None:
+        self.admin, self.control_gen, self.stop_reason = c.admin, c.gen, c.stop_reason
+        self.resumed_gen, self.budgets_reset_gen = c.resumed, c.budgets_reset
+        self.cordon_reason, self.breach = c.cordon_reason, c.breach
 
     def merged_labels(self) -> dict[str, str]:
         """SPEC section 2: enrollment labels win over what the agent reports."""
@@ -104,7 +131,10 @@ class AttemptRun:
     step: str | None = None  # an agent attempt's step batch in flight
     resent_at: float = 0.0  # engine clock: when it was last sent again to a device that lacked it
     waiting_since: float | None = None  # engine clock: its device waits for an approval since then
-    child: str | None = None  # issue 20: the device whose fan-out child of `node_id` this runs
+    child: str | None = None  # the device whose fan-out child of `node_id` this runs
+    # An approval of it was denied (or expired), as its device confirmed: however the attempt
+    # ends now (the device lost, a timeout), it ends with this code, which is never retried.
+    refused: str | None = None
 
     @property
     def key(self) -> NodeKey:
@@ -146,22 +176,39 @@ class CancelTask(Input):
 
 
 @dataclass
-class ApprovalDecided(Input):
-    """Approval `approval_id` was decided in the store (by an operator, the expiry, the device's
-    owner): the engine tells the device and lets its node go on. A hint: lost, the engine still
-    finds the decision when it next compares its waiting approvals with the store."""
+class DecideApproval(Input):
+    """An operator's decision on an approval, to be asked of its device (the one arbiter). The
+    reply (portable across replicas) is {"ok": True} once the request is stored and on its way,
+    or {"ok": False, "code": ..., "detail": ..., "state": ...} when it cannot be asked: the
+    approval was decided already, its attempt ended, or another decision is on its way. Asked
+    again with the same decision it answers alike."""
 
     approval_id: str
+    decision: str  # approved or denied
+    by: str
+    reason: str = ""
+
+
+@dataclass
+class ControlDevice(Input):
+    """An operator's control of a device (drain, cordon, uncordon, stop, resume, revoke): the
+    engine is its one writer. The reply (portable) is {"ok": True, "changed": bool} or
+    {"ok": False, "code": ..., "detail": ...}. `request_id` makes a request asked again (its
+    answer lost between replicas) answer as the first time; `expect_gen` guards a resume or an
+    uncordon against controls changed since the operator looked."""
+
+    device_id: str
+    action: ControlAction
+    reason: str = ""
+    request_id: str = ""
+    expect_gen: int | None = None
 
 
 @dataclass
 class DeviceChanged(Input):
-    """A device row was created or changed by the API (enrolled, drained, revoked, ...)."""
+    """A device row was created or changed by the API (enrolled, labelled, its token rotated)."""
 
     device_id: str
-    # An operator asked to resume it although it is not stopped: `device_resume` goes anyway, so
-    # a `gui.stop` latch a model set is lifted (no tool can lift it).
-    resume: bool = False
 
 
 @dataclass
@@ -194,6 +241,7 @@ class LinkState:
     liveness: Liveness
     silent_s: float  # since the last frame from the device (0 while its frames wait on the engine)
     batch_id: str | None  # the batch the device last said (in a heartbeat) it is running
+    control_gen: int = 0  # the control generation the device last said (hello, heartbeat) it applied
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 from orchestrator.domain import fanout
 from orchestrator.domain.model import AdminState, EdgeSpec, Liveness, NodeSpec, NodeState, TaskState
 from orchestrator.domain.run import NodeRecord, TaskRun
+from orchestrator.engine.controls import controls_of
 from orchestrator.engine.records import AttemptKind, AttemptRun, DeviceRun
 from orchestrator.store.models import Attempt, Device, Node, NodeChild
 from orchestrator.store.repo import RuntimeSnapshot, TaskBundle
@@ -17,7 +18,7 @@ from protocol.messages import Command
 
 def device_from_row(row: Device) -> DeviceRun:
     tools: dict[str, dict[str, Any]] = {t["name"]: t for t in (row.tools or []) if isinstance(t, dict)}
-    return DeviceRun(
+    dev = DeviceRun(
         id=row.id,
         name=row.name,
         labels=dict(row.labels or {}),
@@ -32,6 +33,9 @@ def device_from_row(row: Device) -> DeviceRun:
         token_hash=row.token_hash,
         cordon_reason=row.cordon_reason,
     )
+    dev.take_controls(controls_of(row))
+    dev.applied_gen = int((row.control or {}).get("applied") or 0)
+    return dev
 
 
 def task_from_bundle(bundle: TaskBundle) -> TaskRun:

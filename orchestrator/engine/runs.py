@@ -5,6 +5,7 @@ handed its collaborators, never the engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +16,10 @@ from orchestrator.domain.checks import schema_errors
 from orchestrator.domain.model import TERMINAL_NODE_STATES, CommandSpec, Liveness, NodeKind, NodeState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import AttemptOutcome, NodeTransition, TaskRun, TaskTransition, Transition
+from orchestrator.engine.actions import Action, Lost, Requeue, Revoked, Stopped
 from orchestrator.engine.attempts import Attempts, attempt_row, ended_row, unanswered
 from orchestrator.engine.fanouts import FanOuts
-from orchestrator.engine.fleet import Action, Fleet, Lost, Requeue, Revoked, Stopped
+from orchestrator.engine.fleet import Fleet
 from orchestrator.engine.llm_work import LlmWork
 from orchestrator.engine.outbox import Outbox
 from orchestrator.engine.queues import Assign, Enqueue, NeverRunnable, Queues
@@ -73,9 +75,9 @@ class Runs:
         self._batches: dict[str, Any] = {}  # the batches counter's child per outcome
         self.fanouts = FanOuts(fleet, writer)  # issue 20: fan-out children
         self.verify = Verifications(settings, tasks, writer, timers, queues, attempts, fleet, outbox, self.apply, rng)
-        # Set by the engine: approvals (issue 18) hear of expiries and of attempts that end.
-        self.on_approval_expiry: Callable[[ApprovalExpiry], None] = lambda timer: None
-        self.on_attempt_end: Callable[[AttemptRun], None] = lambda att: None
+        # Set by the engine: approvals hear of expiries and of attempts that end.
+        self.on_approval_expiry: Callable[[ApprovalExpiry, float], None] = lambda timer, now: None
+        self.on_attempt_end: Callable[[AttemptRun, float], None] = lambda att, now: None
 
     def cancel(self, task_id: str, now: float) -> bool:
         """Cancel a task: its running batches are told to stop, its agent loops end."""
@@ -211,8 +213,11 @@ class Runs:
     def end_attempt(
         self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: list[Any] | None = None
     ) -> None:
-        if att.waiting_since is not None:
-            self.on_attempt_end(att)
+        self.on_attempt_end(att, now)  # its approvals not decided yet are asked to be cancelled
+        if att.refused is not None and not outcome.succeeded and outcome.error_code != att.refused:
+            # A person refused a command of it: however it ended, it ends refused (never retried).
+            why = f"{outcome.error_message} (a command of it was refused: {att.refused})"
+            outcome = dataclasses.replace(outcome, error_code=att.refused, error_message=why)
         dev = self.fleet.devices.get(att.device_id)
         if dev is not None and dev.current_batch == att.batch_id:
             # The engine is done with this batch, however it ended (results, a timeout, a refusal,
@@ -317,7 +322,7 @@ class Runs:
                         limit = self.settings.batch_accept_timeout_s
                         self._timeout_attempt(att, f"the device did not accept the batch within {limit:g}s", now)
             elif isinstance(timer, ApprovalExpiry):
-                self.on_approval_expiry(timer)
+                self.on_approval_expiry(timer, now)
             elif isinstance(timer, ProbeTimeout):
                 self.verify.timeout(timer, now)
             elif isinstance(timer, Sweep):

@@ -94,6 +94,10 @@ class ScheduleBook:
         self._prune: set[str] = set()  # schedules with more tick records than kept
         self._started: set[str] = set()  # tasks made in this step (a planned one is not `running` yet)
         self._broken: dict[str, str] = {}  # id -> why a stored schedule cannot be evaluated (it never fires)
+        # How the schedules are read at a start and their histories pruned (a simulation, whose
+        # store holds rows in memory, brings its own).
+        self.load_rows: Callable[[Store], Awaitable[stored.Loaded]] = stored.load
+        self.prune_rows: Callable[[Store, str, int], Awaitable[int]] = stored.prune_ticks
 
     # ---------------------------------------------------------------- recovery
 
@@ -384,7 +388,7 @@ class ScheduleBook:
         keep = self.settings.schedule_ticks_kept
         for schedule_id in sorted(self._prune):
             try:
-                removed = await stored.prune_ticks(self.store, schedule_id, keep)
+                removed = await self.prune_rows(self.store, schedule_id, keep)
             except Exception as exc:  # the history is only longer for a while: the next step tries again
                 log.warning("could not prune the ticks of schedule %s: %s", schedule_id, exc)
                 return

@@ -30,6 +30,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from orchestrator.cluster import Cluster, ClusterUnavailable
 from orchestrator.config import Settings
 from orchestrator.domain.model import AdminState, Liveness
+from orchestrator.engine.controls import controls_of, wire_state
 from orchestrator.engine.records import DeviceHello, FrameIn, Input, LinkReport, LinkState, LivenessChanged
 from orchestrator.engine.times import utc
 from orchestrator.gateway.limits import RateLimiter
@@ -40,7 +41,18 @@ from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
 from orchestrator.store.repo import Store
 from protocol.codec import encode
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
-from protocol.messages import SUPPORTED_VERSIONS, BatchAccepted, Error, Heartbeat, Hello, Message, Welcome, is_reliable
+from protocol.messages import (
+    SUPPORTED_VERSIONS,
+    BatchAccepted,
+    ControlState,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    ResultBatch,
+    Welcome,
+    is_reliable,
+)
 from protocol.session import AckPolicy, Channel, Role, Session, negotiate_version
 
 log = logging.getLogger("orrery.gateway")
@@ -110,6 +122,7 @@ class Link:
     waiting: int = 0  # the reader awaits the engine: frames queue up unread, but the device is alive
     epoch: int = 0  # the store's number for the device's latest connection here (SPEC section 7)
     batch_id: str | None = None  # the batch the device last said (heartbeat) it is running
+    control_gen: int = 0  # the control generation the device last said (hello, heartbeat) it applied
     acks: AckPolicy = field(init=False)
 
     def __post_init__(self) -> None:
@@ -203,6 +216,7 @@ class Gateway:
                     link.liveness,
                     0.0 if link.waiting else max(0.0, now - link.last_frame),
                     link.batch_id,
+                    link.control_gen,
                 )
                 for link in (self.links.values() if links is None else links)
             ],
@@ -257,9 +271,7 @@ class Gateway:
         channel = Channel(Role.SERVER, self.settings.max_frame_bytes)
         conn = Connection(ws, channel)
         try:
-            stopped = device.admin_state == AdminState.STOPPED
-            reason = await self.store.stop_reason(device.id) if stopped else ""
-            hello = await self._handshake(conn, device.id, stopped, reason)
+            hello = await self._handshake(conn, device.id, wire_state(controls_of(device)))
             if hello is not None:
                 attach = ws.scope.get("extensions", {}).get(FRAMES_EXTENSION)
                 if attach is not None:
@@ -292,9 +304,10 @@ class Gateway:
             if link is not None and link.conn is conn:
                 link.conn = None
 
-    async def _handshake(self, conn: Connection, device_id: str, stopped: bool, stop_reason: str) -> Hello | None:
-        """Take the hello, answer the welcome (it carries the device's emergency stop, if any, so
-        an agent that was away when an operator stopped or resumed it converges)."""
+    async def _handshake(self, conn: Connection, device_id: str, control: ControlState) -> Hello | None:
+        """Take the hello, answer the welcome (it carries the device's controls as the store has
+        them, so an agent that was away when an operator stopped or resumed it converges before
+        anything else happens; the engine sends them again until the agent reports them applied)."""
         try:
             data = await asyncio.wait_for(_receive(conn.ws), self.settings.hello_timeout_s)
         except TimeoutError:
@@ -326,6 +339,7 @@ class Gateway:
         session = link.session
         link.conn = conn
         link.epoch = epoch
+        link.control_gen = hello.control_gen
         self._touch(link)
         welcome = Welcome(
             session_id=session.session_id,
@@ -336,8 +350,7 @@ class Gateway:
             resumed=resumed,
             server_id=self.server_id or None,
             server_time=utc(time.time()),
-            stopped=stopped,
-            stop_reason=stop_reason[:400],
+            control=control,
         )
         text, resend = conn.channel.accept(hello, session, welcome)
         conn.push(text)
@@ -380,6 +393,7 @@ class Gateway:
             return None
         if isinstance(msg, Heartbeat):
             link.batch_id = msg.batch_id
+            link.control_gen = msg.control_gen
             self.metrics.heartbeat_lag.observe(max(0.0, silence - self.settings.heartbeat_interval_s))
             self._heartbeat_reply(conn)
         elif isinstance(msg, Error):
@@ -390,6 +404,8 @@ class Gateway:
             self.cluster.notify(FrameIn(device_id, msg))
             link.session.confirm(msg.seq)
         elif is_reliable(msg):
+            if isinstance(msg, ResultBatch) and msg.batch_id == link.batch_id:
+                link.batch_id = None  # it no longer runs it (until a heartbeat says otherwise)
             # Handed to the engine now, in this loop turn; what follows waits for it to be durable.
             return self._durable(link, conn, msg, self._engine(link, FrameIn(link.device_id, msg)))
         return None

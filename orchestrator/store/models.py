@@ -80,6 +80,10 @@ class Device(Base):
     last_seen: Mapped[datetime | None]
     # Why it is cordoned (an operator, or a safety budget its agent reported breached); null otherwise.
     cordon_reason: Mapped[str | None] = mapped_column(String(300), default=None)
+    # The agent's part of the device's controls, written only by the engine with `admin_state`:
+    # {"gen", "stop_reason", "resumed", "budgets_reset", "breach"} (`orchestrator.domain.controls`);
+    # null for a device no control ever touched (generation 0).
+    control: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class Task(Base):
@@ -190,9 +194,11 @@ class Attempt(Base):
 
 
 class Approval(Base):
-    """A command waiting for a person's approval, or the decision on it (issue 18). Inserted by
-    the engine when a device asks; decided by one conditional update (`state='pending'`) from
-    whoever decides first: an operator over the API, the device's owner, or the expiry."""
+    """A command waiting for a person's approval, or the decision on it. Written only by the
+    engine: inserted when a device asks. The device's ledger is the one arbiter: `state` becomes
+    a decision only when the device reports the one that holds there. A decision asked of the
+    device (an operator's, the expiry, or `cancelled` once its attempt ended) is `requested_*`
+    until the device confirms it (or reports that another decision was made first)."""
 
     __tablename__ = "approvals"
     __table_args__ = (Index("ix_approvals_state", "state", "created_at", "id"),)
@@ -214,6 +220,10 @@ class Approval(Base):
     decided_at: Mapped[datetime | None]
     decided_by: Mapped[str | None] = mapped_column(String(200))
     decision_reason: Mapped[str | None] = mapped_column(Text)
+    requested_state: Mapped[str | None] = mapped_column(String(20))  # approved denied expired cancelled
+    requested_by: Mapped[str | None] = mapped_column(String(200))
+    requested_reason: Mapped[str | None] = mapped_column(Text)
+    requested_at: Mapped[datetime | None]
 
 
 class Schedule(Base):

@@ -439,19 +439,6 @@ class Store:
             value = await s.scalar(q)
         return str(value) if value is not None else None
 
-    async def stop_reason(self, device_id: str) -> str:
-        """Why the device was stopped: the reason of its newest `stopped` history entry ("" if none).
-        A stopped device records no other state until it is resumed, so that entry is kept."""
-        q = (
-            select(DeviceHistory.reason)
-            .where(DeviceHistory.device_id == device_id, DeviceHistory.state == "stopped")
-            .order_by(DeviceHistory.id.desc())
-            .limit(1)
-        )
-        async with self.sessions() as s:
-            value = await s.scalar(q)
-        return str(value) if value is not None else ""
-
     async def _oldest_kept_history(self, device_ids: Sequence[str], keep: int) -> list[tuple[str, int]]:
         """(device, id of its `keep`-th newest history row) for each device that has that many."""
         found: list[tuple[str, Any]] = []
@@ -714,6 +701,18 @@ class Store:
     async def find_attempt(self, batch_id: str) -> Attempt | None:
         async with self.sessions() as s:
             return await s.get(Attempt, batch_id)
+
+    async def find_approval(self, approval_id: str) -> Approval | None:
+        async with self.sessions() as s:
+            return await s.get(Approval, approval_id)
+
+    async def approvals_to_restore(self) -> list[Approval]:
+        """The engine's recovery: every approval its device has not reported decided yet, and
+        every approval of an attempt still open (decided or not)."""
+        open_attempts = select(Attempt.batch_id).where(Attempt.ended_at.is_(None))
+        q = select(Approval).where(or_(Approval.state == "pending", Approval.batch_id.in_(open_attempts)))
+        async with self.sessions() as s:
+            return list((await s.execute(q.order_by(Approval.created_at, Approval.id))).scalars())
 
     # ------------------------------------------------------------------ recovery
 

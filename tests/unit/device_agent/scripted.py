@@ -101,6 +101,13 @@ class Connection:
                 if frame["type"] == type_:
                     return frame
 
+    async def recv_any(self) -> dict[str, Any]:
+        """The next frame, whatever it is (its seq counted into our ack)."""
+        frame: dict[str, Any] = json.loads(await self.ws.recv())
+        if frame["seq"]:
+            self.ack = max(self.ack, frame["seq"])
+        return frame
+
     async def result_for(self, batch_id: str, timeout: float = 30) -> dict[str, Any]:
         async with asyncio.timeout(timeout):
             while True:

@@ -1,7 +1,8 @@
-"""The emergency stop on a real agent process, frame by frame (issue 18): `device_stop` kills the
-running command (`device_stopped`), refuses action tools while read-only ones run, survives a
-kill -9 of the agent (the ledger keeps it), and only `device_resume` (or a welcome saying the
-device is not stopped) lifts it."""
+"""The emergency stop on a real agent process, frame by frame: a control state that says stopped
+kills the running command (`device_stopped`), refuses action tools while read-only ones run,
+survives a kill -9 of the agent (the ledger keeps it), and only a newer state that says not
+stopped (a `device_control` frame or a welcome) lifts it; an older copy arriving late changes
+nothing, and the agent reports the generation it applied in its heartbeats."""
 
 from __future__ import annotations
 
@@ -47,27 +48,29 @@ async def test_a_stop_kills_the_running_command_refuses_actions_and_survives_an_
         running = await conn.batch(SLEEP, ECHO, fence=1)
         await wait_for(agent.workspace / "started")
         began = time.monotonic()
-        await conn.send("device_stop", reliable=True, reason="stopped by an operator (key k_1): runaway")
+        await conn.send("device_control", reliable=True, control=stop(1, "stopped by an operator (key k_1): runaway"))
         ended = await conn.result_for(running)
         assert time.monotonic() - began < 10, "the running command outlived the stop"
         assert statuses(ended) == [("failure", "device_stopped"), ("skipped", "device_stopped")]
         assert "runaway" in ended["results"][0]["error"]["message"]
         await stopped_agent_refuses(conn, 2, agent.workspace)
 
-        # kill -9 and a server that does not say (an older one): the ledger keeps the stop.
+        # kill -9 and a server that does not say: the ledger keeps the stop.
         await asyncio.to_thread(agent.kill)
         ledger = sqlite3.connect(agent.data_dir / LEDGER_NAME)
         try:
-            (value,) = ledger.execute("SELECT value FROM meta WHERE key='stop'").fetchone()
+            (value,) = ledger.execute("SELECT value FROM meta WHERE key='control'").fetchone()
         finally:
             ledger.close()
         assert "runaway" in value
         agent.start()
         conn = await server.next_connection()
         await conn.welcome()
+        assert conn.hello["control_gen"] == 1
         await stopped_agent_refuses(conn, 4, agent.workspace)
 
-        await conn.send("device_resume", reliable=True)
+        await conn.send("device_control", reliable=True, control={"gen": 2, "stopped": False, "resumed": 2})
+        assert (await conn.recv("heartbeat"))["control_gen"] == 2  # reported at once
         done = await conn.result_for(await conn.batch(WRITE, fence=6))
         assert statuses(done) == [("success", None)]
         assert (agent.workspace / "acted.txt").exists()
@@ -77,13 +80,33 @@ async def test_the_welcome_converges_an_agent_that_was_away(tmp_path: Path) -> N
     async with scripted(tmp_path) as (server, agent):
         agent.start()
         conn = await server.next_connection()
-        await conn.welcome(stopped=True, stop_reason="stopped by an operator (key k_2): while you were away")
+        await conn.welcome(control=stop(1, "stopped by an operator (key k_2): while you were away"))
         await stopped_agent_refuses(conn, 1, agent.workspace)
         await asyncio.to_thread(agent.stop)
 
         agent.start()
         conn = await server.next_connection()
-        await conn.welcome(stopped=False)  # resumed while it was away
+        await conn.welcome(control={"gen": 2, "stopped": False, "resumed": 2})  # resumed while it was away
         done = await conn.result_for(await conn.batch(WRITE, fence=3))
         assert statuses(done) == [("success", None)]
         assert "resumed by an operator" in agent.log()
+
+
+async def test_an_older_control_state_arriving_late_changes_nothing(tmp_path: Path) -> None:
+    """Copies are sent again until applied, and may arrive out of order (two replicas, a resend
+    after a failover): a state older than the one applied must not lift a stop."""
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        await conn.send("device_control", reliable=True, control=stop(3, "stopped again"))
+        assert (await conn.recv("heartbeat"))["control_gen"] == 3
+        await conn.send("device_control", reliable=True, control={"gen": 2, "stopped": False, "resumed": 2})
+        await conn.send("device_control", reliable=True, control=stop(3, "stopped again"))  # the same, again
+        await stopped_agent_refuses(conn, 1, agent.workspace)
+        beat = await conn.recv("heartbeat")
+        assert beat["control_gen"] == 3
+
+
+def stop(gen: int, reason: str) -> dict[str, Any]:
+    return {"gen": gen, "stopped": True, "reason": reason}

@@ -11,7 +11,7 @@ from pathlib import Path
 from device_agent import agent as agent_module
 from device_agent.config import AgentConfig
 from device_agent.runner import build
-from protocol.messages import Command, CommandBatch, Result
+from protocol.messages import Command, CommandBatch, ControlState, Result
 
 
 def batch() -> CommandBatch:
@@ -36,7 +36,7 @@ async def test_a_command_still_running_after_the_grace_is_cancelled_and_ends_dev
         running = asyncio.ensure_future(agent._call(b.commands[0], b))
         await asyncio.sleep(0)
         started = time.monotonic()
-        await agent._device_stop("runaway")
+        await agent._apply_control(ControlState(gen=1, stopped=True, reason="runaway"))
         result = await asyncio.wait_for(running, 5)
         assert time.monotonic() - started < 4
         assert result.status == "failure" and result.error is not None
@@ -107,7 +107,7 @@ async def test_a_command_that_takes_the_halt_and_returns_leaves_its_task_able_to
     try:
         running = asyncio.ensure_future(executor())
         await asyncio.sleep(0)
-        await agent._device_stop("runaway")
+        await agent._apply_control(ControlState(gen=1, stopped=True, reason="runaway"))
         result, clean = await asyncio.wait_for(running, 5)
         assert result == kept
         assert clean

@@ -18,9 +18,11 @@ from typing import Any
 
 from orchestrator.bus.local import LocalBus
 from orchestrator.config import Settings
+from orchestrator.domain.controls import ControlAction
 from orchestrator.domain.model import DagSpec, Liveness
 from orchestrator.engine.core import Engine
 from orchestrator.engine.records import (
+    ControlDevice,
     DeviceChanged,
     DeviceHello,
     FrameIn,
@@ -207,6 +209,12 @@ class Harness:
         )
         await self.step(DeviceChanged(device_id))
         return device_id
+
+    async def control(self, device_id: str, action: str, reason: str = "", **kw: Any) -> dict[str, Any]:
+        """An operator's control of the device (drain, cordon, stop, ...), as the API asks it."""
+        (reply,) = await self.step(ControlDevice(device_id, ControlAction(action), reason, **kw))
+        assert isinstance(reply, dict)
+        return reply
 
     def hello_frame(self, device_id: str, fence_seen: int = 0, tools: list[ToolSpec] | None = None) -> Hello:
         return Hello(

@@ -14,13 +14,11 @@ from orchestrator.engine.records import (
     AgentDone,
     AgentStep,
     CancelTask,
-    DeviceChanged,
     FrameIn,
     LivenessChanged,
     ToolCall,
 )
 from orchestrator.store import approvals as stored
-from orchestrator.store.models import Device
 from protocol.messages import ApprovalRequest, Cancel, CommandBatch
 from tests.unit.engine.harness import Harness, accepted, results
 
@@ -205,8 +203,7 @@ async def test_max_parallel_bounds_the_children_running_at_once(h: Harness) -> N
 
 async def test_devices_named_run_in_their_order_and_those_out_of_service_are_left_out(h: Harness) -> None:
     await fleet(h, "a", "b", "c")
-    await h.store.update(Device, ("dev_b",), admin_state="cordoned")
-    await h.step(DeviceChanged("dev_b"))
+    await h.control("dev_b", "cordon")
     task = await h.submit(
         {
             "nodes": [
@@ -226,8 +223,7 @@ async def test_devices_named_run_in_their_order_and_those_out_of_service_are_lef
 
 async def test_a_fan_out_no_device_matches_when_it_becomes_ready_fails_no_matching_device(h: Harness) -> None:
     await fleet(h, "w1")
-    await h.store.update(Device, ("dev_w1",), admin_state="draining")
-    await h.step(DeviceChanged("dev_w1"))
+    await h.control("dev_w1", "drain")
     task = await h.submit({"nodes": [fan()]})
     row = await node_row(h, task)
     assert (row.state, row.error["code"]) == ("failed", "no_matching_device")
@@ -271,8 +267,7 @@ async def test_a_child_waits_for_its_drained_device_until_its_queue_timeout(h: H
     )
     task = await h.submit({"nodes": [{**fan(), "queue_timeout_s": 30}]})
     assert await children(h, task) == {"w1": ("queued", None), "w2": ("running", None)}
-    await h.store.update(Device, ("dev_w1",), admin_state="draining")
-    await h.step(DeviceChanged("dev_w1"))
+    await h.control("dev_w1", "drain")
     (first,) = sent(h, "first")
     await finish(h, first, *sent(h))
     assert (await children(h, task))["w1"] == ("ready", None)  # drained: it takes nothing new

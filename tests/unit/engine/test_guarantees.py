@@ -268,18 +268,34 @@ async def test_a_re_plan_that_removes_a_node_and_changes_an_edge_is_stored_even_
         await h.close()
 
 
-async def test_an_operator_change_whose_notice_was_lost_is_adopted_from_the_store(h: Harness) -> None:
-    """A cordon answered 503 (the leader unreachable) is already in the store: the engine must
-    act on it once it compares its devices with the store, not only when told."""
+async def test_a_label_change_whose_notice_was_lost_is_adopted_from_the_store(h: Harness) -> None:
+    """A label change written by the API whose notice never reached the engine is in the store:
+    the engine must act on it once it compares its devices with the store, not only when told."""
     from orchestrator.store.models import Device
 
-    dev = await h.enroll("cordoned-quietly")
+    dev = await h.enroll("relabelled-quietly")
     _, epoch = await h.connect(dev)
-    await h.store.update(Device, (dev,), admin_state="cordoned")
+    await h.store.update(Device, (dev,), labels={"role": "db"})
     await h.live(5 * h.settings.reconcile_interval_s + 0.5, "A", (dev, epoch, Liveness.ONLINE, 0.1, None))
-    run = h.engine.devices[dev]
-    assert (run.admin.value, run.liveness) == ("cordoned", Liveness.ONLINE)
-    await h.submit(one_node(placement={"device": "cordoned-quietly"}))
+    assert h.engine.devices[dev].labels == {"role": "db"}
+    await h.submit(one_node(placement={"labels": {"role": "db"}}))
+    assert len(h.batches(dev)) == 1
+
+
+async def test_the_admin_state_in_the_store_is_the_engines_own_and_never_read_back(h: Harness) -> None:
+    """The engine is the one writer of a device's admin state: a row changed behind its back (no
+    writer may) does not make it forget a stop it holds."""
+    from orchestrator.domain.controls import ControlAction
+    from orchestrator.engine.records import ControlDevice
+    from orchestrator.store.models import Device
+
+    dev = await h.enroll("stopped-here")
+    _, epoch = await h.connect(dev)
+    await h.step(ControlDevice(dev, ControlAction.STOP, "stopped by an operator"))
+    await h.store.update(Device, (dev,), admin_state="active")
+    await h.live(5 * h.settings.reconcile_interval_s + 0.5, "A", (dev, epoch, Liveness.ONLINE, 0.1, None))
+    assert h.engine.devices[dev].admin.value == "stopped"
+    await h.submit(one_node(placement={"device": "stopped-here"}))
     assert h.batches(dev) == []
 
 
@@ -289,13 +305,14 @@ async def test_a_fleet_larger_than_a_page_is_compared_a_page_per_step(
     """The device rows are compared with memory a page per step (a step over 10,000 rows held
     the loop, and so every heartbeat answer, for ~80 ms): a change on the last page is still
     adopted, a few steps after the pass began, and no step reads more than a page."""
+    labelled = {"zone": "b"}
     from orchestrator.engine import core
     from orchestrator.store.models import Device
 
     monkeypatch.setattr(core, "DEVICE_PAGE", 2)
     devices = [await h.enroll(f"fleet{i}") for i in range(5)]
     last = max(devices)
-    await h.store.update(Device, (last,), admin_state="cordoned")
+    await h.store.update(Device, (last,), labels=labelled)
     reads: list[tuple[str, int, int]] = []
     real = h.store.device_admin
 
@@ -307,11 +324,11 @@ async def test_a_fleet_larger_than_a_page_is_compared_a_page_per_step(
     monkeypatch.setattr(h.store, "device_admin", counted)
     for _ in range(core.DEVICE_RECONCILE_EVERY):
         await h.advance(h.settings.reconcile_interval_s)
-    assert h.engine.devices[last].admin.value == "active"  # one page read so far: not there yet
+    assert h.engine.devices[last].labels == {}  # one page read so far: not there yet
     assert reads == [("", 2, 2)]
     for _ in range(3):
         await h.advance(0)
-    assert h.engine.devices[last].admin.value == "cordoned"
+    assert h.engine.devices[last].labels == labelled
     assert [(after, n) for after, _, n in reads] == [("", 2), (sorted(devices)[1], 2), (sorted(devices)[3], 1)]
     await h.advance(0)
     assert len(reads) == 3  # the pass ended with the short page

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 from orchestrator.cluster import wire
 from orchestrator.domain.model import DagSpec
 from orchestrator.engine.intake import KeptNode, Submission
-from orchestrator.engine.records import DeviceChanged, SubmitTask
+from orchestrator.domain.controls import ControlAction
+from orchestrator.engine.records import ControlDevice, DecideApproval, DeviceChanged, SubmitTask
 from tests.unit.engine.harness import Harness, one_node
 
 
@@ -81,8 +82,13 @@ def test_a_submission_crosses_replicas_as_json_unchanged() -> None:
     assert item.asked_before  # the engine checks the store: the sender may be asking again
 
 
-def test_a_device_change_and_an_operators_resume_cross_replicas() -> None:
+def test_a_device_change_a_control_and_a_decision_cross_replicas() -> None:
     assert wire.load(wire.dump(DeviceChanged("dev_1"))) == DeviceChanged("dev_1")
     assert wire.dump(DeviceChanged("dev_1")) == {"kind": "device_changed", "device_id": "dev_1"}  # as before
-    resumed = wire.load(wire.dump(DeviceChanged("dev_1", resume=True)))
-    assert isinstance(resumed, DeviceChanged) and resumed.resume is True
+    for control in (
+        ControlDevice("dev_1", ControlAction.RESUME, "resumed by k1", "req_1", expect_gen=3),
+        ControlDevice("dev_1", ControlAction.STOP, "fire", "req_2"),
+    ):
+        assert wire.load(wire.dump(control)) == control
+    decision = DecideApproval("apr_1", "denied", "api key k1", "not now")
+    assert wire.load(wire.dump(decision)) == decision

@@ -213,6 +213,14 @@ export class ApprovalList {
         ),
       );
     }
+    if (a.state === "pending" && a.requested_state) {
+      return h(
+        "p",
+        { class: "callout approval-requested" },
+        `${a.requested_state} by ${a.requested_by || "an operator"}: asked of the device, which has not confirmed it yet. `,
+        "It takes effect when the device gets it, unless its owner decides there first.",
+      );
+    }
     if (this.role() === "viewer") {
       return h("p", { class: "muted small approval-viewer" }, "An operator or admin decides this (your key is a viewer's).");
     }
@@ -246,7 +254,12 @@ export class ApprovalList {
     try {
       const out = await decide(a.id, verb, reason);
       card.approval = out;
-      flash(`${a.tool} on ${this.deviceName(a.device_id)} ${out.state}.`, "ok");
+      if (out.state === "pending" && out.requested_state) {
+        // 202: asked of the device (the one arbiter), which has not confirmed it yet.
+        flash(`${verb === "approve" ? "Approval" : "Denial"} asked of ${this.deviceName(a.device_id)}, which has not confirmed it yet (offline?).`, "ok");
+      } else {
+        flash(`${a.tool} on ${this.deviceName(a.device_id)} ${out.state}.`, "ok");
+      }
       this.onDecided(out);
     } catch (err) {
       card.error = `${verb === "approve" ? "Approve" : "Deny"} refused: ${err.message}`;
