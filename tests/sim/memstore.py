@@ -17,6 +17,7 @@ from typing import Any
 
 from orchestrator.engine.times import utc
 from orchestrator.store.models import (
+    Approval,
     Attempt,
     Base,
     DagEdit,
@@ -27,6 +28,8 @@ from orchestrator.store.models import (
     LlmCall,
     Node,
     NodeChild,
+    Schedule,
+    ScheduleTick,
     Task,
 )
 from orchestrator.store.repo import (
@@ -38,6 +41,7 @@ from orchestrator.store.repo import (
     TaskBundle,
     WriteConflict,
 )
+from orchestrator.store.schedules import Loaded
 
 
 class StoreDown(Exception):
@@ -75,36 +79,18 @@ def _copy(value: Any) -> Any:
     return value
 
 
-# Tables the simulated world never fills, read through a session: no simulated device asks for an
-# approval, and no simulated task comes from a schedule.
-EMPTY_TABLES = frozenset({"approvals", "schedules", "schedule_ticks"})
+class _NoSessions:
+    """The engine reads nothing of the simulated store through a session: every query is refused,
+    so nothing reads a table by a path this store does not model."""
 
-
-class _NoApprovals:
-    """A session over the simulated store's approvals and schedules, which are none. The engine's
-    queries of them (`store/approvals.py`, `store/schedules.py`: at recovery, and when it compares
-    its waiting approvals with the store) answer nothing; any other query is refused, so nothing
-    reads an empty table by mistake."""
-
-    async def __aenter__(self) -> _NoApprovals:
+    async def __aenter__(self) -> _NoSessions:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    async def execute(self, query: Any) -> _NoRows:
-        tables = {getattr(t, "name", None) for t in query.get_final_froms()}
-        if not tables or not tables <= EMPTY_TABLES:
-            raise NotImplementedError(f"the simulated store answers only approval and schedule queries, not {query}")
-        return _NoRows()
-
-
-class _NoRows:
-    def scalars(self) -> list[Any]:
-        return []
-
-    def all(self) -> list[Any]:
-        return []
+    async def execute(self, query: Any) -> Any:
+        raise NotImplementedError(f"the simulated store answers no session queries: {query}")
 
 
 @dataclass
@@ -132,9 +118,8 @@ class MemStore:
     def table(self, model: type[Base]) -> dict[tuple[Any, ...], Any]:
         return self.rows.setdefault(model, {})
 
-    def sessions(self) -> _NoApprovals:
-        """What `store/approvals.py` reads through (see `_NoApprovals`)."""
-        return _NoApprovals()
+    def sessions(self) -> _NoSessions:
+        return _NoSessions()
 
     async def close(self) -> None:
         pass
@@ -250,9 +235,19 @@ class MemStore:
         rows = [h for h in self.table(DeviceHistory).values() if h.device_id == device_id]
         return str(max(rows, key=lambda h: h.id).state) if rows else None
 
-    async def stop_reason(self, device_id: str) -> str:
-        rows = [h for h in self.table(DeviceHistory).values() if h.device_id == device_id and h.state == "stopped"]
-        return str(max(rows, key=lambda h: h.id).reason) if rows else ""
+    async def find_approval(self, approval_id: str) -> Approval | None:
+        return self.table(Approval).get((approval_id,))
+
+    async def approvals_to_restore(self) -> list[Approval]:
+        attempts = self.table(Attempt)
+        return sorted(
+            (
+                a
+                for a in self.table(Approval).values()
+                if a.state == "pending" or ((a.batch_id,) in attempts and attempts[(a.batch_id,)].ended_at is None)
+            ),
+            key=lambda a: (a.created_at, a.id),
+        )
 
     async def prune_device_history(self, device_ids: Sequence[str], keep: int) -> int:
         removed = 0
@@ -299,6 +294,31 @@ class MemStore:
         devices = [d for _, d in sorted(self.table(Device).items())]
         tasks = [t for _, t in sorted(self.table(Task).items()) if t.state in ACTIVE_TASK_STATES]
         return RuntimeSnapshot(devices, [self._bundle(t) for t in tasks])
+
+    # ------------------------------------------------------------------ schedules (the book's own readers)
+
+    async def load_schedules(self, _store: Any = None) -> Loaded:
+        """`store/schedules.load`: every schedule, its queued ticks and how many it recorded."""
+        rows = sorted(self.table(Schedule).values(), key=lambda r: r.name)
+        queued: dict[str, list[datetime]] = {}
+        ticks: dict[str, int] = {}
+        for (schedule_id, at), tick in sorted(self.table(ScheduleTick).items()):
+            ticks[schedule_id] = ticks.get(schedule_id, 0) + 1
+            if tick.outcome == "queued":
+                queued.setdefault(schedule_id, []).append(at)
+        return Loaded(rows, queued, ticks)
+
+    async def prune_ticks(self, _store: Any, schedule_id: str, keep: int) -> int:
+        table = self.table(ScheduleTick)
+        mine = sorted((at for (sid, at) in table if sid == schedule_id), reverse=True)
+        if len(mine) <= keep:
+            return 0
+        oldest_kept = mine[keep - 1]
+        gone = [(schedule_id, at) for at in mine if at < oldest_kept and table[(schedule_id, at)].outcome != "queued"]
+        if not self.read_only:
+            for key in gone:
+                del table[key]
+        return len(gone)
 
     # ------------------------------------------------------------------ for the checks
 

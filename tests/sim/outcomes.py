@@ -102,9 +102,12 @@ def _check_parallel(fail: Fail, where: str, kids: list[NodeChild], attempts: lis
             fail(f"{where} had {running} children running at once, above max_parallel {most}")
 
 
-def check_verified(fail: Fail, where: str, state: str, spec: NodeSpec, attempts: list[Attempt]) -> None:
+def check_verified(
+    fail: Fail, where: str, state: str, spec: NodeSpec, attempts: list[Attempt], skew_s: float = 0.0
+) -> None:
     """A node (or fan-out child) with `verify` that succeeded passed its verify commands after its
-    last attempt ended, which had succeeded or ended with its outcome unknown."""
+    last attempt ended, which had succeeded or ended with its outcome unknown (times compared
+    within `skew_s`, how far one leader's clock may be behind another's)."""
     if not spec.verify:
         if any(a.kind == "verify" for a in attempts):
             fail(f"{where} ran verify commands it does not have")
@@ -122,16 +125,26 @@ def check_verified(fail: Fail, where: str, state: str, spec: NodeSpec, attempts:
     passed = [
         a
         for a in attempts
-        if a.kind == "verify" and a.status == "succeeded" and last.ended_at and a.started_at >= last.ended_at
+        if a.kind == "verify"
+        and a.status == "succeeded"
+        and last.ended_at
+        and a.started_at.timestamp() >= last.ended_at.timestamp() - skew_s
     ]
     if not passed:
         fail(f"{where} succeeded without passing its verify commands after its last attempt")
 
 
 def check_edge_times(
-    fail: Fail, task_id: str, nodes: dict[str, Node], edges: list[Any], attempts: list[Attempt]
+    fail: Fail,
+    task_id: str,
+    nodes: dict[str, Node],
+    edges: list[Any],
+    attempts: list[Attempt],
+    skew_s: float = 0.0,
 ) -> None:
-    """Nothing ran before every edge into it was decided (its sources had finished)."""
+    """Nothing ran before every edge into it was decided (its sources had finished). The times
+    are the leaders' clocks: with one behind by up to `skew_s`, two stamped by different leaders
+    are compared within that much."""
     first: dict[str, Any] = {}
     for a in attempts:
         if a.node_id not in first or a.started_at < first[a.node_id]:
@@ -140,7 +153,7 @@ def check_edge_times(
         began, source = first.get(e.target), nodes.get(e.source)
         if began is None or source is None:
             continue
-        if source.finished_at is None or began < source.finished_at:
+        if source.finished_at is None or began.timestamp() < source.finished_at.timestamp() - skew_s:
             fail(f"{task_id}/{e.target} started before {e.source}, an edge into it, had finished")
 
 

@@ -5,6 +5,7 @@ events of its trace, and the command that replays it exactly."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
@@ -69,15 +70,22 @@ def test_the_simulated_engine_runs_its_tasks_to_their_end() -> None:
         assert outcome.steps > 50 and outcome.terminal >= 1, (outcome.steps, outcome.terminal)
 
 
-def test_the_generated_dags_reach_every_fan_out_and_verify_path() -> None:
-    """Over 150 seeds the DAGs include fan-out nodes that succeed, fail by each rule
-    (a canary, the budget, any failure, no device), children skipped by a halt, and outcomes
-    verified after a success and decided by a probe after an unknown one (issue 20)."""
+@functools.cache
+def _coverage() -> Counter[str]:
+    """The paths 150 seeds take (run once, read by the coverage tests)."""
     seen: Counter[str] = Counter()
     for seed in [*range(75), *range(STORM_SEEDS, STORM_SEEDS + 75)]:
         outcome = simulate(seed)
         assert outcome.ok, explain(outcome)
         seen += outcome.coverage
+    return seen
+
+
+def test_the_generated_dags_reach_every_fan_out_and_verify_path() -> None:
+    """Over 150 seeds the DAGs include fan-out nodes that succeed, fail by each rule
+    (a canary, the budget, any failure, no device), children skipped by a halt, and outcomes
+    verified after a success and decided by a probe after an unknown one."""
+    seen = _coverage()
     wanted = [
         "fan_out succeeded None",
         "fan_out failed canary_failed",
@@ -88,6 +96,34 @@ def test_the_generated_dags_reach_every_fan_out_and_verify_path() -> None:
         "verify passed after success",
         "verify failed after success",
         "verify passed after unknown",
+    ]
+    missing = [w for w in wanted if not seen[w]]
+    assert not missing, f"not reached: {missing}; reached: {dict(seen)}"
+
+
+def test_the_runs_reach_every_person_and_control_path() -> None:
+    """Over the same seeds, people and controls take every path the invariants are about:
+    approvals decided every way by the owner at the device and by the orchestrator (an
+    operator, the expiry, a cancel), the device's own decision holding against a request that
+    came second, emergency stops applied and lifted by a resume, safety budgets tripped, the
+    kill switch refusing work, commands outliving a crashed agent and killed by its restart, and
+    schedule ticks making their tasks."""
+    seen = _coverage()
+    wanted = [
+        "approval approved by owner",
+        "approval denied by owner",
+        "approval approved by orchestrator",
+        "approval denied by orchestrator",
+        "approval expired by orchestrator",
+        "approval cancelled by orchestrator",
+        "approval race: the device's decision held",
+        "stop applied",
+        "stop lifted",
+        "safety budget tripped",
+        "kill switch refused",
+        "orphan",
+        "orphan killed",
+        "schedule tick's task",
     ]
     missing = [w for w in wanted if not seen[w]]
     assert not missing, f"not reached: {missing}; reached: {dict(seen)}"

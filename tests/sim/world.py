@@ -17,21 +17,25 @@ import hashlib
 import heapq
 import itertools
 import logging
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from random import Random
-from typing import Any, Literal
+from typing import Any
 
 from orchestrator.config import Settings
+from orchestrator.domain.controls import ControlAction
 from orchestrator.domain.edits import AddEdge, AddNode, EditList, RemoveEdge, RemoveNode, UpdateNode
 from orchestrator.domain.model import CommandSpec, DagSpec, EdgeSpec, Liveness, NodeSpec, TaskState
+from orchestrator.domain.schedule import TICK_LABEL
+from orchestrator.engine.controls import controls_of, wire_state
 from orchestrator.engine.core import Engine
 from orchestrator.engine.intake import Submission
 from orchestrator.engine.records import (
     CancelTask,
-    DeviceChanged,
+    ControlDevice,
+    DecideApproval,
     DeviceHello,
     FrameIn,
     Input,
@@ -44,8 +48,9 @@ from orchestrator.engine.records import (
     Route,
     SubmitTask,
 )
+from orchestrator.engine.schedule_records import ChangeSchedule, ScheduleAction
 from orchestrator.engine.times import utc
-from orchestrator.store.models import Attempt, Device, Edge, Node, NodeChild, Task
+from orchestrator.store.models import Approval, Attempt, Device, Edge, Node, NodeChild, Task
 from orchestrator.store.repo import ChangeSet, WriteConflict
 from protocol.codec import encode
 from protocol.errors import ProtocolError
@@ -53,33 +58,24 @@ from protocol.messages import (
     BatchAccepted,
     Cancel,
     CommandBatch,
-    DeviceInfo,
     Error,
-    ErrorInfo,
     Heartbeat,
     Hello,
     Message,
-    Result,
     ResultBatch,
-    ToolAnnotations,
-    ToolSpec,
     Welcome,
     is_reliable,
 )
 from protocol.session import AckPolicy, Channel, Role, Session, negotiate_version
 from tests.sim import outcomes, view
+from tests.sim.device import CRASH_POINTS, NEEDS_APPROVAL, TOOLS, Conn, LApproval, SimDevice, harmless, read_only
 from tests.sim.memstore import MemStore
 
 T0 = 1_800_000_000.0
 LEASE = "engine"
 REPLICAS = ("A", "B")
-TOOLS = {
-    "sim.act": ToolAnnotations(destructive=True),  # neither read-only nor idempotent: never twice
-    "sim.look": ToolAnnotations(read_only=True),
-    "sim.put": ToolAnnotations(idempotent=True),
-}
 STORM_SEEDS = 1_000_000  # seeds from here on run a storm: every fault on, at higher rates
-CRASH_POINTS = ("before_record", "recorded", "ran", "stored")
+ORPHAN_S = 10.0  # how long, at most, a crashed agent's command runs on unless it is killed
 
 
 class Violation(BaseException):
@@ -102,6 +98,7 @@ def _settings() -> Settings:
                 queue_timeout_s=150.0,
                 reconcile_interval_s=2.0,
                 probe_timeout_s=60.0,
+                approval_timeout_s=25.0,
             )
         )
     return _SETTINGS[0]
@@ -206,308 +203,6 @@ class Faults:
 QUIET = Faults()
 
 
-# ====================================================================== devices
-
-
-@dataclass
-class LBatch:
-    fence: int
-    frame: CommandBatch
-    state: str = "received"  # received, running, done
-    calls: dict[str, Result | None] = field(default_factory=dict)  # started (None) or done
-    results: list[Result] | None = None
-
-
-@dataclass
-class Conn:
-    id: int
-    device: SimDevice
-    replica: str
-    server: Channel
-    agent: Channel
-    open: bool = True
-    epoch: int = 0
-    inbound: deque[str] = field(default_factory=deque)  # at the gateway, read one at a time
-    reading: bool = False  # the gateway's reader waits on the engine
-
-
-class SimDevice:
-    """`device_agent` in miniature: ledger (durable), session and executor (lost on a crash)."""
-
-    def __init__(self, world: World, device_id: str, tools: list[str]) -> None:
-        self.world = world
-        self.id = device_id
-        self.tools = [ToolSpec(name=t, namespace=t.split(".", 1)[0], annotations=TOOLS[t]) for t in sorted(tools)]
-        # durable
-        self.batches: dict[str, LBatch] = {}
-        self.outbox: OrderedDict[str, tuple[int, list[Result]]] = OrderedDict()
-        self.max_fence = 0
-        # lost on a crash
-        self.life = 0
-        self.alive = True
-        self.session: Session | None = None
-        self.conn: Conn | None = None
-        self.pending_acks: dict[int, str] = {}
-        self.work: list[CommandBatch] = []
-        self.current: CommandBatch | None = None
-        self.cancelling: set[str] = set()
-        self.last_server_frame = 0.0
-        self.crash_at: str | None = None
-        self.connecting = False
-
-    def log(self, text: str) -> None:
-        self.world.log("device", f"{self.id} {text}")
-
-    # ------------------------------------------------------------------ process
-
-    def later(self, delay: float, fn: Callable[[], None], what: str) -> None:
-        life = self.life
-
-        def run() -> None:
-            if self.alive and self.life == life:
-                fn()
-
-        self.world.at(delay, run, f"{self.id} {what}")
-
-    def maybe_crash(self, point: str) -> bool:
-        if self.crash_at != point:
-            return False
-        self.crash_at = None
-        self.crash(f"at ledger point '{point}'")
-        return True
-
-    def crash(self, why: str) -> None:
-        self.log(f"CRASH {why}")
-        self.alive = False
-        self.life += 1
-        if self.conn is not None:
-            self.world.close_conn(self.conn, "device crashed")
-        self.session, self.conn, self.pending_acks = None, None, {}
-        self.work, self.current, self.cancelling = [], None, set()
-        self.connecting = False
-        self.world.at(self.world.rng.uniform(0.5, 4.0), self.restart, f"{self.id} restart")
-
-    def restart(self) -> None:
-        """ledger.recover(): a running batch ends uncertain/skipped; unstarted past-deadline ones
-        end deadline_passed; others wait for a redelivery."""
-        self.alive = True
-        now = self.world.now
-        for bid, b in self.batches.items():
-            if b.state == "running":
-                results: list[Result] = []
-                for cmd in b.frame.commands:
-                    if cmd.call_id in b.calls and b.calls[cmd.call_id] is not None:
-                        done = b.calls[cmd.call_id]
-                        assert done is not None
-                        results.append(done)
-                    elif cmd.call_id in b.calls:
-                        results.append(_result(cmd.call_id, cmd.tool, "uncertain", "uncertain"))
-                    else:
-                        results.append(_result(cmd.call_id, cmd.tool, "skipped", "skipped"))
-                self.finish(bid, results)
-            elif b.state == "received" and b.frame.deadline is not None and b.frame.deadline.timestamp() <= now:
-                self.finish(bid, _none_ran(b.frame, "timeout"))
-        self.log("restarted")
-        self.connect()
-
-    # ------------------------------------------------------------------ connection
-
-    def connect(self) -> None:
-        if not self.alive or self.conn is not None or self.connecting:
-            return
-        self.connecting = True
-        self.later(self.world.rng.uniform(0.2, 2.0), self._dial, "dial")
-
-    def _dial(self) -> None:
-        self.connecting = False
-        if self.conn is not None:
-            return
-        replica = self.world.rng.choice(REPLICAS)
-        conn = self.world.open_conn(self, replica)
-        self.conn = conn
-        self.last_server_frame = self.world.now
-        resume = None
-        if self.session is not None:
-            resume = self.session.resume_point()
-        hello = Hello(
-            device_id=self.id,
-            versions=[1],
-            info=DeviceInfo(platform="linux"),
-            tools=self.tools,
-            resume=resume,
-            fence_seen=self.max_fence,
-        )
-        self.world.to_server(conn, conn.agent.send(hello))
-        self.later(self.world.settings.heartbeat_interval_s, partial(self._beat, conn), "heartbeat")
-
-    def lost(self, conn: Conn) -> None:
-        if self.conn is conn:
-            self.conn = None
-            self.connect()
-
-    def _beat(self, conn: Conn) -> None:
-        if self.conn is not conn or not conn.open:
-            return
-        if self.world.now - self.last_server_frame > self.world.settings.heartbeat_timeout_s:
-            self.world.close_conn(conn, "server silent")
-            return
-        if conn.agent.session is not None:
-            batch = self.current.batch_id if self.current else None
-            self.send(Heartbeat(state="busy" if batch else "idle", batch_id=batch))
-        self.later(self.world.settings.heartbeat_interval_s, partial(self._beat, conn), "heartbeat")
-
-    def send(self, message: Message) -> None:
-        if self.session is None:
-            return
-        stamped = self.session.stamp(message)
-        if isinstance(stamped, ResultBatch):
-            self.pending_acks[stamped.seq] = stamped.batch_id
-        conn = self.conn
-        if conn is not None and conn.open and conn.agent.session is self.session:
-            self.world.to_server(conn, encode(stamped))
-
-    def receive(self, conn: Conn, data: str) -> None:
-        if self.conn is not conn or not conn.open:
-            return
-        self.last_server_frame = self.world.now
-        try:
-            msg = conn.agent.receive(data)
-        except ProtocolError as exc:
-            self.log(f"protocol error {exc.code}: {exc}")
-            self.world.close_conn(conn, f"agent protocol error {exc.code}")
-            return
-        if isinstance(msg, Welcome):
-            self._open(conn, msg)
-            return
-        self._settle_acks()
-        if msg is None:
-            return
-        if isinstance(msg, CommandBatch):
-            self._on_batch(msg)
-        elif isinstance(msg, Cancel):
-            self.cancelling.add(msg.batch_id)
-            assert self.session is not None
-            self.session.confirm(msg.seq)
-
-    def _open(self, conn: Conn, welcome: Welcome) -> None:
-        if self.session is not None and self.session.resumed_by(welcome):
-            resend = conn.agent.open_agent(welcome, self.session)
-        else:
-            self.session = Session(welcome.session_id, welcome.version)
-            conn.agent.open_agent(welcome, self.session)
-            self.pending_acks = {}
-            resend = []
-            for bid, (fence, results) in self.outbox.items():
-                stamped = self.session.stamp(ResultBatch(batch_id=bid, fence=fence, results=results))
-                self.pending_acks[stamped.seq] = bid
-                resend.append(encode(stamped))
-        for frame in resend:
-            self.world.to_server(conn, frame)
-
-    def _settle_acks(self) -> None:
-        if self.session is None:
-            return
-        for seq in sorted(s for s in self.pending_acks if s <= self.session.peer_ack):
-            self.outbox.pop(self.pending_acks.pop(seq), None)
-
-    # ------------------------------------------------------------------ batches (ledger rules)
-
-    def _on_batch(self, batch: CommandBatch) -> None:
-        if self.maybe_crash("before_record"):
-            return
-        known = self.batches.get(batch.batch_id)
-        assert self.session is not None
-        if known is None and batch.fence < self.max_fence:
-            self.session.confirm(batch.seq)
-            self.log(f"refuses stale {batch.batch_id} f{batch.fence} < {self.max_fence}")
-            results = _none_ran(batch, "stale_fence")
-            self.send(
-                ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results, fence_seen=self.max_fence)
-            )
-            return
-        if known is None:
-            self.batches[batch.batch_id] = LBatch(batch.fence, batch)
-            self.max_fence = max(self.max_fence, batch.fence)
-        self.session.confirm(batch.seq)
-        if known is not None and known.state == "done":
-            self.send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=known.results or []))
-            return
-        if known is None and self.maybe_crash("recorded"):
-            return
-        self.send(BatchAccepted(batch_id=batch.batch_id))
-        running = self.current is not None and self.current.batch_id == batch.batch_id
-        if not running and all(b.batch_id != batch.batch_id for b in self.work):
-            self.work.append(batch)
-            self._next()
-
-    def _next(self) -> None:
-        while self.current is None and self.work:
-            batch = self.work.pop(0)
-            rec = self.batches[batch.batch_id]
-            if rec.state == "done":
-                continue
-            if batch.deadline is not None and batch.deadline.timestamp() <= self.world.now:
-                self.finish(batch.batch_id, _none_ran(batch, "timeout"))
-                self.send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=rec.results or []))
-                continue
-            self.current = batch
-            self._command(batch, 0, [])
-
-    def _command(self, batch: CommandBatch, i: int, results: list[Result]) -> None:
-        rec = self.batches[batch.batch_id]
-        if i == len(batch.commands):
-            self.current = None
-            self.cancelling.discard(batch.batch_id)
-            if self.maybe_crash("ran"):
-                return
-            self.finish(batch.batch_id, results)
-            if self.maybe_crash("stored"):
-                return
-            self.send(ResultBatch(batch_id=batch.batch_id, fence=batch.fence, results=results))
-            self._next()
-            return
-        cmd = batch.commands[i]
-        stop = results and results[-1].status != "success"
-        if batch.batch_id in self.cancelling or stop:
-            results.append(_result(cmd.call_id, cmd.tool, "skipped", "skipped"))
-            self._command(batch, i + 1, results)
-            return
-        rec.state = "running"
-        rec.calls[cmd.call_id] = None
-        self.world.executed(self, batch, cmd.call_id, cmd.tool)
-        failed = self.world.rng.random() < self.world.faults.tool_failure
-        result = (
-            _result(cmd.call_id, cmd.tool, "failure", "tool_error")
-            if failed
-            else Result(call_id=cmd.call_id, status="success", result={"ok": True})
-        )
-
-        def done() -> None:
-            rec.calls[cmd.call_id] = result
-            results.append(result)
-            self._command(batch, i + 1, results)
-
-        self.later(self.world.rng.uniform(0.1, 3.0), done, f"runs {batch.batch_id}/{cmd.call_id}")
-
-    def finish(self, batch_id: str, results: list[Result]) -> None:
-        rec = self.batches[batch_id]
-        rec.state, rec.results, rec.calls = "done", results, {}
-        self.outbox[batch_id] = (rec.fence, results)
-
-
-def _result(call_id: str, tool: str, status: Literal["failure", "skipped", "uncertain"], code: str) -> Result:
-    return Result(
-        call_id=call_id,
-        status=status,
-        namespace=tool.split(".", 1)[0],
-        error=ErrorInfo(code=code, message=f"simulated {code}"),
-    )
-
-
-def _none_ran(batch: CommandBatch, code: str) -> list[Result]:
-    return [_result(c.call_id, c.tool, "skipped", code) for c in batch.commands]
-
-
 # ====================================================================== gateways
 
 
@@ -518,6 +213,7 @@ class Link:
     conn: Conn | None = None
     epoch: int = 0
     batch_id: str | None = None
+    control_gen: int = 0
     last_frame: float = 0.0
     liveness: Liveness = Liveness.ONLINE
     waiting: int = 0
@@ -576,12 +272,15 @@ class Gateway:
             return
         if isinstance(msg, Heartbeat):
             link.batch_id = msg.batch_id
+            link.control_gen = msg.control_gen
             w.to_device(conn, conn.server.send(link.session.heartbeat_reply()))
         elif isinstance(msg, BatchAccepted):
             w.notify(FrameIn(conn.device.id, msg), self.replica)
             link.session.confirm(msg.seq)
         elif is_reliable(msg):
             seq = msg.seq
+            if isinstance(msg, ResultBatch) and msg.batch_id == link.batch_id:
+                link.batch_id = None
 
             def confirmed(ok: bool, _value: Any) -> None:
                 if ok:
@@ -628,6 +327,7 @@ class Gateway:
             link = Link(hello.device_id, Session(f"s_{self.replica}{next(self.sessions)}", version))
             self.links[hello.device_id] = link
         link.conn, link.epoch, link.last_frame = conn, epoch, w.now
+        link.control_gen = hello.control_gen
         conn.epoch = epoch
         welcome = Welcome(
             session_id=link.session.session_id,
@@ -636,6 +336,7 @@ class Gateway:
             heartbeat_timeout_s=w.settings.heartbeat_timeout_s,
             max_frame_bytes=w.settings.max_frame_bytes,
             resumed=resumed,
+            control=wire_state(controls_of(w.store.device(hello.device_id))),
         )
         text, resend = conn.server.accept(hello, link.session, welcome)
         w.to_device(conn, text)
@@ -682,7 +383,14 @@ class Gateway:
         report = LinkReport(
             self.replica,
             [
-                LinkState(d, ln.epoch, ln.liveness, 0.0 if ln.waiting else max(0.0, w.now - ln.last_frame), ln.batch_id)
+                LinkState(
+                    d,
+                    ln.epoch,
+                    ln.liveness,
+                    0.0 if ln.waiting else max(0.0, w.now - ln.last_frame),
+                    ln.batch_id,
+                    ln.control_gen,
+                )
                 for d, ln in sorted(self.links.items())
             ],
         )
@@ -844,6 +552,17 @@ class World:
         self.loop = asyncio.new_event_loop()
         self.submissions_due = 0  # tasks the API client has yet to store
         self.unverified_acks: list[str] = []  # result batches acknowledged since the last check
+        # Executions under way: token -> (node key, device, orphaned); a node key is (task, node,
+        # fan-out child's device or ""). Two at once for one key is a violation.
+        self.active: dict[int, tuple[tuple[str, str, str], str, bool]] = {}
+        self.tokens = itertools.count(1)
+        self.denied: set[tuple[str, str, str]] = set()  # nodes whose open attempt's approval the store denied
+        self.resuming: set[str] = set()  # devices an operator resumes in the step under way
+        self.people: set[str] = set()  # approvals an operator has considered
+        # How far each replica's clock is behind the world's (a leader whose clock is behind).
+        self.skew = {"A": 0.0, "B": 0.0}
+        self.schedule_id: str | None = None
+        self.seen: Counter[str] = Counter()  # the people and controls paths a run took
 
     # ------------------------------------------------------------------ scheduling
 
@@ -928,17 +647,20 @@ class World:
         if fence is None:
             self.at(1.0, partial(self.start_engine, replica), "engine start")
             return
+        skew = self.skew[replica]
         engine = Engine(
             self.settings,
             self.store,  # type: ignore[arg-type]
             _NullBus(),
-            clock=lambda: self.now,
+            clock=lambda: self.now - skew,
             rng=self.rng.random,
             ids=self.new_id,
             sleep=_no_sleep,
         )
         engine.links = EngineLinks(self, replica)
         engine.planner = SimPlanner(self)
+        engine.schedules.load_rows = self.store.load_schedules
+        engine.schedules.prune_rows = self.store.prune_ticks
         engine.on_fatal = lambda exc: None
         engine.replica_id = replica
         engine.lease_guard = (LEASE, replica, fence)
@@ -990,6 +712,11 @@ class World:
         items, self.inbox = self.inbox, []
         loop = self.loop
         futures = []
+        self.resuming = {
+            item.device_id
+            for item, _ in items
+            if isinstance(item, ControlDevice) and item.action is ControlAction.RESUME
+        }
         for item, reply in items:
             item.done = loop.create_future()
             futures.append((item.done, reply))
@@ -1067,8 +794,12 @@ class World:
         for device_id in sorted(self.devices):
             if self.rng.random() < f.operator:
                 # dev_0 has every tool: revoking it could leave nodes no device can ever run.
-                choices = ("cordoned", "draining", "active", "active") + (("revoked",) if device_id != "dev_0" else ())
-                self.operate(device_id, self.rng.choice(choices))
+                choices = ("cordon", "drain", "uncordon", "stop", "resume", "resume")
+                self.control(device_id, self.rng.choice(choices + (("revoke",) if device_id != "dev_0" else ())))
+            if self.rng.random() < f.operator / 3:
+                dev = self.devices[device_id]
+                dev.kill_switch = not dev.kill_switch
+                self.log("owner", f"{device_id} kill switch {'on' if dev.kill_switch else 'off'}")
         if self.engine is not None and self.rng.random() < f.lease_loss:
             self.log("fault", f"lease of {self.leader} expires")
             self.store.expire_lease(LEASE)
@@ -1084,15 +815,86 @@ class World:
 
     # ------------------------------------------------------------------ the fleet and its work
 
-    def operate(self, device_id: str, admin: str) -> None:
-        """What the API does for an operator: write the device row, then tell the engine (a hint
-        here that may be lost: the engine adopts device changes it finds in the store)."""
+    def control(self, device_id: str, action: str) -> None:
+        """What the API does for an operator: ask the engine, the one writer of a device's
+        controls, through the cluster (over the lossy bus from a follower), again and again until
+        it answers, always as the same request; a resume or an uncordon names the generation the
+        operator read."""
         row = self.store.device(device_id)
-        if row.admin_state in ("revoked", admin):
+        if row.admin_state == "revoked":
             return
-        self.log("api", f"operator: {device_id} {row.admin_state} -> {admin}")
-        row.admin_state = admin
-        self.notify(DeviceChanged(device_id), self.rng.choice(REPLICAS))
+        expect = controls_of(row).gen if action in ("resume", "uncordon") else None
+        request_id = self.new_id("req")
+        self.log("api", f"operator: {action} {device_id} (generation {expect})")
+        answer: list[bool] = []
+
+        def ask(asks: int) -> None:
+            if answer or asks > 30:
+                return
+            item = ControlDevice(device_id, ControlAction(action), f"{action} by an operator", request_id, expect)
+            self._ask(item, lambda ok, v: answer.append(True) if ok else None)
+            self.at(2.0, partial(ask, asks + 1), "ask again")
+
+        ask(0)
+
+    def _ask(self, item: Input, answered: Callable[[bool, Any], None]) -> None:
+        """A request from the API of a random replica to the engine leader; the answer may be lost."""
+        replica = self.rng.choice(REPLICAS)
+        if replica == self.leader and self.engine is not None:
+            self.submit(item, answered)
+        else:
+            self.bus(lambda: self.submit(item, lambda ok, v: self.bus(lambda: answered(ok, v), "answer")), "ask")
+
+    def approvals_due(self) -> None:
+        """Operators look at the pending approvals now and then and decide some of them (racing the
+        device's owner, the expiry and cancels)."""
+        if not self.healing:
+            for _key, row in sorted(self.store.table(Approval).items()):
+                if row.state != "pending" or row.id in self.people:
+                    continue
+                self.people.add(row.id)
+                if self.rng.random() < 0.6:
+                    decision = "approved" if self.rng.random() < 0.7 else "denied"
+                    self.at(self.rng.uniform(0.2, 12.0), partial(self.operator_decides, row.id, decision), "decide")
+        self.at(1.0, self.approvals_due, "approvals")
+
+    def operator_decides(self, approval_id: str, decision: str) -> None:
+        self.log("api", f"operator: {decision} {approval_id}")
+        self._ask(DecideApproval(approval_id, decision, "api key sim"), lambda ok, v: None)
+
+    def create_schedule(self) -> None:
+        """A schedule ticking every 10 s (its ticks cross leader changes, and replica B's clock may
+        be behind): every tick makes one task, never two, whoever leads."""
+        self.schedule_id = self.new_id("sch")
+        dag = {"nodes": [{"id": "s1", "commands": [{"tool": "sim.look", "timeout_s": 5}]}], "edges": []}
+        definition = {
+            "name": "every-10s",
+            "cron": "*/10 * * * * *",
+            "timezone": "UTC",
+            "task": {"dag": dag},
+            "overlap": self.rng.choice(("skip", "queue")),
+            "starting_deadline_s": 60.0,
+            "max_queued": 2,
+            "created": self.now,
+        }
+        self.change_schedule(ScheduleAction.CREATE, definition)
+
+    def change_schedule(self, action: ScheduleAction, definition: dict[str, Any] | None = None, asks: int = 0) -> None:
+        assert self.schedule_id is not None
+        item = ChangeSchedule(action, self.schedule_id, definition)
+        self.log("api", f"schedule {self.schedule_id}: {action.value}")
+
+        def answered(ok: bool, value: Any) -> None:
+            if not ok and asks < 20:
+                self.at(1.0, partial(self.change_schedule, action, definition, asks + 1), "again")
+
+        self._ask(item, answered)
+
+    def owner_may_decide(self, device: SimDevice, approval_id: str) -> None:
+        """The device's owner may decide at the device, at any moment."""
+        if self.rng.random() < 0.4:
+            decision = "approved" if self.rng.random() < 0.7 else "denied"
+            device.later(self.rng.uniform(0.2, 12.0), partial(device.owner_decides, approval_id, decision), "owner")
 
     def enroll(self, n: int) -> None:
         for i in range(n):
@@ -1114,7 +916,7 @@ class World:
                 current_batch_id=None,
                 created_at=utc(self.now),
             )
-            self.devices[device_id] = SimDevice(self, device_id, tools)
+            self.devices[device_id] = SimDevice(self, device_id, tools, max_bad=self.rng.choice((0, 0, 2)))
 
     def dag(self) -> DagSpec:
         n = self.rng.randint(2, 6)
@@ -1225,11 +1027,13 @@ class World:
 
     # ------------------------------------------------------------------ running
 
-    def executed(self, device: SimDevice, batch: CommandBatch, call_id: str, tool: str) -> None:
+    def executed(self, device: SimDevice, batch: CommandBatch, call_id: str, tool: str) -> int:
+        """A command starts on `device`; returns the token of its execution (`ended` ends it)."""
         node = self.store.table(Node)[(batch.task_id, batch.node_id)]  # as edited, if it was
         spec = NodeSpec.model_validate(node.spec)
-        # A fan-out node runs once per device (issue 20): each child is its own "at most once".
-        key = (batch.task_id, batch.node_id, call_id, device.id if spec.for_each is not None else "")
+        # A fan-out node runs once per device: each child is its own "at most once".
+        unit = device.id if spec.for_each is not None else ""
+        key = (batch.task_id, batch.node_id, call_id, unit)
         self.executions.setdefault(key, []).append(batch.batch_id)
         self.log("exec", f"{device.id} runs {batch.batch_id} {call_id} {tool}")
         runs = self.executions[key]
@@ -1241,6 +1045,68 @@ class World:
             cmd = commands[int(call_id[1:]) - 1]
             if not (ann.read_only or ann.idempotent or cmd.idempotent):
                 self.fail(f"{tool} of {batch.task_id}/{batch.node_id}/{call_id} ran twice: batches {runs}")
+        if device.stopped and not read_only(tool):
+            self.fail(f"{tool} ran on {device.id}, which applied an emergency stop")
+        if device.kill_switch and not harmless(tool):
+            self.fail(f"{tool} ran on {device.id} with its owner's kill switch on")
+        if tool in NEEDS_APPROVAL:
+            rec = next(
+                (a for a in device.approvals.values() if (a.batch_id, a.call_id) == (batch.batch_id, call_id)), None
+            )
+            if rec is None or rec.state != "approved":
+                self.fail(f"{tool} of {batch.batch_id}/{call_id} ran without its approval ({rec})")
+        node_key = (batch.task_id, batch.node_id, unit)
+        if node_key in self.denied:
+            self.fail(f"{batch.task_id}/{batch.node_id} ran again after a person denied it")
+        others = [(t, d) for t, (k, d, _o) in sorted(self.active.items()) if k == node_key]
+        if others:
+            self.fail(f"{batch.task_id}/{batch.node_id} runs twice at once: on {device.id} and {others}")
+        token = next(self.tokens)
+        self.active[token] = (node_key, device.id, False)
+        return token
+
+    def ended(self, token: int) -> None:
+        self.active.pop(token, None)
+
+    def orphaned(self, token: int) -> None:
+        """Its agent crashed: the command runs on unsupervised until its end or a kill."""
+        found = self.active.get(token)
+        if found is None:
+            return
+        self.active[token] = (found[0], found[1], True)
+        self.log("orphan", f"{found[1]}: an execution of {found[0]} outlives its agent")
+        self.seen["orphan"] += 1
+        self.at(self.rng.uniform(0.0, ORPHAN_S), partial(self.ended, token), "orphan ends")
+
+    def kill_orphans(self, device: SimDevice) -> None:
+        """The restarted agent kills what its ledger says was running before it reports anything."""
+        for token, (key, device_id, orphan) in sorted(self.active.items()):
+            if device_id == device.id and orphan:
+                self.log("orphan", f"{device_id} kills its orphan of {key}")
+                self.seen["orphan killed"] += 1
+                del self.active[token]
+
+    def stopped(self, device: SimDevice, gen: int) -> None:
+        """The device applies a stop: the store holds that generation or a newer one (a copy sent
+        before a resume may arrive after it), and if that one, it says stopped."""
+        row = self.store.device(device.id)
+        stored = controls_of(row).gen
+        if stored < gen or (stored == gen and row.admin_state != "stopped"):
+            self.fail(
+                f"{device.id} applied a stop (generation {gen}) the store never held ({row.admin_state}, {stored})"
+            )
+        self.seen["stop applied"] += 1
+
+    def lifted(self, device: SimDevice, state: Any) -> None:
+        """Only a resume lifts a stop: the state the device applies must say it was resumed."""
+        if state.resumed <= device.stop_gen:
+            self.fail(f"{device.id} lifted its stop (generation {device.stop_gen}) with no resume since: {state}")
+        self.seen["stop lifted"] += 1
+
+    def decided_at_device(self, device: SimDevice, rec: LApproval) -> None:
+        """(The store's side is checked where it is written: `_check_write`.)"""
+        who = "owner" if "owner" in rec.by else "orchestrator"
+        self.seen[f"approval {rec.state} by {who}"] += 1
 
     def run(self) -> None:
         n_dev = self.rng.randint(2, 4)
@@ -1255,6 +1121,10 @@ class World:
         self.at(0.5, self.tick, "tick")
         self.at(self.settings.link_report_interval_s, self.watch, "link reports")
         self.at(1.0, self.chaos, "chaos")
+        self.at(1.0, self.approvals_due, "approvals")
+        if self.rng.random() < 0.4:
+            self.skew["B"] = self.rng.uniform(0.0, 8.0)  # a replica whose clock is behind
+            self.at(self.rng.uniform(0.0, 5.0), self.create_schedule, "schedule")
         end_faults = T0 + self.fault_s
         deadline = T0 + self.fault_s + self.heal_s
         while self.events:
@@ -1275,16 +1145,36 @@ class World:
         self.log("heal", "faults stop")
         for dev in self.devices.values():
             dev.crash_at = None
-        for device_id in sorted(self.devices):  # the operator puts back what is not revoked
-            if self.store.device(device_id).admin_state in ("cordoned", "draining"):
-                self.operate(device_id, "active")
+            dev.kill_switch = False
+        if self.schedule_id is not None:
+            self.change_schedule(ScheduleAction.PAUSE)
+        self.put_back()
         if self.engine is None:
             self._restart_soon()
+
+    def put_back(self) -> None:
+        """The operator puts back in service what is not revoked: a resume, then an uncordon (a
+        device that breached while stopped comes back cordoned)."""
+        for device_id in sorted(self.devices):
+            admin = self.store.device(device_id).admin_state
+            if admin == "stopped":
+                self.control(device_id, "resume")
+            elif admin in ("cordoned", "draining"):
+                self.control(device_id, "uncordon")
+        self.at(3.0, self.put_back, "put back")  # a stop asked before the heal may land after it
 
     def done(self) -> bool:
         if len(self.tasks) == 0 or self.submissions_due:
             return False
-        return all(TaskState(t.state).terminal for t in self.store.tasks())
+        if not all(TaskState(t.state).terminal for t in self.store.tasks()):
+            return False
+        return all(  # and every decision made at a device has reached the store
+            rec.state == "pending"
+            or (row := self.store.table(Approval).get((rec.approval_id,))) is None
+            or row.state != "pending"
+            for dev in self.devices.values()
+            for rec in dev.approvals.values()
+        )
 
     # ------------------------------------------------------------------ invariants
 
@@ -1293,14 +1183,36 @@ class World:
         raise Violation(message)
 
     def _check_write(self, changes: ChangeSet) -> None:
-        """Fences only grow in the store: a device's fence, and each new attempt's fence on its device."""
+        """Checked on every write, before it applies: fences only grow in the store (a device's
+        fence, and each new attempt's fence on its device); only a resume lifts a stop; the store
+        records only an approval decision its device's ledger holds; and after a denial the
+        store recorded for an open attempt, that node opens no attempt again."""
         for key, values in changes.updates.get(Device, {}).items():
             if "fence" in values:
                 floor = self.device_fence_floor.get(key[0], 0)
                 if values["fence"] < floor:
                     self.fail(f"store: fence of {key[0]} goes down {floor} -> {values['fence']}")
                 self.device_fence_floor[key[0]] = values["fence"]
+            before = self.store.device(key[0]).admin_state
+            after = values.get("admin_state", before)
+            if before == "stopped" and after not in ("stopped", "revoked") and key[0] not in self.resuming:
+                self.fail(f"store: {key[0]} went from stopped to {after} without a resume")
+        for key, values in changes.updates.get(Approval, {}).items():
+            state = values.get("state")
+            if state is None:
+                continue
+            row = self.store.table(Approval)[tuple(key)]
+            held = self.devices[row.device_id].approvals.get(row.id)
+            if held is None or held.state != state:
+                self.fail(f"store: approval {row.id} recorded {state}, but its device's ledger holds {held}")
+            attempt = self.store.table(Attempt).get((row.batch_id,))
+            if state == "denied" and attempt is not None and attempt.ended_at is None:
+                spec = NodeSpec.model_validate(self.store.table(Node)[(row.task_id, row.node_id)].spec)
+                self.denied.add((row.task_id, row.node_id, row.device_id if spec.for_each is not None else ""))
         for row in changes.inserts.get(Attempt, []):
+            units = {(row["task_id"], row["node_id"], ""), (row["task_id"], row["node_id"], row["device_id"])}
+            if units & self.denied and row["kind"] != "verify":
+                self.fail(f"store: {row['task_id']}/{row['node_id']} placed again after a person denied it")
             admin = view.admin_state(self.engine, row["device_id"]) if self.engine is not None else "active"
             # Placement runs after every input of the step: it knew. Verify commands are read-only
             # and settle work the device did already, so they run on a device out of service too.
@@ -1351,6 +1263,7 @@ class World:
             sleep=_no_sleep,
         )
         probe.planner = _Deaf()
+        probe.schedules.load_rows = probe.store.load_schedules  # type: ignore[attr-defined]
         self._run(probe.recover())
         mine, theirs = view.summary(live), view.summary(probe)
         # A task whose TaskCreated hint was lost is in the store and not yet in memory: the live
@@ -1365,6 +1278,22 @@ class World:
         unfinished = [t.id for t in self.store.tasks() if not TaskState(t.state).terminal]
         if unfinished:
             self.fail(f"tasks did not terminate {self.heal_s:g}s after the faults stopped: {unfinished}")
+        for device_id, dev in sorted(self.devices.items()):  # every decision reached the store as made
+            for rec in dev.approvals.values():
+                row = self.store.table(Approval).get((rec.approval_id,))
+                if row is not None and rec.state not in ("pending", row.state):
+                    self.fail(
+                        f"approval {rec.approval_id}: {device_id} decided {rec.state}, the store says {row.state}"
+                    )
+        ticks: Counter[tuple[str, str]] = Counter()
+        for task in self.store.tasks():
+            tick = (task.labels or {}).get(TICK_LABEL)
+            if tick is not None:
+                ticks[(task.labels.get("orrery.schedule", ""), tick)] += 1
+                self.seen["schedule tick's task"] += 1
+        twice = [t for t, n in ticks.items() if n > 1]
+        if twice:
+            self.fail(f"schedule ticks made more than one task: {twice}")
         for task in self.store.tasks():
             self.check_dag(task.id)
         self.check_restart_agrees()
@@ -1394,19 +1323,21 @@ class World:
                 self.fail(f"{task_id}/{nid} has an open attempt in a finished task")
         if task.state == "cancelled" and not cancelled:
             self.fail(f"{task_id} ended cancelled, but nobody cancelled it")
-        outcomes.check_edge_times(self.fail, task_id, nodes, edges, attempts)
+        outcomes.check_edge_times(self.fail, task_id, nodes, edges, attempts, max(self.skew.values()))
         children = [c for c in self.store.table(NodeChild).values() if c.task_id == task_id]
         for nid, node in sorted(nodes.items()):
             spec = NodeSpec.model_validate(node.spec)
             ran = [a for a in attempts if a.node_id == nid]
             if spec.for_each is None:
-                outcomes.check_verified(self.fail, f"{task_id}/{nid}", node.state, spec, ran)
+                outcomes.check_verified(self.fail, f"{task_id}/{nid}", node.state, spec, ran, max(self.skew.values()))
                 continue
             kids = [c for c in children if c.node_id == nid]
             outcomes.check_fan_out(self.fail, f"{task_id}/{nid}", node, kids, ran)
             for c in kids:
                 own = [a for a in ran if a.device_id == c.device_id]
-                outcomes.check_verified(self.fail, f"{task_id}/{nid}@{c.device_name}", c.state, spec, own)
+                outcomes.check_verified(
+                    self.fail, f"{task_id}/{nid}@{c.device_name}", c.state, spec, own, max(self.skew.values())
+                )
 
     def report(self) -> str:
         return "\n".join(self.trace.lines)
@@ -1515,6 +1446,7 @@ def simulate(seed: int, fault_s: float = 40.0, heal_s: float = 200.0) -> Outcome
     finally:
         loop.close()
     seen = outcomes.coverage(world.store.table(Node).values(), world.store.table(NodeChild).values())
+    seen += world.seen
     ended = sum(1 for t in world.store.tasks() if TaskState(t.state).terminal)
     return Outcome(
         seed, not error, world.trace.digest(), error, world.report(), world.steps, world.trace.count, seen, ended
