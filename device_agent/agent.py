@@ -30,6 +30,7 @@ from device_agent.ledger import (
     results_json,
     skipped,
 )
+from device_agent.orphans import end_orphans
 from device_agent.reconnect import Backoff
 from device_agent.router import CallLimit, Router
 from device_agent.transport import Closed, Refused, Transport
@@ -154,7 +155,10 @@ class Agent:
         stops, so the first of them to end takes the agent down with it.
         """
         try:
-            closed = self.ledger.recover()
+            # What the last run left running dies before its calls are reported `uncertain`, so
+            # no probe judges the device, and no retry runs, next to it (device_agent/orphans.py).
+            notes = await end_orphans(self.ledger)
+            closed = self.ledger.recover(notes=notes)
         except LedgerError as exc:
             raise AgentFailed(str(exc)) from exc
         if closed:

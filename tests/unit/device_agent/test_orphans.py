@@ -19,7 +19,7 @@ import pytest
 
 from device_agent import orphans
 from device_agent.ledger import Ledger, ProcessRecord
-from device_agent.orphans import MARK_VAR, ProcStat, Recorder, read_stat
+from device_agent.orphans import MARK_VAR, ProcStat, Recorder, end_orphans, read_stat, sweep
 from device_agent.toolset_host import InProcessServer
 from device_agent.toolsets.shell import build
 from tests.support import ROOT, wait_until
@@ -84,6 +84,86 @@ def spawn(argv: list[str], cwd: Path, mark: str | None = None) -> subprocess.Pop
     if mark is not None:
         env[MARK_VAR] = mark
     return subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+
+
+# ---------------------------------------------------------------- the sweep at start
+
+
+def test_the_sweep_kills_a_recorded_group_with_a_child_that_left_it_for_a_session_of_its_own(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    mark = orphans.mark(ledger.identity, "b1", "c1")
+    script = "setsid sleep 600 & echo $! >> pids; sleep 600 & echo $! >> pids; wait"
+    with reaping() as started:
+        started.append(leader := spawn(["sh", "-c", script], tmp_path, mark))
+        escaped, child = pids_in(tmp_path / "pids", 2)
+        with reaping(escaped, child):
+            wait_until(lambda: stat_of(escaped).session == escaped, 10, "the child to leave for a session of its own")
+            record(ledger, leader.pid)
+            done = sweep(ledger.processes(), ledger.identity)
+            assert sorted(p.pid for p in done.killed) == sorted([leader.pid, escaped, child])
+            assert done.spared == []
+            assert not any(running(p) for p in (leader.pid, escaped, child))  # the sweep waited for them
+            assert {(p.batch_id, p.call_id) for p in done.killed} == {("b1", "c1")}
+
+
+def test_the_sweep_finds_by_its_mark_a_process_started_before_its_group_was_recorded(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    with reaping() as started:
+        started.append(ours := spawn(["sleep", "600"], tmp_path, orphans.mark(ledger.identity, "b2", "c3")))
+        started.append(theirs := spawn(["sleep", "600"], tmp_path, orphans.mark("0123456789abcdef", "b2", "c3")))
+        done = sweep([], ledger.identity)
+        assert [(p.pid, p.batch_id, p.call_id) for p in done.killed] == [(ours.pid, "b2", "c3")]
+        assert not running(ours.pid)
+        assert running(theirs.pid)  # another agent's
+
+
+def test_a_record_whose_pid_now_belongs_to_an_unrelated_process_kills_nothing(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    with reaping() as started:
+        started.append(stranger := spawn(["sleep", "600"], tmp_path))
+        # The recorded leader started at another time: the pid was reused by `stranger`.
+        record(ledger, stranger.pid, start=start_of(stranger.pid) - 1)
+        done = sweep(ledger.processes(), ledger.identity)
+        assert (done.killed, done.spared) == ([], [])
+        assert running(stranger.pid)
+
+
+def test_a_leaderless_group_is_killed_only_if_one_of_its_processes_carries_the_mark(tmp_path: Path) -> None:
+    """With its leader gone, a group is ours or a stranger's who got the number later: the mark
+    on one of its processes tells; without it the group is left alone and reported."""
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    for marked in (False, True):
+        pids = tmp_path / f"pids-{marked}"
+        mark = orphans.mark(ledger.identity, "b1", "c1") if marked else None
+        with reaping() as started:
+            started.append(leader := spawn(["sh", "-c", f"sleep 600 & echo $! > {pids.name}"], tmp_path, mark))
+            (child,) = pids_in(pids, 1)
+            with reaping(child):
+                start = start_of(leader.pid)
+                assert leader.wait(10) == 0  # the leader is gone (reaped); its child keeps the group
+                assert stat_of(child).pgrp == leader.pid
+                record(ledger, leader.pid, start)
+                done = sweep(ledger.processes(), ledger.identity)
+                ledger.clear_processes()
+                if marked:
+                    assert [p.pid for p in done.killed] == [child] and done.spared == []
+                    assert not running(child)
+                else:
+                    assert done.killed == [] and [p.pid for p, _ in done.spared] == [child]
+                    assert running(child)
+                    note = done.notes()[("b1", "c1")]
+                    assert f"pid {child} (sleep)" in note and "left alone" in note
+
+
+async def test_the_agent_start_kills_what_the_last_run_left_and_clears_the_records(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", DEVICE)
+    with reaping() as started:
+        started.append(leader := spawn(["sleep", "600"], tmp_path))
+        record(ledger, leader.pid, batch_id="b9", call_id="c2")
+        notes = await end_orphans(ledger)
+        assert not running(leader.pid)
+        assert ledger.processes() == []
+        assert notes == {("b9", "c2"): "the agent killed the 1 process(es) it had left running before reporting this"}
 
 
 # ---------------------------------------------------------------- recording what shell.run starts
