@@ -31,6 +31,7 @@ from device_agent.ledger import (
     results_json,
     skipped,
 )
+from device_agent.orphans import end_orphans
 from device_agent.reconnect import Backoff
 from device_agent.router import CallLimit, Router
 from device_agent.transport import Closed, Refused, Transport
@@ -155,7 +156,10 @@ class Agent:
         stops, so the first of them to end takes the agent down with it.
         """
         try:
-            closed = self.ledger.recover()
+            # What the last run left running dies before its calls are reported `uncertain`, so
+            # no probe judges the device, and no retry runs, next to it (device_agent/orphans.py).
+            notes = await end_orphans(self.ledger)
+            closed = self.ledger.recover(notes=notes)
         except LedgerError as exc:
             raise AgentFailed(str(exc)) from exc
         if closed:
@@ -655,7 +659,7 @@ class Agent:
         limit = self._timeout(cmd.timeout_s, batch)
         task = asyncio.current_task()
         assert task is not None
-        self.running_call = running = _RunningCall(task)
+        self.running_call = running = _RunningCall(task, cmd.call_id)
         try:
             result = await self.router.call(cmd, batch.batch_id, limit, approved)
             if running.halted:  # cancelled, but the call took the cancellation and returned
@@ -667,6 +671,12 @@ class Agent:
             return _stopped(cmd, None, self.router.stop_latch.reason)
         finally:
             self.running_call = None
+
+    def running(self) -> tuple[str, str] | None:
+        """The batch and call running now, which the processes a tool starts belong to."""
+        if self.current is None or self.running_call is None:
+            return None
+        return self.current.batch_id, self.running_call.call_id
 
     def _halt(self, running: _RunningCall) -> None:
         """`STOP_GRACE_S` after a stop: a command that has still not returned is cancelled."""
@@ -713,12 +723,13 @@ class Agent:
 
 
 class _RunningCall:
-    """The command running now: the task it runs in, and whether a stop's grace ran out on it."""
+    """The command running now: the task it runs in, its call id, and whether a stop's grace ran out on it."""
 
-    __slots__ = ("halted", "task")
+    __slots__ = ("call_id", "halted", "task")
 
-    def __init__(self, task: asyncio.Task[Any]) -> None:
+    def __init__(self, task: asyncio.Task[Any], call_id: str) -> None:
         self.task = task
+        self.call_id = call_id
         self.halted = False
 
 

@@ -28,10 +28,11 @@ import contextlib
 import functools
 import json
 import os
+import secrets
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -97,6 +98,20 @@ CREATE TABLE IF NOT EXISTS outbox (
 # live in the key's own b-tree and a write touches one b-tree instead of the table's and its key
 # index's (a commit writes every page it touched to the WAL: fewer pages, a quicker commit).
 # Ledgers created before keep their tables; the same statements work on both.
+
+# The process groups the running commands started (device_agent/orphans.py): a row is written
+# when a tool starts a process, and goes once it is reaped, with the next batch's results. The
+# leader's start time and the boot tell the group from an unrelated one that got the same pid.
+_PROCESS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS processes (
+    pgid INTEGER NOT NULL,
+    leader_start INTEGER NOT NULL,
+    boot_id TEXT NOT NULL,
+    batch_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    PRIMARY KEY (pgid, leader_start)
+) WITHOUT ROWID;
+"""
 
 KEEP_FINISHED_BATCHES = 10_000
 # A batch recorded but never started, with no deadline, is given up this long after it arrived.
@@ -172,6 +187,18 @@ class OutboxEntry:
     results: list[Result]
 
 
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A process group a command started: its id, its leader's start time (clock ticks after
+    boot, 0 if unknown) and the boot, and the batch and call it belongs to."""
+
+    pgid: int
+    leader_start: int
+    boot_id: str
+    batch_id: str
+    call_id: str
+
+
 class Ledger:
     """The ledger of one agent, whose device is `device_id` (the token's device)."""
 
@@ -189,6 +216,7 @@ class Ledger:
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._checkpoints = Checkpoints(path)
         self._db.executescript(_SCHEMA)
+        self._db.executescript(_PROCESS_SCHEMA)
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(batches)")}
         if "running_call" not in columns:  # a ledger from before `running_call`
             self._db.execute("ALTER TABLE batches ADD COLUMN running_call TEXT")
@@ -209,6 +237,8 @@ class Ledger:
         # outbox in the next transaction that writes it anyway (see `receive`), and meanwhile
         # `outbox()` leaves them out.
         self._let_go: set[str] = set()
+        # Process groups reaped by now: their rows go with the next `finish_batch` (see `process_reaped`).
+        self._reaped: set[tuple[int, int]] = set()
 
     def _bind_device(self) -> None:
         """The ledger belongs to one device; another device may take it over only when nothing of
@@ -378,6 +408,7 @@ class Ledger:
             payload = results_json(results)
         now = time.time()
         let_go = list(self._let_go)
+        reaped = list(self._reaped)
         with self._tx():
             self._db.execute(
                 "UPDATE batches SET state='done', finished_at=?, results=?, running_call=NULL WHERE batch_id=?",
@@ -389,7 +420,9 @@ class Ledger:
             )
             self._db.execute("DELETE FROM calls WHERE batch_id=?", (batch_id,))
             self._forget(let_go)
+            self._forget_processes(reaped)
         self._let_go.difference_update(let_go)
+        self._reaped.difference_update(reaped)
 
     @_durable
     def done_calls(self, batch_id: str) -> dict[str, Result]:
@@ -510,10 +543,58 @@ class Ledger:
         for batch_id in batch_ids:
             self._db.execute("DELETE FROM outbox WHERE batch_id=?", (batch_id,))
 
+    # ------------------------------------------------------------------ processes the commands started
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """A random id this ledger keeps for life: the mark on what its agent's commands start
+        (device_agent/orphans.py), which tells them from another agent's on the same machine."""
+        return self._identity()
+
+    @_durable
+    def _identity(self) -> str:
+        row = self._db.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()
+        if row is not None:
+            return str(row[0])
+        made = secrets.token_hex(8)
+        self._db.execute("INSERT INTO meta (key, value) VALUES ('ledger_id', ?)", (made,))
+        return made
+
+    @_durable
+    def record_process(self, record: ProcessRecord) -> None:
+        """A tool started a process group: kept before the command can do much, so that the
+        next agent can kill it if this one dies first. One statement, one small row."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO processes (pgid, leader_start, boot_id, batch_id, call_id) VALUES (?,?,?,?,?)",
+            (record.pgid, record.leader_start, record.boot_id, record.batch_id, record.call_id),
+        )
+
+    def process_reaped(self, pgid: int, leader_start: int) -> None:
+        """The group's leader was reaped (its group killed, if it outlived it): its row goes with
+        the next `finish_batch`, which writes anyway. Meanwhile a restart finds the row, and the
+        leader's identity tells that it is gone (device_agent/orphans.py)."""
+        self._reaped.add((pgid, leader_start))
+
+    @_durable
+    def processes(self) -> list[ProcessRecord]:
+        """The process groups recorded and not yet let go: what the last run may have left running."""
+        rows = self._db.execute("SELECT pgid, leader_start, boot_id, batch_id, call_id FROM processes").fetchall()
+        return [ProcessRecord(int(r[0]), int(r[1]), r[2], r[3], r[4]) for r in rows]
+
+    @_durable
+    def clear_processes(self) -> None:
+        """Every recorded group is dealt with (killed, or found gone)."""
+        self._db.execute("DELETE FROM processes")
+        self._reaped.clear()
+
+    def _forget_processes(self, groups: Iterable[tuple[int, int]]) -> None:
+        for pgid, leader_start in groups:
+            self._db.execute("DELETE FROM processes WHERE pgid=? AND leader_start=?", (pgid, leader_start))
+
     # ------------------------------------------------------------------ recovery
 
     @_durable
-    def recover(self, now: float | None = None) -> list[str]:
+    def recover(self, now: float | None = None, notes: Mapping[tuple[str, str], str] | None = None) -> list[str]:
         """After a crash or a stop, close what the last run left open; returns the batch ids closed.
 
         A batch that was running: commands that finished keep their results, the one that was
@@ -522,6 +603,9 @@ class Ledger:
         with every command `skipped` (`timeout`). Either way the results go to the outbox, so
         the server hears of them. An unstarted batch not yet due stays, and runs only if the
         server delivers it again.
+
+        `notes`, by (batch id, call id): what became of the processes an `uncertain` command left
+        running (device_agent/orphans.py), said in its result.
         """
         now = time.time() if now is None else now
         closed = []
@@ -549,7 +633,7 @@ class Ledger:
                 if state == "done" and raw:
                     results.append(Result.model_validate_json(raw))
                 elif cmd.call_id in running:
-                    results.append(uncertain(cmd.call_id, cmd.tool))
+                    results.append(uncertain(cmd.call_id, cmd.tool, (notes or {}).get((batch_id, cmd.call_id), "")))
                 else:
                     results.append(skipped(cmd.call_id, cmd.tool, "an earlier command did not finish"))
             self.finish_batch(batch_id, int(fence), results)
@@ -697,7 +781,7 @@ def deadline_passed(batch: CommandBatch) -> list[Result]:
     return none_ran(batch, ErrorCode.TIMEOUT, why)
 
 
-def uncertain(call_id: str, tool: str) -> Result:
+def uncertain(call_id: str, tool: str, note: str = "") -> Result:
     return Result(
         call_id=call_id,
         status="uncertain",
@@ -705,6 +789,6 @@ def uncertain(call_id: str, tool: str) -> Result:
         error=ErrorInfo(
             code="uncertain",
             message="the agent stopped while this command was running, so it may or may not have "
-            "taken effect; check the device's state before running it again",
+            "taken effect; check the device's state before running it again" + (f" ({note})" if note else ""),
         ),
     )

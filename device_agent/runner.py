@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from mcp import StdioServerParameters
 
+from device_agent import orphans
 from device_agent.agent import Agent, AgentFailed, TokenRefused
 from device_agent.audit import AuditLog
 from device_agent.budgets import SafetyBudgets
@@ -119,6 +120,8 @@ def build(config: AgentConfig) -> Agent:
     info = {**system.device_info(), "policy": config.policy_report()}
     agent = Agent(config, router, ledger, info, crash)
     ctx.current_batch = lambda: agent.current  # the artifact tools act for the running batch (issue 20)
+    if orphans.SUPPORTED:  # what a command starts is recorded, to be killed if the agent dies first
+        ctx.processes.watcher = orphans.Recorder(ledger, agent.running)
     return agent
 
 

@@ -21,13 +21,15 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
+from device_agent.orphans import MARK_VAR
+from device_agent.orphans import preexec as orphans_preexec
 from device_agent.policy import Policy
 from device_agent.sandbox import Sandbox
 from device_agent.stop import StopLatch
@@ -129,22 +131,66 @@ def tool(kit: Toolkit, annotations: ToolAnnotations, name: str | None = None) ->
     return register
 
 
+class ProcessWatcher(Protocol):
+    """Told of the process groups tools start, so that they are found again if the agent dies
+    while they run (device_agent/orphans.py `Recorder`, which keeps them in the ledger)."""
+
+    def mark(self) -> str:
+        """The value of `MARK_VAR` for what is started now: it names the agent and the call."""
+        ...
+
+    def spawned(self, pid: int) -> None:
+        """A process group was started (`pid` leads it); may raise if it cannot be recorded."""
+        ...
+
+    def reaped(self, pid: int) -> None:
+        """The group's leader was reaped (and its group killed, if it outlived it)."""
+        ...
+
+
 class ProcessTracker:
-    """Child processes started by tools, so a cancel can kill them with their process group."""
+    """Child processes started by tools, so a cancel can kill them with their process group.
+
+    Tools start their processes with `environment` and `preexec` and report them with
+    `add` and `discard`: the program then dies with the agent, and with a `watcher` (the agent
+    sets one) the group is recorded, so the next agent kills what this one leaves running."""
 
     def __init__(self) -> None:
         self._procs: set[asyncio.subprocess.Process] = set()
         # Killed by `kill_all`, so the tool can report `cancelled` rather than a crash.
         self._killed: set[asyncio.subprocess.Process] = set()
+        self.watcher: ProcessWatcher | None = None
 
     def count(self) -> int:
         """How many processes are tracked (running, or exited but not yet discarded)."""
         return len(self._procs)
 
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        """`env`, with the watcher's mark added, for a process a tool starts now: every process
+        it starts in turn inherits the mark (found even if it leaves the group, device_agent/orphans.py)."""
+        if self.watcher is not None:
+            env[MARK_VAR] = self.watcher.mark()
+        return env
+
+    @staticmethod
+    def preexec() -> Callable[[], None] | None:
+        """The `preexec_fn` of a process a tool starts: the kernel kills it when the agent dies."""
+        return orphans_preexec()
+
     def add(self, proc: asyncio.subprocess.Process) -> None:
+        """Track `proc`, the leader of a process group a tool started. If the watcher cannot record
+        it, the group is killed (it must not run unrecorded) and the error raised."""
         self._procs.add(proc)
+        if self.watcher is not None:
+            try:
+                self.watcher.spawned(proc.pid)
+            except BaseException:
+                self._kill(proc)
+                raise
 
     def discard(self, proc: asyncio.subprocess.Process) -> None:
+        if proc in self._procs and self.watcher is not None:
+            self.watcher.reaped(proc.pid)
         self._procs.discard(proc)
         self._killed.discard(proc)
 
@@ -154,16 +200,17 @@ class ProcessTracker:
 
     def kill_all(self) -> int:
         """SIGKILL every tracked process group; returns how many were signalled."""
-        n = 0
-        for proc in list(self._procs):
-            if proc.returncode is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    self._killed.add(proc)
-                    n += 1
-                except (ProcessLookupError, PermissionError):
-                    pass
-        return n
+        return sum(self._kill(proc) for proc in list(self._procs))
+
+    def _kill(self, proc: asyncio.subprocess.Process) -> bool:
+        if proc.returncode is not None:
+            return False
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return False
+        self._killed.add(proc)
+        return True
 
 
 # ---------------------------------------------------------------- NUL bytes

@@ -8,6 +8,10 @@ everything the program started, not only the program. Output is read as it comes
 `Policy.max_output_bytes` per stream; the rest is counted and dropped, so a chatty program cannot
 exhaust the agent's memory, and is still read so the program never blocks on a full pipe.
 
+The same separation would let a run outlive its agent: the program dies with the agent (the
+parent-death signal), its group is recorded in the ledger and its environment marked, so the
+next agent kills what is left before it reports the call (device_agent/orphans.py).
+
 With `sandbox = "bwrap"` every program runs confined (device_agent/sandbox.py): the workspace is
 the only writable place, the network is off, resource limits apply. The group kill still reaches
 everything: killing bwrap tears down the run's whole pid namespace.
@@ -170,7 +174,7 @@ async def _run(
     ctx: ToolsetContext, argv: list[str], workdir: Path, timeout: float, stdin: str | None
 ) -> CallToolResult:
     started = time.monotonic()
-    env = child_env(ctx.policy, os.environ)
+    env = ctx.processes.environment(child_env(ctx.policy, os.environ))
     command = argv
     if ctx.sandbox is not None:
         # bwrap would report a missing program as its own exit status 1; say it the usual way.
@@ -187,6 +191,7 @@ async def _run(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=ctx.processes.preexec(),
         )
     )
     try:
@@ -201,7 +206,6 @@ async def _run(
     except (ValueError, OSError) as exc:  # e.g. a NUL byte in an argument
         return failure("invalid_arguments", f"cannot start {argv[0]!r}: {exc}")
 
-    ctx.processes.add(proc)
     out, err = _Capture(ctx.policy.max_output_bytes), _Capture(ctx.policy.max_output_bytes)
     assert proc.stdout is not None and proc.stderr is not None  # PIPE was asked for both
     tasks = {
@@ -212,6 +216,7 @@ async def _run(
     if stdin is not None:
         tasks.add(asyncio.create_task(_feed(proc, stdin.encode())))
     try:
+        ctx.processes.add(proc)  # recorded in the ledger; if it cannot be, the cleanup reaps it
         # `proc.wait()` also waits for the pipes to close, so a background child that keeps
         # stdout open counts against the timeout too; the group kill then ends it.
         _, pending = await asyncio.wait(tasks, timeout=timeout)

@@ -26,8 +26,7 @@ def test_agent_killed_mid_command_reports_it_uncertain_and_never_runs_it_twice(t
         }
         task = f.submit(dag)
         wait_until((a.workspace / "started").exists, 30, "the command to start")
-        a.kill()  # SIGKILL: the agent dies; the command's own process group lives on
-        wait_until((a.workspace / "out.txt").exists, 30, "the orphaned command to finish")
+        a.kill()  # SIGKILL: the agent dies, and its command with it (device_agent/orphans.py)
         a.start()
         done = f.wait_task(task["id"])
         node = f.node(done, "append")
@@ -35,7 +34,7 @@ def test_agent_killed_mid_command_reports_it_uncertain_and_never_runs_it_twice(t
         assert node["error"]["code"] == "uncertain"
         assert len(node["attempts"]) == 1
         assert node["attempts"][0]["results"][0]["status"] == "uncertain"
-        assert (a.workspace / "out.txt").read_text() == "line\n"
+        assert not (a.workspace / "out.txt").exists()  # it neither finished nor ran again
 
 
 def test_a_cut_connection_resumes_the_session_and_the_result_arrives_once(tmp_path: Path) -> None:

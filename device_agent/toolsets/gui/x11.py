@@ -212,7 +212,7 @@ class X11Backend:
         return True
 
     async def _xdotool(self, args: list[str], timeout: float, *, track: bool, quiet: bool = False) -> None:
-        env = {**child_env(self._policy(), os.environ), "DISPLAY": self.display}
+        env = self._processes.environment({**child_env(self._policy(), os.environ), "DISPLAY": self.display})
         try:
             proc = await asyncio.create_subprocess_exec(
                 self.xdotool,
@@ -222,16 +222,17 @@ class X11Backend:
                 stderr=asyncio.subprocess.PIPE,
                 env=env,
                 start_new_session=True,
+                preexec_fn=self._processes.preexec(),
             )
         except OSError as exc:
             raise InputFailed(f"cannot run {self.xdotool}: {exc.strerror}") from exc
-        self._processes.add(proc)
         if track:
             self._current = proc
             if self._interrupted:  # gui.stop came while the process was being started
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
         try:
+            self._processes.add(proc)  # recorded in the ledger; if it cannot be, the finally reaps it
             with anyio.fail_after(timeout):
                 _, err = await proc.communicate()
         except TimeoutError as exc:
