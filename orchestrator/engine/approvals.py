@@ -10,7 +10,7 @@ there first, and only the device knows whether the command ran. So:
   API), the expiry, and the end of the attempt (`cancelled`: nothing of an ended attempt may
   run). A request is stored with the step (`requested_*`), sent after its commit, and sent
   again until the device reports the approval decided: when the device asks again (it does on
-  every new session), and while its heartbeats say it still runs the batch.
+  every new session), and while its replica reports it connected (every few seconds).
 - The device reports the decision that holds (`approval_decision`), whoever made it, until the
   server acknowledges it. Only then is it the approval's `state`, written in a step commit under
   the lease together with what it does: the node running again and the attempt's deadline moved
@@ -94,6 +94,7 @@ class ApprovalBook:
         self.apply = apply
         self.waiting: dict[str, Entry] = {}
         self._by_batch: dict[str, set[str]] = {}
+        self._by_device: dict[str, set[str]] = {}
 
     # ---------------------------------------------------------------- a device asks
 
@@ -160,6 +161,7 @@ class ApprovalBook:
     def _wait(self, e: Entry, expires: float, now: float) -> None:
         self.waiting[e.approval_id] = e
         self._by_batch.setdefault(e.batch_id, set()).add(e.approval_id)
+        self._by_device.setdefault(e.device_id, set()).add(e.approval_id)
         self.timers.add(expires, ApprovalExpiry(e.approval_id))
         for paused in self._paused(e.batch_id):
             if paused.waiting_since is None:
@@ -226,12 +228,13 @@ class ApprovalBook:
             if e.requested != "cancelled":
                 self._request(e, "cancelled", "orchestrator", "the attempt ended before the decision reached it", now)
 
-    def heard(self, dev: DeviceRun, running: str | None, now: float) -> None:
-        """The device says (heartbeats) it still runs `running`: a request for one of its
-        approvals it has not confirmed goes again (a frame lost on its way)."""
-        for approval_id in sorted(self._by_batch.get(running or "", ())):
+    def heard(self, dev: DeviceRun, now: float) -> None:
+        """The device's replica reports it connected: a request for one of its approvals that it
+        has not confirmed goes again (a frame lost on its way, or its report lost on the way
+        back: asked again, it reports what holds), at most every `RESEND_AFTER_S`."""
+        for approval_id in sorted(self._by_device.get(dev.id, ())):
             e = self.waiting[approval_id]
-            if e.device_id == dev.id and e.requested is not None and now - e.sent_at >= RESEND_AFTER_S:
+            if e.requested is not None and now - e.sent_at >= RESEND_AFTER_S:
                 log.info("approval %s: asking device %s again for '%s'", approval_id, dev.id, e.requested)
                 self._send(e, now)
 
@@ -271,11 +274,12 @@ class ApprovalBook:
         if e is None or e.device_id != dev.id:
             return  # recorded already (a report sent again), or not this device's to report
         del self.waiting[e.approval_id]
-        batch = self._by_batch.get(e.batch_id)
-        if batch is not None:
-            batch.discard(e.approval_id)
-            if not batch:
-                del self._by_batch[e.batch_id]
+        for index, key in ((self._by_batch, e.batch_id), (self._by_device, e.device_id)):
+            ids = index.get(key)
+            if ids is not None:
+                ids.discard(e.approval_id)
+                if not ids:
+                    del index[key]
         by = msg.by or "the device"
         self.writer.update(
             Approval,

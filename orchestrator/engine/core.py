@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrator.config import Settings
 from orchestrator.domain import placement
-from orchestrator.domain.model import DagSpec, NodeSpec, NodeState, TaskState
+from orchestrator.domain.model import DagSpec, Liveness, NodeSpec, NodeState, TaskState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine import restore, timers
@@ -370,11 +370,11 @@ class Engine:
 
     def _on_report(self, item: LinkReport, now: float) -> None:
         self.runs.carry_out(self.fleet.report(item, now), now)
-        if self.approvals.waiting:  # requests its devices have not confirmed go again while they wait
+        if self.approvals.waiting:  # requests its devices have not confirmed go again
             for link in item.links:
                 dev = self.fleet.devices.get(link.device_id)
-                if dev is not None and link.batch_id is not None and link.epoch >= dev.epoch:
-                    self.approvals.heard(dev, link.batch_id, now)
+                if dev is not None and link.epoch >= dev.epoch and link.liveness is Liveness.ONLINE:
+                    self.approvals.heard(dev, now)
 
     def _on_control(self, item: ControlDevice, now: float) -> dict[str, Any]:
         reply, actions = self.fleet.controls.control(item, now)

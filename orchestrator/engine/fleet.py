@@ -190,13 +190,14 @@ class Fleet:
         if (
             running is None
             and waiting is not None
-            and waiting.kind is AttemptKind.TOOL
-            and not waiting.accepted
+            and waiting.kind in (AttemptKind.TOOL, AttemptKind.VERIFY)
             and now - max(waiting.started, waiting.resent_at) > RESEND_AFTER_S
         ):
-            # It heartbeats, runs nothing, and has not accepted a batch sent a while ago: the
-            # frame was lost on its way (a relay dropped while Redis restarted). Send it again;
-            # a device that has it after all answers from its ledger.
+            # It heartbeats and runs nothing, but a batch sent a while ago is open on it: the
+            # frame was lost on its way (a relay dropped while Redis restarted), or the agent
+            # restarted after accepting it and the batch sent again at its hello was lost too (a
+            # batch waiting for an approval keeps no deadline: it would wait for ever). Send it
+            # again; a device that has it answers from its ledger (its results, or it goes on).
             log.info("re-sending batch %s to device %s, which says it runs nothing", waiting.batch_id, dev.id)
             waiting.resent_at = now  # at most once per interval
             self.outbox.dispatch_after_commit(waiting)

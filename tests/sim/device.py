@@ -314,18 +314,16 @@ class SimDevice:
 
     def _open(self, conn: Conn, welcome: Welcome) -> None:
         if self.session is not None and self.session.resumed_by(welcome):
-            resend = conn.agent.open_agent(welcome, self.session)
-        else:
-            self.session = Session(welcome.session_id, welcome.version)
-            conn.agent.open_agent(welcome, self.session)
-            self.pending_acks, self.pending_reports, self.in_flight = {}, {}, set()
-            resend = []
-            for bid, (fence, results) in self.outbox.items():
-                stamped = self.session.stamp(ResultBatch(batch_id=bid, fence=fence, results=results))
-                self.pending_acks[stamped.seq] = bid
-                resend.append(encode(stamped))
-        for frame in resend:
-            self.world.to_server(conn, frame)
+            for frame in conn.agent.open_agent(welcome, self.session):  # what the server lacks
+                self.world.to_server(conn, frame)
+            return
+        self.session = Session(welcome.session_id, welcome.version)
+        conn.agent.open_agent(welcome, self.session)
+        self.pending_acks, self.pending_reports, self.in_flight = {}, {}, set()
+        for bid, (fence, results) in self.outbox.items():
+            stamped = self.session.stamp(ResultBatch(batch_id=bid, fence=fence, results=results))
+            self.pending_acks[stamped.seq] = bid
+            self.world.to_server(conn, encode(stamped))
         # A new session carries every request still pending and every decision not acknowledged
         # (their frames of the last session were dropped with it), and the breach until reset.
         for rec in sorted(self.approvals.values(), key=lambda a: a.approval_id):

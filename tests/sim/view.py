@@ -36,11 +36,32 @@ def current_batches(engine: Engine) -> dict[str, str | None]:
     return {d: dev.current_batch for d, dev in engine.devices.items()}
 
 
+def controls(engine: Engine) -> dict[str, tuple[str, int, str, int, int, str | None]]:
+    """Each device's controls: admin state, generation, stop reason, last resume, last budget
+    reset, breach."""
+    return {
+        d: (dev.admin.value, dev.control_gen, dev.stop_reason, dev.resumed_gen, dev.budgets_reset_gen, dev.breach)
+        for d, dev in sorted(engine.devices.items())
+    }
+
+
+def approvals(engine: Engine) -> dict[str, tuple[str, str | None]]:
+    """Approvals the engine waits on: their batch and the decision asked of the device, if any;
+    and open attempts a refusal ended (`refused:`)."""
+    out: dict[str, tuple[str, str | None]] = {
+        a: (e.batch_id, e.requested) for a, e in sorted(engine.approvals.waiting.items())
+    }
+    out.update({f"refused:{b}": (b, a.refused) for b, a in sorted(engine.attempts.open.items()) if a.refused})
+    return out
+
+
 def summary(engine: Engine) -> dict[str, Any]:
     """What a restart must rebuild exactly: unfinished tasks and their node states, open
-    attempts, device fences."""
+    attempts, device fences, device controls and approvals."""
     return {
         "tasks": {t: node_states(engine, t) for t in task_ids(engine) if not engine.tasks[t].terminal},
         "attempts": open_attempts(engine),
         "fences": device_fences(engine),
+        "controls": controls(engine),
+        "approvals": approvals(engine),
     }

@@ -19,7 +19,7 @@ from orchestrator.engine.records import (
     ToolCall,
 )
 from orchestrator.store import approvals as stored
-from protocol.messages import ApprovalRequest, Cancel, CommandBatch
+from protocol.messages import ApprovalRequest, Cancel, CommandBatch, ErrorInfo
 from tests.unit.engine.harness import Harness, accepted, results
 
 WEB = {"role": "web"}
@@ -161,6 +161,24 @@ async def test_the_failure_budget_stops_the_rollout_at_its_kth_failed_child(h: H
     assert (row.state, row.error["code"]) == ("failed", "failure_budget_exhausted")
     assert row.output == {"w2": {"ok": True}}  # what did succeed stays visible
     assert len(sent(h)) == 3
+
+
+async def test_a_child_running_when_its_rollout_halts_is_not_placed_again_after_it_fails(h: Harness) -> None:
+    """Budget 1, two children at once: one fails and halts the rollout while the other runs; when
+    that one fails too, retry-safe (read-only), it does not go back to wait for a device (a
+    restart from the store would skip it): it fails, and the node ends."""
+    await fleet(h, "w1", "w2")
+    node = {**fan(tool_name="sim.look", max_parallel=2, failure_budget=1), "retry": {"max_attempts": 3}}
+    task = await h.submit({"nodes": [node]})
+    (dev1, first), second = open_batches(h)
+    refused = ErrorInfo(code="invalid_arguments", message="never retried")
+    await h.step(results(dev1, first, "failure", error=refused))  # failed for good: the rollout halts
+    await finish(h, second, status="failure")  # read-only, tries left: it would have run again
+    kids = await children(h, task)
+    assert sorted(state for state, _ in kids.values()) == ["failed", "failed"], kids
+    row = await node_row(h, task)
+    assert (row.state, row.error["code"]) == ("failed", "failure_budget_exhausted")
+    assert len(sent(h)) == 2
 
 
 async def test_fewer_failed_children_than_the_budget_are_tolerated(h: Harness) -> None:

@@ -381,6 +381,24 @@ async def test_a_batch_lost_on_its_way_is_sent_again_when_the_idle_device_does_n
     assert (await h.task(task))["state"] == "succeeded"
 
 
+async def test_an_accepted_batch_an_agent_lost_in_a_restart_is_sent_again_when_it_idles(h: Harness) -> None:
+    """The agent accepted the batch, then crashed; its redelivery at the next hello was lost on
+    the way (a relay dropped). It heartbeats idle while the engine holds the batch open, which a
+    wait for an approval would hold for ever (its deadline waits): the batch goes again."""
+    dev = await h.enroll("forgot")
+    _, epoch = await h.connect(dev)
+    task = await h.submit(one_node())
+    (batch,) = h.batches(dev)
+    await h.step(accepted(dev, batch))
+    _, epoch = await h.connect(dev)  # restarted: a new session (its redelivery, lost)
+    sent = len(h.batches(dev))
+    await h.live(5, "A", (dev, epoch, Liveness.ONLINE, 0.2, None))
+    assert sent < len(h.batches(dev)) <= sent + 2  # sent again, and not on every report
+    assert all(b.batch_id == batch.batch_id for b in h.batches(dev))
+    await h.step(results(dev, batch))
+    assert (await h.task(task))["state"] == "succeeded"
+
+
 async def test_an_agent_node_ended_with_a_step_still_out_frees_its_device_when_the_step_reports(
     tmp_path: Path,
 ) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from orchestrator.cluster import wire
+from orchestrator.domain.controls import ControlAction
 from orchestrator.domain.model import DagSpec
 from orchestrator.engine.intake import KeptNode, Submission
-from orchestrator.domain.controls import ControlAction
 from orchestrator.engine.records import ControlDevice, DecideApproval, DeviceChanged, SubmitTask
 from tests.unit.engine.harness import Harness, one_node
 
