@@ -96,7 +96,7 @@ def approvals(
 
 
 def _decide(approval_id: str, state: str, reason: str, data_dir: Path | None) -> None:
-    by = f"device owner {getpass.getuser()}"
+    by = f"device owner {getpass.getuser()} (at the device)"
     for path in _ledgers(data_dir):
         db = _connect(path)
         try:

@@ -72,7 +72,7 @@ class Change:
 
 
 def apply(
-    current: Controls, action: ControlAction, reason: str = "", expect_gen: int | None = None
+    current: Controls, action: ControlAction, reason: str = "", expect_gen: int | None = None, device: str = ""
 ) -> Change | Refusal | None:
     """The controls after an operator's `action` (None: it changes nothing). `reason` is the
     operator's words for the history (and, for a stop, for the agent). `expect_gen`: the
@@ -112,7 +112,8 @@ def apply(
     if current.stopped and action is not ControlAction.REVOKE:
         return Refusal(
             "conflict",
-            f"the device is stopped (emergency stop); only resume lifts it: resume it, then {action.value} it",
+            f"the device is stopped (emergency stop); only resume lifts it: orrery devices resume {device or 'DEVICE'} "
+            f"(POST /v1/devices/{{id}}/resume), then {action.value} it",
         )
     if action is ControlAction.REVOKE:
         return Change(

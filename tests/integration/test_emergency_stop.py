@@ -102,7 +102,7 @@ def test_a_stop_kills_the_running_batch_takes_no_work_outlasts_restarts_and_only
         target.kill()
         ledger = sqlite3.connect(target.data_dir / LEDGER_NAME)
         try:
-            (kept,) = ledger.execute("SELECT value FROM meta WHERE key='stop'").fetchone()
+            (kept,) = ledger.execute("SELECT value FROM meta WHERE key='control'").fetchone()
         finally:
             ledger.close()
         assert "runaway clicks" in kept
