@@ -10,6 +10,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchestrator.domain.model import Liveness
 from orchestrator.engine.records import CancelTask, DecideApproval, FrameIn
 from orchestrator.store import approvals as stored
@@ -268,3 +270,18 @@ def _at(ts: float) -> Any:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(ts, UTC)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_an_attempt_whose_approval_was_denied_ends_refused_however_it_ends(h: Harness, restart: bool) -> None:
+    """The device confirmed a denial, then it was lost before its refusal came back (the attempt
+    ends `device_lost`, which a read-only node would retry): the node fails `approval_denied`,
+    never placed again, also when the engine restarted in between."""
+    dev, task, batch = await waiting(h, tool_name="sim.look", retry={"max_attempts": 3})
+    await h.step(confirm(dev, "denied", by="device owner (at the device)"))
+    if restart:
+        await h.restart()
+    await h.live(2 * h.settings.heartbeat_timeout_s, "A")  # nobody reports the device: it is lost
+    state = await h.task(task)
+    assert state["state"] == "failed" and state["errors"] == {"n": "approval_denied"}, state
+    assert {b.batch_id for b in h.batches(dev)} == {batch.batch_id}

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.domain.model import AdminState, Liveness
-from orchestrator.engine.records import FrameIn
-from protocol.messages import ControlState, DeviceControl, SafetyBreach
+from orchestrator.engine.records import CancelTask, FrameIn
+from protocol.messages import Cancel, ControlState, DeviceControl, SafetyBreach
 from tests.unit.engine.harness import Harness, one_node
 
 BREACH = SafetyBreach(budget="destructive_per_minute", limit=3, detail="4 destructive actions in 60 s")
@@ -158,3 +158,23 @@ async def test_a_stopped_device_gets_no_work_until_it_is_resumed(h: Harness) -> 
     assert (await h.task(task))["nodes"] == {"n": "ready"}
     await h.control(dev, "resume")
     assert len(h.batches(dev)) == 1
+
+
+async def test_a_cancel_lost_on_its_way_is_sent_again_while_the_device_still_runs_the_batch(h: Harness) -> None:
+    """The cancel's frame was dropped (a relay lost while Redis restarted): the device's heartbeats
+    still name the batch, so the cancel goes again, a few seconds apart, until they do not."""
+    dev = await online(h)
+    task = await h.submit(one_node("n", "sim.act"))
+    (batch,) = h.batches(dev)
+    await h.step(CancelTask(task))
+    first = cancels(h, dev)
+    assert first == [batch.batch_id]
+    await h.live(10, "A", link(h, dev, applied=0, batch=batch.batch_id))
+    assert len(cancels(h, dev)) >= 3 and set(cancels(h, dev)) == {batch.batch_id}
+    sent = len(cancels(h, dev))
+    await h.live(10, "A", link(h, dev, applied=0))  # it stopped: nothing more
+    assert len(cancels(h, dev)) == sent
+
+
+def cancels(h: Harness, dev: str) -> list[str]:
+    return [s.message.batch_id for s in h.links.sent if isinstance(s.message, Cancel) and s.device_id == dev]
