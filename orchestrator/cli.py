@@ -9,6 +9,7 @@ import inspect
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -242,11 +243,30 @@ def devices_show(device_id: str, server: ServerOpt = None, api_key: KeyOpt = Non
         _print_json(c.device(device_id))
 
 
+CONFIRM_WAIT_S = 3.0  # how long `stop`, `resume` and `uncordon` wait to see the agent apply them
+
+
+def _applied(c: Any, result: dict[str, Any]) -> str:
+    """For a control the agent must apply (a stop, a resume, a budget reset): whether it has, after
+    waiting a little for it. The orchestrator sends it until the agent reports it applied."""
+    deadline = time.monotonic() + CONFIRM_WAIT_S
+    while result.get("control_applied", 0) < result.get("control_generation", 0):
+        if time.monotonic() >= deadline:
+            return (
+                "; its agent has not confirmed it yet (offline?): it is sent until the agent applies it, "
+                "see 'orrery devices show'"
+            )
+        time.sleep(0.1)
+        result = c.device(result["id"])
+    return "; applied by its agent" if result.get("control_generation") else ""
+
+
 def _device_action(action: str) -> Any:
     def command(device_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
         with _api(server, api_key) as c:
             result = c.device_action(device_id, action)
-        console.print(f"{device_id}: {result.get('state')}", markup=False, highlight=False)
+            applied = _applied(c, result) if action in ("resume", "uncordon") else ""
+        console.print(f"{device_id}: {result.get('state')}{applied}", markup=False, highlight=False)
 
     command.__doc__ = {
         "drain": "Finish current work, take no new work.",
@@ -275,8 +295,9 @@ def devices_stop(
     take no work, and refuse every action tool on the device until `orrery devices resume`."""
     with _api(server, api_key) as c:
         result = c.stop_device(device_id, reason)
+        applied = _applied(c, result)
     why = f" ({result['stop_reason']})" if result.get("stop_reason") else ""
-    console.print(f"{device_id}: {result.get('state')}{why}", markup=False, highlight=False)
+    console.print(f"{device_id}: {result.get('state')}{why}{applied}", markup=False, highlight=False)
 
 
 @devices_app.command("label")

@@ -132,6 +132,13 @@ export function mountDevice(root, deviceId) {
             h("strong", {}, "Emergency stop."),
             h("span", { id: "device-stop-reason" }, d.stop_reason || "Stopped by an operator."),
             " It takes no work and its agent refuses every action tool until it is resumed.",
+            (d.control_applied ?? 0) < (d.control_generation ?? 0)
+              ? h(
+                  "span",
+                  { id: "device-stop-pending", class: "muted" },
+                  " Its agent has not confirmed the stop yet (it is sent until it does; an offline agent gets it when it reconnects).",
+                )
+              : null,
           )
         : null,
       h(
