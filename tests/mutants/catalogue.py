@@ -1,0 +1,197 @@
+"""The rule mutants: each one a small, realistic bug in one of the product's safety rules, and the
+fast tests (tests/unit, tests/sim) that must catch it.
+
+`scripts/mutants` applies each mutant to a throwaway copy of the tree and runs its catching tests
+there: they must pass on the unmutated copy, fail on the mutant, and do so within
+`TIME_LIMIT_S`. tests/unit/test_mutant_catalogue.py checks, cheaply, that every `original` still
+occurs exactly once in today's code and that every catching test exists, so a refactor that moves
+a rule's code shows up in the fast tests, not only in the mutant run.
+
+To add a mutant, append one `Mutant` to `MUTANTS`: a bug a person could plausibly write (a
+dropped condition, a flipped comparison, a skipped check, an early return), not sabotage such as
+`raise`. `scripts/mutants --survey ID` lists every fast test that fails on it, to choose from;
+list the most focused one first (the mutant run stops at the first failure, `-x`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TIME_LIMIT_S = 60.0  # per mutant, wall time, catching tests included (startup, imports, fixtures)
+FAST_TIERS = ("tests/unit/", "tests/sim/")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str  # short, unique, kebab-case: what the bug does
+    rule: str  # the rule it breaks, one sentence
+    file: str  # relative to the repository's root
+    original: str  # must occur exactly once in `file`
+    replacement: str
+    caught_by: tuple[str, ...]  # pytest node ids in tests/unit or tests/sim
+
+    @property
+    def module(self) -> str:
+        """The dotted name `file` is imported as."""
+        return self.file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+MUTANTS: list[Mutant] = [
+    # ------------------------------------------------------------------ fences
+    Mutant(
+        id="engine-ignores-result-fence",
+        rule="The engine applies a batch's results only if they carry the fence of its open attempt.",
+        file="orchestrator/engine/attempts.py",
+        original="if att is not None and att.device_id == dev.id and att.fence == msg.fence:",
+        replacement="if att is not None and att.device_id == dev.id:",
+        caught_by=(
+            "tests/unit/engine/test_rule_guards.py::test_results_under_an_older_fence_than_their_attempts_are_refused_and_not_applied",
+        ),
+    ),
+    Mutant(
+        id="ledger-runs-stale-batch",
+        rule="The agent's ledger refuses a batch whose fence is older than the newest one it accepted.",
+        file="device_agent/ledger.py",
+        original=(
+            "            elif batch.fence < self.max_fence:\n"
+            "                receipt = Receipt.STALE\n"
+            "            else:\n"
+        ),
+        replacement="            else:\n",
+        caught_by=(
+            "tests/unit/device_agent/test_ledger.py::test_a_batch_older_than_the_newest_fence_is_stale",
+            "tests/unit/device_agent/test_agent_protocol.py::test_a_stale_batch_is_answered_with_skipped_results_and_the_mark_and_never_runs",
+        ),
+    ),
+    # ------------------------------------------------------------------ retry safety
+    Mutant(
+        id="retry-if-any-tool-safe",
+        rule="A failed attempt that started runs again only if every tool it ran is read-only or idempotent.",
+        file="orchestrator/domain/retry.py",
+        original="return all(read_only or idempotent for read_only, idempotent in tool_hints)",
+        replacement="return any(read_only or idempotent for read_only, idempotent in tool_hints)",
+        caught_by=(
+            "tests/unit/engine/test_rule_guards.py::test_a_failure_after_a_read_only_command_and_an_action_ran_is_not_run_again",
+        ),
+    ),
+    Mutant(
+        id="approval-denial-retried",
+        rule="A node whose command a person denied fails approval_denied and is never run again.",
+        file="orchestrator/domain/retry.py",
+        original='        "approval_denied",\n',
+        replacement="",
+        caught_by=(
+            "tests/unit/engine/test_rule_guards.py::test_a_denied_command_fails_its_node_for_good_despite_tries_left",
+        ),
+    ),
+    # ------------------------------------------------------------------ one writer
+    Mutant(
+        id="commit-without-lease",
+        rule="Every engine commit carries the engine lease, so a leader that lost it writes nothing.",
+        file="orchestrator/engine/writer.py",
+        original="            changes.guard = self.lease_guard\n",
+        replacement="",
+        caught_by=("tests/unit/engine/test_writer.py::test_effects_and_events_follow_a_commit_and_never_a_failed_one",),
+    ),
+    Mutant(
+        id="store-ignores-lease-fence",
+        rule="The store refuses a guarded commit whose lease fence is no longer the lease's current one.",
+        file="orchestrator/store/repo.py",
+        original="                leases.c.fence == fence,\n",
+        replacement="",
+        caught_by=(
+            "tests/unit/store/test_lease_guard.py::test_a_writer_whose_lease_went_to_another_and_came_back_cannot_write_under_its_old_fence",
+        ),
+    ),
+    # ------------------------------------------------------------------ sha256 on both ends
+    Mutant(
+        id="upload-trusts-declared-sha256",
+        rule="The orchestrator records an upload only if its bytes have the sha256 it was declared with.",
+        file="orchestrator/artifacts/uploads.py",
+        original="digest = await self._digest(row)",
+        replacement="digest = row.sha256",
+        caught_by=(
+            "tests/unit/artifacts/test_uploads.py::test_content_that_is_not_the_declared_sha256_is_refused_and_nothing_is_recorded[sqlite/files]",
+        ),
+    ),
+    Mutant(
+        id="download-trusts-announced-sha256",
+        rule="The agent keeps a downloaded artifact only if its bytes have the sha256 the orchestrator announced.",
+        file="device_agent/artifacts.py",
+        original="                return hasher.hexdigest()\n",
+        replacement="                return digest\n",
+        caught_by=(
+            "tests/unit/device_agent/test_download_checks.py::test_a_download_whose_sha256_does_not_match_is_refused_and_leaves_nothing",
+        ),
+    ),
+    # ------------------------------------------------------------------ emergency stop
+    Mutant(
+        id="placement-takes-stopped-device",
+        rule="Placement gives no work to a device that is stopped (emergency stop).",
+        file="orchestrator/domain/placement.py",
+        original="return self.admin is AdminState.ACTIVE and self.liveness is Liveness.ONLINE",
+        replacement=(
+            "return self.admin not in (AdminState.DRAINING, AdminState.CORDONED, AdminState.REVOKED) "
+            "and self.liveness is Liveness.ONLINE"
+        ),
+        caught_by=(
+            "tests/unit/domain/test_stopped_placement.py::test_a_stopped_device_takes_no_work_but_could_run_it_once_resumed",
+            "tests/unit/domain/test_stopped_placement.py::test_a_node_goes_to_the_device_in_service_and_never_to_the_stopped_one",
+        ),
+    ),
+    Mutant(
+        id="engine-places-on-stopped-device",
+        rule="The engine sends no batch to a device that is stopped (emergency stop).",
+        file="orchestrator/engine/queues.py",
+        original="if d.admin is not active or d.liveness is not online:",
+        replacement="if d.admin in (AdminState.CORDONED, AdminState.DRAINING) or d.liveness is not online:",
+        caught_by=(
+            "tests/unit/engine/test_rule_guards.py::test_a_stopped_device_is_given_no_work_until_it_is_resumed",
+        ),
+    ),
+    Mutant(
+        id="stopped-device-takes-queued-work",
+        rule="A stopped device (emergency stop) takes no node waiting in another device's queue.",
+        file="orchestrator/engine/queues.py",
+        original="return dev.admin is AdminState.ACTIVE and dev.liveness is Liveness.ONLINE",
+        replacement=(
+            "return dev.admin not in (AdminState.DRAINING, AdminState.CORDONED, AdminState.REVOKED) "
+            "and dev.liveness is Liveness.ONLINE"
+        ),
+        caught_by=("tests/unit/engine/test_rule_guards.py::test_work_goes_past_a_stopped_device_to_one_in_service",),
+    ),
+    # ------------------------------------------------------------------ fan-out
+    Mutant(
+        id="canary-failure-ignored",
+        rule="A failed canary halts the fan-out: the rest are skipped and the node fails canary_failed.",
+        file="orchestrator/domain/fanout.py",
+        original="        if self.canary_bad:\n            return Halt.CANARY_FAILED\n",
+        replacement="",
+        caught_by=(
+            "tests/unit/engine/test_fanouts.py::test_a_failed_canary_skips_the_rest_and_fails_the_node_canary_failed",
+            "tests/unit/domain/test_fanout.py::test_every_rollout_ends_by_its_rules_whatever_its_children_do",
+        ),
+    ),
+    Mutant(
+        id="failure-budget-off-by-one",
+        rule="A fan-out with failure budget K starts no more children once K of them failed.",
+        file="orchestrator/domain/fanout.py",
+        original="if self.budget is not None and self.failed >= self.budget:",
+        replacement="if self.budget is not None and self.failed > self.budget:",
+        caught_by=(
+            "tests/unit/engine/test_fanouts.py::test_the_failure_budget_stops_the_rollout_at_its_kth_failed_child",
+            "tests/unit/domain/test_fanout.py::test_every_rollout_ends_by_its_rules_whatever_its_children_do",
+        ),
+    ),
+    # ------------------------------------------------------------------ schedules
+    Mutant(
+        id="schedule-advances-from-now",
+        rule="A schedule's next tick is after both now and its last recorded tick, whatever the leader's clock says.",
+        file="orchestrator/engine/schedules.py",
+        original="entry.next_at = entry.cron.after(max(now, entry.last_tick or now))",
+        replacement="entry.next_at = entry.cron.after(now)",
+        caught_by=(
+            "tests/unit/engine/test_schedule_clock.py::test_a_schedule_resumed_by_a_leader_whose_clock_is_behind_waits_for_the_tick_after_its_last",
+        ),
+    ),
+]
