@@ -194,4 +194,131 @@ MUTANTS: list[Mutant] = [
             "tests/unit/engine/test_schedule_clock.py::test_a_schedule_resumed_by_a_leader_whose_clock_is_behind_waits_for_the_tick_after_its_last",
         ),
     ),
+    # ------------------------------------------------------------------ device controls (desired state)
+    Mutant(
+        id="breach-lowers-stop",
+        rule="A safety breach never lowers an emergency stop: a stopped device stays stopped, the breach recorded.",
+        file="orchestrator/domain/controls.py",
+        original=(
+            "    if current.stopped:\n"
+            '        return Change(_with(current, breach=reason), f"{reason} (while stopped: it stays stopped)", '
+            "current.gen)\n"
+        ),
+        replacement="",
+        caught_by=("tests/unit/engine/test_controls.py::test_a_breach_never_lowers_a_stop_and_only_resume_lifts_it",),
+    ),
+    Mutant(
+        id="uncordon-lifts-stop",
+        rule="Only a resume lifts a stop: a drain, cordon or uncordon of a stopped device is refused.",
+        file="orchestrator/domain/controls.py",
+        original="if current.stopped and action is not ControlAction.REVOKE:",
+        replacement="if current.stopped and action not in (ControlAction.REVOKE, ControlAction.UNCORDON):",
+        caught_by=("tests/unit/engine/test_controls.py::test_a_breach_never_lowers_a_stop_and_only_resume_lifts_it",),
+    ),
+    Mutant(
+        id="resume-on-stale-controls",
+        rule=(
+            "A resume or uncordon applies only to the controls it was asked on, so a late one cannot lift a newer stop."
+        ),
+        file="orchestrator/domain/controls.py",
+        original="        and expect_gen != current.gen\n",
+        replacement="        and expect_gen > current.gen\n",
+        caught_by=(
+            "tests/unit/engine/test_controls.py::test_a_resume_asked_on_controls_that_changed_since_is_refused",
+        ),
+    ),
+    Mutant(
+        id="control-sent-once",
+        rule="A device's control state is sent again until the device reports its generation applied.",
+        file="orchestrator/engine/controls.py",
+        original="elif applied < dev.control_gen and (connected or now - dev.control_sent_at >= RESEND_AFTER_S):",
+        replacement="elif applied < dev.control_gen and connected:",
+        caught_by=(
+            "tests/unit/engine/test_controls.py::test_a_stop_is_sent_again_until_the_device_reports_it_applied",
+        ),
+    ),
+    Mutant(
+        id="agent-applies-older-control",
+        rule="The agent applies only a control state newer than the one its ledger holds.",
+        file="device_agent/agent.py",
+        original="if same and state.gen <= applied.gen:",
+        replacement="if same and state.gen == applied.gen:",
+        caught_by=(
+            "tests/unit/device_agent/test_agent_stop.py::test_an_older_control_state_arriving_late_changes_nothing",
+        ),
+    ),
+    Mutant(
+        id="cancel-sent-once",
+        rule="A cancel is sent again while the device says it still runs the cancelled batch.",
+        file="orchestrator/engine/fleet.py",
+        original=(
+            "if running is not None and (att is None or att.device_id != dev.id or att.cancel_reason is not None):"
+        ),
+        replacement="if running is not None and (att is None or att.device_id != dev.id):",
+        caught_by=(
+            "tests/unit/engine/test_controls.py::test_a_cancel_lost_on_its_way_is_sent_again_while_the_device_still_runs_the_batch",
+        ),
+    ),
+    Mutant(
+        id="accepted-batch-never-resent",
+        rule="A batch open on a device that heartbeats idle is sent again, even one it accepted before a restart.",
+        file="orchestrator/engine/fleet.py",
+        original="            and waiting.kind in (AttemptKind.TOOL, AttemptKind.VERIFY)\n",
+        replacement=(
+            "            and waiting.kind in (AttemptKind.TOOL, AttemptKind.VERIFY)\n"
+            "            and not waiting.accepted\n"
+        ),
+        caught_by=(
+            "tests/unit/engine/test_guarantees.py::test_an_accepted_batch_an_agent_lost_in_a_restart_is_sent_again_when_it_idles",
+        ),
+    ),
+    # ------------------------------------------------------------------ approvals (the device's ledger arbitrates)
+    Mutant(
+        id="store-records-a-request-as-the-decision",
+        rule="The store records an approval's decision only when its device reports it; a request is only a request.",
+        file="orchestrator/engine/approvals.py",
+        original="            requested_state=state,\n",
+        replacement="            state=state,\n            requested_state=state,\n",
+        caught_by=(
+            "tests/unit/engine/test_approvals.py::test_an_operators_decision_is_asked_of_the_device_and_holds_only_once_it_confirms",
+        ),
+    ),
+    Mutant(
+        id="approval-after-cancel-accepted",
+        rule="An approval for an attempt that was cancelled (or ended) is refused: nothing of it may run.",
+        file="orchestrator/engine/approvals.py",
+        original='if att is None or att.cancel_reason is not None or e.requested == "cancelled":',
+        replacement="if att is None:",
+        caught_by=(
+            "tests/unit/engine/test_approvals.py::test_an_approval_after_its_task_was_cancelled_is_refused_and_the_device_asked_to_cancel",
+        ),
+    ),
+    Mutant(
+        id="approval-request-asked-once",
+        rule="A decision asked of a device is asked again until the device reports one.",
+        file="orchestrator/engine/approvals.py",
+        original="if e.requested is not None and now - e.sent_at >= RESEND_AFTER_S:",
+        replacement="if e.requested is not None and e.sent_at == -math.inf:",
+        caught_by=("tests/unit/engine/test_approvals.py::test_the_expiry_is_asked_again_until_the_device_confirms_it",),
+    ),
+    Mutant(
+        id="refused-attempt-retried",
+        rule="An attempt whose approval was denied ends approval_denied however it ends (never retried).",
+        file="orchestrator/engine/runs.py",
+        original="if att.refused is not None and not outcome.succeeded and outcome.error_code != att.refused:",
+        replacement="if att.refused is not None and not outcome.succeeded and outcome.started is False:",
+        caught_by=(
+            "tests/unit/engine/test_approvals.py::test_an_attempt_whose_approval_was_denied_ends_refused_however_it_ends[False]",
+        ),
+    ),
+    Mutant(
+        id="restart-forgets-a-denial",
+        rule="A restart restores the decided approvals of open attempts: a denial stays final across it.",
+        file="orchestrator/engine/approvals.py",
+        original="if att is not None and row.state in REFUSALS:",
+        replacement='if att is not None and row.state == "pending":',
+        caught_by=(
+            "tests/unit/engine/test_approvals.py::test_an_attempt_whose_approval_was_denied_ends_refused_however_it_ends[True]",
+        ),
+    ),
 ]

@@ -5,14 +5,10 @@ run again, not even by a node whose retry policy and idempotent command would ot
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from device_agent.approvals import refused
 from device_agent.ledger import Approval
 from orchestrator.domain.model import AdminState
-from orchestrator.engine.records import ApprovalDecided, DeviceChanged, FrameIn
-from orchestrator.store import approvals as stored
-from orchestrator.store.models import Device
+from orchestrator.engine.records import DecideApproval, FrameIn
 from protocol.errors import ErrorCode
 from protocol.messages import ApprovalDecision, ApprovalRequest, CommandBatch, Error, ErrorInfo, Result, ResultBatch
 from tests.unit.engine.harness import Harness, accepted, one_node, results
@@ -30,9 +26,9 @@ RETRIED = {
 
 
 async def set_admin(h: Harness, device_id: str, admin: AdminState) -> None:
-    """What `POST /v1/devices/{id}/stop` (or `/resume`) stores, then its hint to the engine."""
-    await h.store.update(Device, (device_id,), admin_state=admin.value)
-    await h.step(DeviceChanged(device_id))
+    """What `POST /v1/devices/{id}/stop` (or `/resume`) asks of the engine, the one writer."""
+    action = {AdminState.STOPPED: "stop", AdminState.ACTIVE: "resume"}[admin]
+    assert (await h.control(device_id, action))["ok"]
 
 
 # ---------------------------------------------------------------- fences
@@ -153,11 +149,12 @@ async def test_a_denied_command_fails_its_node_for_good_despite_tries_left(h: Ha
     task = await h.submit(RETRIED)
     (batch,) = h.batches(dev)
     await h.step(accepted(dev, batch), approval_request(dev, batch))
-    at = datetime.fromtimestamp(h.clock.now, UTC)
-    assert await stored.decide(h.store, "apr_1", "denied", "operator", "not on a Friday", at)
-    await h.step(ApprovalDecided("apr_1"))
+    (asked,) = await h.step(DecideApproval("apr_1", "denied", "operator", "not on a Friday"))
+    assert asked == {"ok": True}
     sent = [s.message for s in h.links.sent if isinstance(s.message, ApprovalDecision)]
     assert [m.decision for m in sent] == ["denied"]
+    confirmed = ApprovalDecision(approval_id="apr_1", decision="denied", by="operator", reason="not on a Friday")
+    await h.step(FrameIn(dev, confirmed))  # the device's ledger took it and says so
     await h.step(denied_result(dev, batch))
     for _ in range(5):  # well past every backoff the retry policy would wait
         await h.advance(2)
