@@ -321,4 +321,16 @@ MUTANTS: list[Mutant] = [
             "tests/unit/engine/test_approvals.py::test_an_attempt_whose_approval_was_denied_ends_refused_however_it_ends[True]",
         ),
     ),
+    # ------------------------------------------------------------------ a command does not outlive its agent
+    Mutant(
+        id="restart-leaves-orphans",
+        rule="A restarted agent kills what its last run left running before it reports the interrupted call.",
+        file="device_agent/agent.py",
+        original="            notes = await end_orphans(self.ledger)\n",
+        replacement="            notes = {}\n",
+        caught_by=(
+            "tests/unit/device_agent/test_orphans.py::"
+            "test_a_restarted_agent_kills_what_its_last_run_left_running_before_it_says_hello",
+        ),
+    ),
 ]

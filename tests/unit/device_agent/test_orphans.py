@@ -229,3 +229,26 @@ def test_the_program_a_tool_starts_dies_with_the_agent(tmp_path: Path, loop: str
         finally:
             agent.kill()
             agent.wait(10)
+
+
+async def test_a_restarted_agent_kills_what_its_last_run_left_running_before_it_says_hello(tmp_path: Path) -> None:
+    """The agent process itself (not only the sweep): started on a data dir whose ledger recorded a
+    command's process group still running, it has killed that group by the time its hello goes
+    out, so nothing it then reports (the call `uncertain`) can run on beside a retry or a probe."""
+    from device_agent.agent import Agent as AgentLoop  # the loop whose start does it, in process too
+    from device_agent.datadir import LEDGER_NAME
+    from tests.unit.device_agent.scripted import DEVICE as SCRIPTED_DEVICE
+    from tests.unit.device_agent.scripted import scripted
+
+    assert AgentLoop.run is not None
+    async with scripted(tmp_path) as (server, agent):
+        agent.data_dir.mkdir(parents=True)
+        ledger = Ledger(agent.data_dir / LEDGER_NAME, SCRIPTED_DEVICE)
+        with reaping() as started:
+            started.append(left := spawn(["sleep", "600"], tmp_path))
+            record(ledger, left.pid, batch_id="b_old", call_id="c1")
+            ledger.close()
+            agent.start()
+            conn = await server.next_connection()
+            await conn.welcome()  # its hello came first
+            assert not running(left.pid), "the restarted agent said hello with its last run's command still running"
