@@ -249,6 +249,10 @@ CONFIRM_WAIT_S = 3.0  # how long `stop`, `resume` and `uncordon` wait to see the
 def _applied(c: Any, result: dict[str, Any]) -> str:
     """For a control the agent must apply (a stop, a resume, a budget reset): whether it has, after
     waiting a little for it. The orchestrator sends it until the agent reports it applied."""
+    if result.get("control_applied", 0) >= result.get("control_generation", 0):
+        return "; applied by its agent" if result.get("control_generation") else ""
+    if not result.get("connected"):
+        return "; its agent is not connected: it gets it when it connects (it is sent until it applies it)"
     deadline = time.monotonic() + CONFIRM_WAIT_S
     while result.get("control_applied", 0) < result.get("control_generation", 0):
         if time.monotonic() >= deadline:

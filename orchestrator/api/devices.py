@@ -169,22 +169,22 @@ _STOPPED_409 = "`conflict`: the device is revoked, or (drain, cordon, uncordon) 
 
 
 @router.post("/{device_id}/drain", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
-async def drain(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
-    return await _control(comp, device_id, ControlAction.DRAIN, _by("drained", principal))
+async def drain(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
+    return await _control(comp, device_id, ControlAction.DRAIN, "drained by an operator")
 
 
 @router.post("/{device_id}/cordon", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
-async def cordon(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
+async def cordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
     """Take no new work; `cordon_reason` says "cordoned by an operator". (A device whose agent
     breaches one of its safety budgets is cordoned by the engine, the breach as its reason.)"""
-    return await _control(comp, device_id, ControlAction.CORDON, _by("cordoned", principal))
+    return await _control(comp, device_id, ControlAction.CORDON, "cordoned by an operator")
 
 
 @router.post("/{device_id}/uncordon", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
-async def uncordon(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
+async def uncordon(device_id: str, comp: Comp, _p: Operator) -> DeviceOut:
     """Back to service; clears `cordon_reason`, and the device's agent resets its safety budgets,
     so a device cordoned by a breach takes work again."""
-    return await _control(comp, device_id, ControlAction.UNCORDON, _by("uncordoned", principal), guarded=True)
+    return await _control(comp, device_id, ControlAction.UNCORDON, "uncordoned by an operator", guarded=True)
 
 
 @router.post(

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from orchestrator.domain import controls as rules
 from orchestrator.domain.controls import Change, Controls, Refusal
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.actions import Action, Requeue, Revoked, Stopped
+from orchestrator.engine.outbox import Outbox
+from orchestrator.engine.queues import Queues
 from orchestrator.engine.records import ControlDevice, DeviceRun
+from orchestrator.engine.writer import StepWriter
 from orchestrator.store.models import Device
 from protocol.errors import CloseCode
 from protocol.messages import ControlState, DeviceControl, SafetyBreach
-
-if TYPE_CHECKING:
-    from orchestrator.engine.fleet import Fleet
 
 log = logging.getLogger("orrery.engine")
 
@@ -73,8 +73,21 @@ def wire_state(c: Controls) -> ControlState:
     )
 
 
+class Devices(Protocol):
+    """What the controls need of the fleet they are a part of."""
+
+    devices: dict[str, DeviceRun]
+    writer: StepWriter
+    queues: Queues
+    outbox: Outbox
+
+    def record_state(self, dev: DeviceRun, reason: str, now: float) -> None: ...
+
+    def set_liveness(self, dev: DeviceRun, liveness: Liveness, now: float, reason: str = "") -> list[Action]: ...
+
+
 class DeviceControls:
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Devices) -> None:
         self.fleet = fleet
         self._answers: OrderedDict[str, Reply] = OrderedDict()
 
