@@ -153,10 +153,10 @@ def test_an_approval_at_the_device_after_the_nodes_timeout_gives_the_command_its
 
 
 def test_a_breach_repeated_on_a_stopped_device_never_lifts_its_stop(tmp_path: Path) -> None:
-    """Breach, then stop, then the agent reconnects and repeats the breach (it does on every new
-    session). Before, the device became `cordoned`, the next welcome said not stopped and the
-    agent lifted its own stop. Now it stays stopped until a resume, which leaves it cordoned by
-    its breach until an uncordon resets its budgets."""
+    """Breach, then stop, then the agent reconnects (the orchestrator restarted) and repeats the
+    breach (it does on every new session). Before, the device became `cordoned`, the next
+    welcome said not stopped and the agent lifted its own stop. Now it stays stopped until a
+    resume, which leaves it cordoned by its breach until an uncordon resets its budgets."""
     with Fleet(tmp_path) as fleet:
         agent = fleet.agent("breacher", ORRERY_AGENT_MAX_CONSECUTIVE_BAD_OUTCOMES="1", ORRERY_AGENT_SHELL_DENY='["rm"]')
         failing = fleet.submit(one_node("breacher", shell(["rm", "-rf", "x"])))  # policy_denied: a bad outcome
@@ -164,11 +164,18 @@ def test_a_breach_repeated_on_a_stopped_device_never_lifts_its_stop(tmp_path: Pa
         fleet.wait_device(agent.device_id, "cordoned")
         with fleet.server.client() as c:
             assert c.post(f"/v1/devices/{agent.device_id}/stop", json={"reason": "hands off"}).status_code == 200
-        wait_until(lambda: fleet.device(agent.device_id)["control_applied"] >= 1, 30, "the agent to apply the stop")
-        agent.stop()
-        agent.start()  # a new session: it repeats its breach
-        wait_until(lambda: fleet.device(agent.device_id)["connected"], 30, "the agent to reconnect")
-        wait_until(lambda: "safety budget" in _history(fleet, agent.device_id), 30, "the repeated breach recorded")
+        wait_until(lambda: "device stopped by an operator" in agent.log(), 30, "the agent to apply the stop")
+        sessions = agent.log().count("connected to")
+        fleet.server.kill(signal.SIGKILL)  # the agent reconnects to a new session and repeats its breach
+        fleet.server.start()
+        wait_until(lambda: agent.log().count("connected to") > sessions, 60, "the agent's new session")
+        # Its breach rides on the new session at once; before, the device was cordoned within a
+        # step. It must stay stopped (checked for a while, as the absence of a change).
+        watched_until = time.monotonic() + 3.0
+        while time.monotonic() < watched_until:
+            device = fleet.device(agent.device_id)
+            assert device["state"] == "stopped", device
+            time.sleep(0.1)
         device = fleet.device(agent.device_id)
         assert device["state"] == "stopped" and device["admin_state"] == "stopped", device
         pinned = fleet.submit(one_node("breacher", marks("after.txt")))
