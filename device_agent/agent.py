@@ -144,7 +144,7 @@ class Agent:
         router.on_tools_changed = self._on_tools_changed
         screenshots = config.resolved_data_dir / SCREENSHOTS_NAME
         self.approvals = Approvals(ledger, self._send, screenshots, config.approvals_local_only)
-        router.guards.budgets.on_breach = self._on_breach  # issue 18: safety budgets
+        router.guards.budgets.on_breach = self._on_breach  # safety budgets
 
     # ================================================================ top level
 
@@ -705,7 +705,7 @@ class Agent:
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
 
-    # ---------------------------------------------------------------- issue 18: safety budgets
+    # ---------------------------------------------------------------- safety budgets
 
     def _on_breach(self, breach: Breach) -> None:
         log.error("safety budget %s (limit %d) exceeded: %s", breach.budget, breach.limit, breach.detail)

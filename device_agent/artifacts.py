@@ -1,4 +1,4 @@
-"""Publishing a workspace file as a task artifact, and fetching one into the workspace (issue 20).
+"""Publishing a workspace file as a task artifact, and fetching one into the workspace.
 
 Both stream: a publish reads and sends one piece (the server's `chunk_bytes`) at a time, a fetch
 writes what arrives in pieces of `WRITE_PIECE`; neither holds a file in memory. Both resume

@@ -1,4 +1,4 @@
-"""Per-device safety budgets set by the device owner (issue 18).
+"""Per-device safety budgets set by the device owner.
 
 Two budgets, each off when its limit is 0:
 

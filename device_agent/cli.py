@@ -146,7 +146,7 @@ def _check(cfg: agent_config.AgentConfig) -> None:
 app.command()(agent)
 
 
-# ---------------------------------------------------------------- issue 18: the kill switch at run time
+# ---------------------------------------------------------------- the kill switch at run time
 
 kill_switch_app = typer.Typer(add_completion=False)
 

@@ -85,7 +85,7 @@ def _without_secrets(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
-# ---- issue 19, browser devices part
+# ---- browser devices
 # `toolsets = [..., "browser"]` is a profile, not a built-in toolset: it adds Playwright's MCP
 # server (pinned; `npx` fetches it once, or point `browser.command` at an installed copy) as the
 # `browser` namespace, driving the system Chromium. Read-only tools are declared here so that the
@@ -192,15 +192,15 @@ class AgentConfig(BaseSettings):
     approval_required: list[str] = Field(
         default_factory=lambda: [
             *("gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"),
-            *("gui.set_value", "gui.focus_window", "gui.launch"),  # issue 19: element and window inputs
+            *("gui.set_value", "gui.focus_window", "gui.launch"),  # element and window inputs
         ]
     )
     unattended: bool = False
     # Approvals for this device are given only on the device itself (`orrery agent approve ID`);
-    # the orchestrator shows them but cannot decide them (issue 18).
+    # the orchestrator shows them but cannot decide them.
     approvals_local_only: bool = False
     kill_switch: bool = False
-    # ---- issue 18, safety budgets part
+    # ---- safety budgets
     # The kill switch flipped at run time: on while this file exists (default <data dir>/kill-switch).
     kill_switch_file: Path | None = None
     # fdatasync every audit line: it then survives a power loss, not only an agent crash.
@@ -212,7 +212,7 @@ class AgentConfig(BaseSettings):
     max_output_bytes: int = Field(default=1_000_000, ge=1024)
     max_result_bytes: int = Field(default=256 * 1024, ge=1024)
     max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    # Issue 20: the largest artifact this device publishes or fetches (files.publish_artifact/fetch_artifact).
+    # The largest artifact this device publishes or fetches (files.publish_artifact/fetch_artifact).
     max_artifact_bytes: int = Field(default=1024 * 1024 * 1024, ge=0)
     log_format: Literal["text", "json"] = "text"
     # debug also shows the MCP SDK's and HTTP client's lines (they include tool arguments)

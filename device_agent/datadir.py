@@ -9,7 +9,7 @@ included), so a crashed agent never leaves a stale lock behind. The descriptor i
 by the agent's child processes (Python opens it non-inheritable), so a tool's leftover process
 cannot keep the data dir locked either.
 
-The data dir is private (issue 14, item 9): the ledger holds every command's full arguments and
+The data dir is private: the ledger holds every command's full arguments and
 results, the audit log what ran. `make_private` makes the directory 0700 and the agent's own files
 in it 0600 (its own directories 0700) whatever the umask, and tightens what an older agent or a
 loose umask left wider, saying so in the log. It touches only what the agent creates (`OWN_FILES`,

@@ -1,4 +1,4 @@
-"""The checks the router makes around every command that passed its own (issue 18): the kill
+"""The checks the router makes around every command that passed its own: the kill
 switch flipped at run time, the safety budgets, and the audit line written before the call.
 
 Order before a call: budgets (a tripped budget refuses actions), then the audit intent line (a

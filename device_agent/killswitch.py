@@ -1,4 +1,4 @@
-"""The device owner's kill switch, flippable while the agent runs (issue 18).
+"""The device owner's kill switch, flippable while the agent runs.
 
 The switch is on when the agent's configuration says so (`kill_switch = true`, read at start) or
 when the kill-switch file exists (`kill_switch_file`, default `<data dir>/kill-switch`). The file

@@ -86,7 +86,7 @@ class Router:
         self.policy = policy
         self.stop_latch = stop_latch or StopLatch()
         self.audit = audit
-        # issue 18: run-time kill switch, safety budgets, audit line before the call
+        # run-time kill switch, safety budgets, audit line before the call
         self.guards = guards or Guards(audit)
         self.approval_required = tuple(approval_required)  # fixed for the agent's life (answers are cached)
         self._asks: dict[str, bool] = {}  # needs_approval's answer per tool (the patterns never change)
@@ -170,7 +170,7 @@ class Router:
                 error_result("unknown_tool", f"this device has no tool '{cmd.tool}'; it has: {known}"),
             )
         nul = nul_field(cmd.tool, cmd.arguments) if host.strict_arguments else None
-        if nul is not None:  # checked before anything else looks at the strings (issue 14, item 1)
+        if nul is not None:  # checked before anything else looks at the strings
             return self._finish(
                 cmd,
                 namespace,

@@ -94,7 +94,7 @@ def build(config: AgentConfig) -> Agent:
             router,
             ToolsetHost(name, factory(ctx), on_change=router.tools_changed, strict_arguments=True, in_process=True),
         )
-    # Always there: a model's way to ask a person (issue 18); it waits in the approvals queue.
+    # Always there: a model's way to ask a person; it waits in the approvals queue.
     _add(router, ToolsetHost("approval", approval.build(ctx), strict_arguments=True, in_process=True))
     if "browser" in config.toolsets and (problem := config.browser.problem()) is not None:
         log.warning("the browser toolset will fail until this is fixed: %s", problem)
@@ -119,7 +119,7 @@ def build(config: AgentConfig) -> Agent:
         log.info("shell.run is not sandboxed: shell_allow/shell_deny are guardrails only (see sandbox = 'bwrap')")
     info = {**system.device_info(), "policy": config.policy_report()}
     agent = Agent(config, router, ledger, info, crash)
-    ctx.current_batch = lambda: agent.current  # the artifact tools act for the running batch (issue 20)
+    ctx.current_batch = lambda: agent.current  # the artifact tools act for the running batch
     if orphans.SUPPORTED:  # what a command starts is recorded, to be killed if the agent dies first
         ctx.processes.watcher = orphans.Recorder(ledger, agent.running)
     return agent

@@ -1,4 +1,4 @@
-"""The device-level emergency stop latch (issue 18).
+"""The device-level emergency stop latch.
 
 An operator's `POST /v1/devices/{id}/stop` reaches the agent as a `device_stop` frame (or, for an
 agent that was away, as `welcome.stopped`). The agent then keeps the stop in its ledger, kills

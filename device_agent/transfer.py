@@ -1,4 +1,4 @@
-"""The agent's HTTP(S) line to the orchestrator's artifact routes (`/v1/agent/artifacts`, issue 20).
+"""The agent's HTTP(S) line to the orchestrator's artifact routes (`/v1/agent/artifacts`).
 
 It uses what the agent's WebSocket uses: the server URLs (`--server`, then each `--also-server`
 in turn after a failed or cut connection), the device token as `Authorization: Bearer`, and the CA

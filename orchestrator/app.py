@@ -68,8 +68,8 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
     errors.install(app)
     for module in (health, tasks, devices, keys, approvals):
         app.include_router(module.router)
-    app.include_router(schedules.router)  # issue 20
-    for router in (artifacts.router, artifacts.links, agent_artifacts.router):  # issue 20
+    app.include_router(schedules.router)
+    for router in (artifacts.router, artifacts.links, agent_artifacts.router):
         app.include_router(router)
     web.mount(app)
     install_docs(app)
@@ -145,7 +145,7 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
     planner = None
     if settings.llm_configured:
         # Imported only when used: the OpenAI client costs ~0.5 s of start-up, and a restarting
-        # orchestrator should be back as fast as it can (recovery speed, issue 12).
+        # orchestrator should be back as fast as it can (recovery speed).
         from orchestrator.planner.service import PlannerService
 
         planner = PlannerService(settings, store, engine)

@@ -568,7 +568,7 @@ def _print_validation(answer: dict[str, Any]) -> None:
             placed = ("no device can run it", "red")
         may = f" (may run on: {', '.join(devices)})" if devices else ""
         fans = node.get("fans_out_to")
-        if fans is not None:  # issue 20: a fan-out node, with the devices it would run on now
+        if fans is not None:  # a fan-out node, with the devices it would run on now
             shown = ", ".join(fans[:10]) + (f" and {len(fans) - 10} more" if len(fans) > 10 else "")
             placed = f"would fan out to {len(fans)} devices: {shown}" if fans else ("no device matches now", "red")
             may = "".join(f"; leaves out {x['device']} ({x['reason']})" for x in (node.get("left_out") or [])[:10])
@@ -731,7 +731,7 @@ def approvals_deny(
     _decide_cli(approval_id, "deny", reason, json_out, server, api_key)
 
 
-# ---------------------------------------------------------------- schedules (issue 20)
+# ---------------------------------------------------------------- schedules
 
 
 @schedules_app.command("create")
@@ -845,7 +845,7 @@ for _action in ("pause", "resume", "delete"):
     schedules_app.command(_action)(_schedule_action(_action))
 
 
-# ---------------------------------------------------------------- artifacts (issue 20)
+# ---------------------------------------------------------------- artifacts
 
 
 @artifacts_app.command("list")

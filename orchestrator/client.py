@@ -217,7 +217,7 @@ class Client:
             result = self.request("POST", f"/v1/schedules/{ref}/{action}")
         return result
 
-    # ---- issue 20, artifacts
+    # ---- artifacts
 
     def artifacts(self, task_id: str, history: bool = False, limit: int = 500) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit, "history": str(history).lower()}

@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     # An operator's approve or deny is asked of the device (its ledger decides); the API waits
     # this long for the device to confirm the decision that holds before it answers 202.
     approval_confirm_s: float = Field(default=10.0, ge=0)
-    # Issue 20: a node whose outcome is unknown (its device died mid-command) waits this long for
+    # A node whose outcome is unknown (its device died mid-command) waits this long for
     # a capable device to run its verify commands; then it fails with its original error.
     probe_timeout_s: float = Field(default=900.0, gt=0)
     max_frame_bytes: int = Field(default=4 * MiB, ge=1024)
@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     llm_calls_per_task: int = Field(default=60, ge=1, description="LLM call budget of one task")
     llm_context_tokens: int = Field(default=24_000, ge=1000, description="budget for the device inventory in a prompt")
     max_replans: int = Field(default=3, ge=0, le=50, description="re-planning rounds per task")
-    # The model's context in agent nodes (issue 19): screenshots kept, their size, their bytes.
+    # The model's context in agent nodes: screenshots kept, their size, their bytes.
     llm_screenshots_kept: int = Field(
         default=1, ge=0, le=20, description="newest screenshots an agent node's model sees; older ones become notes"
     )
@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     )
     log_format: str = "text"
     log_level: str = "info"
-    # ---- issue 20, artifacts: files commands publish (orchestrator/artifacts/)
+    # ---- artifacts: files commands publish (orchestrator/artifacts/)
     max_artifact_bytes: int = Field(default=1024 * MiB, ge=0, description="largest artifact a device may publish")
     artifact_store: str = Field(
         default="auto",

@@ -23,7 +23,7 @@ SYMBOLS = {
     "queued": ("◔", "cyan"),
     "running": ("◐", "yellow"),
     "waiting_approval": ("✋", "magenta"),  # `orrery approvals list` shows what it waits for
-    "verifying": ("⧗", "blue"),  # issue 20: its verify commands decide its outcome
+    "verifying": ("⧗", "blue"),  # its verify commands decide its outcome
     "succeeded": ("✔", "green"),
     "failed": ("✘", "red"),
     "skipped": ("↷", "dim"),
@@ -263,7 +263,7 @@ def task_view(task: dict[str, Any], show_outputs: bool = False, names: dict[str,
                 note = f"{err.get('code')}: {str(err.get('message', ''))[:80]}"
                 if err.get("not_retried"):
                     note += f" ({err['not_retried']})"
-            if n.get("children") is not None:  # a fan-out node: its children under it (issue 20)
+            if n.get("children") is not None:  # a fan-out node: its children under it
                 where, note = f"{len(n['children'])} devices", rollout_view.summary(n) + ("  " + note if note else "")
             table.add_row(
                 Text(f"L{i}", style="dim"),
@@ -426,7 +426,7 @@ def _watch_lines(
     return task
 
 
-# ---- issue 20, artifacts
+# ---- artifacts
 
 
 def artifacts_table(items: list[dict[str, Any]], names: dict[str, str]) -> Table:

@@ -72,14 +72,14 @@ class Metrics:
             ["code"],
             registry=r,
         )
-        # issue 20: what schedules' ticks became (a queued tick counts again when it is decided)
+        # what schedules' ticks became (a queued tick counts again when it is decided)
         self.schedule_ticks = Counter(
             "orrery_schedule_ticks_total",
             "Schedule ticks, by outcome (created, queued, skipped, missed, failed)",
             ["outcome"],
             registry=r,
         )
-        # issue 18: breaches of a device's safety budgets reported by its agent (each cordons it)
+        # breaches of a device's safety budgets reported by its agent (each cordons it)
         self.safety_breaches = Counter(
             "orrery_safety_breaches_total",
             "Safety budgets devices reported breached (each cordons the device), by budget",

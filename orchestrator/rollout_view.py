@@ -1,4 +1,4 @@
-"""Terminal views of fan-out nodes (issue 20): a node's children under it in `orrery tasks
+"""Terminal views of fan-out nodes: a node's children under it in `orrery tasks
 show|watch`, most telling first (failed, then running, then the rest in rollout order), at most
 `SHOWN` of them with the others counted, so a 500-device rollout stays one screen."""
 

@@ -1,4 +1,4 @@
-"""`orrery schedules ...` (issue 20): the body `create` sends, read from a file and flags, and the
+"""`orrery schedules ...`: the body `create` sends, read from a file and flags, and the
 terminal views of schedules and their ticks."""
 
 from __future__ import annotations

@@ -49,13 +49,13 @@ class ErrorCode(StrEnum):
     UNCERTAIN = "uncertain"
     INTERNAL = "internal_error"
     DEVICE_ERROR = "device_error"  # a device reported a code outside RESULT_ERROR_CODES
-    # ---- issue 18: approvals
+    # ---- approvals
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
-    # ---- issue 18, safety budgets part: the agent's own refusals
+    # ---- safety budgets: the agent's own refusals
     BUDGET_EXCEEDED = "budget_exceeded"  # a per-device safety budget was breached (agent config)
     AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit line could not be written before the action
-    # emergency stop (issue 18)
+    # emergency stop
     DEVICE_STOPPED = "device_stopped"  # an operator stopped the device; only a device resume lifts it
 
 
@@ -64,11 +64,11 @@ class ErrorCode(StrEnum):
 # is stored and counted as `device_error`, its own code kept only inside the message, so a device
 # cannot grow the orchestrator's metric label sets or its list of node error codes at will.
 TOOLSET_ERROR_CODES = frozenset({"stale_observation", "id_conflict", "busy", "stopped", "action_limit"}) | {
-    # ---- issue 19, accessibility-grounded GUI: inputs aimed at an element (gui.click/type/set_value)
+    # ---- accessibility-grounded GUI: inputs aimed at an element (gui.click/type/set_value)
     "element_mismatch",  # the element_id does not carry the name the caller gave: nothing was done
     "element_not_actionable",  # the element is disabled or not visible now: nothing was done
 }
-# ---- issue 20, artifacts: the codes of files.publish_artifact and files.fetch_artifact
+# ---- artifacts: the codes of files.publish_artifact and files.fetch_artifact
 TOOLSET_ERROR_CODES |= {
     "artifact_too_large",  # over the device's or the orchestrator's limit: nothing was sent
     "artifact_not_found",  # the task has no artifact by that name or sha256

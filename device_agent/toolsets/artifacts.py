@@ -1,5 +1,5 @@
 """`files.publish_artifact` and `files.fetch_artifact`: move files between devices through the
-orchestrator, as artifacts of the task (issue 20; transfers in device_agent/artifacts.py).
+orchestrator, as artifacts of the task (transfers in device_agent/artifacts.py).
 
 They are tools of the `files` namespace, registered on its server (`register`), and act for the
 batch the agent is running (`ToolsetContext.current_batch`), with the agent's server URLs, device

@@ -319,7 +319,7 @@ class ToolsetContext:
     sandbox: Sandbox | None = None
     # The device-level emergency stop: toolsets with input of their own (gui) register with it.
     stop_latch: StopLatch = field(default_factory=StopLatch)
-    # Issue 20, artifacts: how to reach the orchestrator's artifact routes, and the batch the
+    # Artifacts: how to reach the orchestrator's artifact routes, and the batch the
     # agent runs now (the artifact tools act for it; set by the runner once the agent exists).
     artifacts: ArtifactLink | None = None
     current_batch: Callable[[], CommandBatch | None] = lambda: None

@@ -1,5 +1,5 @@
 """The `files` toolset: read, write, append, list and delete files inside the workspace (SPEC section 5);
-publish and fetch artifacts (issue 20, device_agent/toolsets/artifacts.py).
+publish and fetch artifacts.
 
 Every path goes through `policy.contain`, so `..`, absolute paths and symlinks that lead out of
 the workspace are refused with `policy_denied`. The file work itself is blocking, so it runs in a
@@ -137,7 +137,7 @@ def build(ctx: ToolsetContext) -> MCPServer:
         """
         return await _in_thread(_delete, ctx, path, recursive)
 
-    artifacts.register(kit, ctx)  # publish_artifact, fetch_artifact (issue 20)
+    artifacts.register(kit, ctx)  # publish_artifact, fetch_artifact
     return kit.server()
 
 

@@ -1,4 +1,4 @@
-"""approvals: commands waiting for a person's decision, and the decisions (issue 18)
+"""approvals: commands waiting for a person's decision, and the decisions
 
 Revision ID: 0005
 Revises: 0004

@@ -4,7 +4,7 @@ Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-02
 
-Issue 18, safety budgets: a device whose agent reports a breached safety budget is cordoned by
+Safety budgets: a device whose agent reports a breached safety budget is cordoned by
 the engine, and operators (REST `cordon_reason`, the dashboard) must see why.
 """
 

@@ -1,4 +1,4 @@
-"""schedules: cron schedules that submit a task per tick, and what happened at each tick (issue 20)
+"""schedules: cron schedules that submit a task per tick, and what happened at each tick
 
 Revision ID: 0007
 Revises: 0006

@@ -1,4 +1,4 @@
-"""artifacts: files published by commands, their uploads, and the database blob store (issue 20)
+"""artifacts: files published by commands, their uploads, and the database blob store
 
 Revision ID: 0008
 Revises: 0007

@@ -1,4 +1,4 @@
-"""fan out and verify: fan-out children, and how verify commands decide a node's outcome (issue 20)
+"""fan out and verify: fan-out children, and how verify commands decide a node's outcome
 
 Revision ID: 0009
 Revises: 0008

@@ -1,4 +1,4 @@
-"""`/v1/agent/artifacts`: a device agent's side of artifacts (issue 20), for its device token only.
+"""`/v1/agent/artifacts`: a device agent's side of artifacts, for its device token only.
 
 A device publishes for the batch it runs and fetches the artifacts of that batch's task: every
 route names the batch, and the batch must be the token's device's own and still open. API keys

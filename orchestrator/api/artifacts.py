@@ -1,4 +1,4 @@
-"""`/v1/tasks/{id}/artifacts`: what a task's commands published, and their content (issue 20).
+"""`/v1/tasks/{id}/artifacts`: what a task's commands published, and their content.
 
 Every `{task_id}` is an id, a unique id prefix or the task's name. Content is streamed with
 `Content-Length`, `ETag` (the sha256) and single `Range` requests. The dashboard asks for a

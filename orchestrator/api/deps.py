@@ -36,7 +36,7 @@ class Components:
     bus: LocalBus
     auth_failures: RateLimiter
     cluster: Cluster
-    artifacts: Artifacts  # issue 20
+    artifacts: Artifacts
     planner: PlannerService | None = None
     redis: Redis | None = None
 

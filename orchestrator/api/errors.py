@@ -149,7 +149,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ArtifactError)
     async def _artifact_error(req: Request, exc: ArtifactError) -> JSONResponse:
-        _count(req, exc.code)  # issue 20: uploads, downloads and links (orchestrator/artifacts/errors.py)
+        _count(req, exc.code)  # uploads, downloads and links (orchestrator/artifacts/errors.py)
         return problem_response(exc.status, exc.code, exc.detail, **exc.extra)
 
     @app.exception_handler(BadCursor)

@@ -1,4 +1,4 @@
-"""Bodies of `/v1/schedules` (issue 20), and schedule rows rendered as them."""
+"""Bodies of `/v1/schedules`, and schedule rows rendered as them."""
 
 from __future__ import annotations
 

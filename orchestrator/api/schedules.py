@@ -1,4 +1,4 @@
-"""`/v1/schedules` (issue 20): cron schedules that submit a task at every tick.
+"""`/v1/schedules`: cron schedules that submit a task at every tick.
 
 Create (operator), list and get (viewer, with the next runs and the last run's task), the ticks and
 what happened at each, pause, resume and delete (its tasks stay). A `{schedule_id}` is an id, a

@@ -173,7 +173,7 @@ class AttemptOut(BaseModel):
 
 
 class ChildOut(BaseModel):
-    """Issue 20: a fan-out node's child on one device (the node pinned there)."""
+    """A fan-out node's child on one device (the node pinned there)."""
 
     device_id: str
     device: str  # its name when the node became ready: the key of the node's output map
@@ -204,7 +204,7 @@ class NodeOut(BaseModel):
     error: dict[str, Any] | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    # Issue 20: fan-out (its children, in rollout order; its attempts are theirs) and verify.
+    # Fan-out (its children, in rollout order; its attempts are theirs) and verify.
     for_each: dict[str, Any] | None = None
     verify: list[dict[str, Any]] = Field(default_factory=list)
     verification: dict[str, Any] | None = Field(
@@ -277,7 +277,7 @@ class DryRunNode(BaseModel):
     devices: list[str]  # names of the devices that may run it (placement and tools)
     would_run_on: str | None = None  # the device whose queue it would join now
     refusals: list[RefusalOut] = Field(default_factory=list)
-    # Issue 20, a fan-out node: the devices it would run on now, in rollout order, and those it
+    # A fan-out node: the devices it would run on now, in rollout order, and those it
     # would leave out (with why); null for other nodes.
     fans_out_to: list[str] | None = None
     left_out: list[dict[str, str]] | None = None

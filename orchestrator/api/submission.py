@@ -40,7 +40,7 @@ def body_hash(body: TaskCreate) -> str:
         for command in [*node.get("commands", []), *node.get("verify", [])]:
             if command.get("idempotent") is False:  # added later: a body hashed before still matches
                 del command["idempotent"]
-        if node.get("for_each") is None:  # issue 20, likewise
+        if node.get("for_each") is None:  # likewise
             node.pop("for_each", None)
         if not node.get("verify"):
             node.pop("verify", None)

@@ -1,4 +1,4 @@
-"""Artifacts (issue 20): files a command publishes from its device's workspace, kept per task,
+"""Artifacts: files a command publishes from its device's workspace, kept per task,
 content-addressed by sha256, and fetched by nodes on other devices or downloaded by people.
 
 How the bytes move (README, "Artifacts"):

@@ -1,4 +1,4 @@
-"""Download links a browser can follow without the API key (issue 20, the dashboard).
+"""Download links a browser can follow without the API key.
 
 The dashboard keeps its API key in the tab and sends it only as a header, so a download the
 browser streams to disk (an `<a download>`) needs a URL that carries its own permission. A link

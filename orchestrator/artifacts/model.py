@@ -1,4 +1,4 @@
-"""What an artifact is: its name, its content address, its upload's states (issue 20)."""
+"""What an artifact is: its name, its content address, its upload's states."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cron expressions in an IANA time zone: parsing, and the ticks they make (issue 20, schedules).
+"""Cron expressions in an IANA time zone: parsing, and the ticks they make.
 
 The expression is Debian cron's, evaluated by `cronsim` (Healthchecks' evaluator, which follows
 Debian cron on purpose, quirks included): five fields, `minute hour day-of-month month

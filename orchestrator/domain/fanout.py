@@ -1,4 +1,4 @@
-"""Fan-out nodes (issue 20): a node with `for_each` runs once on every matching device.
+"""Fan-out nodes: a node with `for_each` runs once on every matching device.
 
 When the node becomes ready, `targets` picks its devices from the fleet as it is then: the ones
 its selector matches (labels and platform, or the names it lists) that are in service and have

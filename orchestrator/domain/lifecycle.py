@@ -12,7 +12,7 @@ _ALLOWED: dict[NodeState, frozenset[NodeState]] = {
     NodeState.READY: frozenset(
         {NodeState.QUEUED, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED, NodeState.SKIPPED}
     ),
-    # A fan-out child still waiting in a queue is skipped when its rollout halts (issue 20).
+    # A fan-out child still waiting in a queue is skipped when its rollout halts.
     NodeState.QUEUED: frozenset(
         {NodeState.READY, NodeState.RUNNING, NodeState.FAILED, NodeState.CANCELLED, NodeState.SKIPPED}
     ),
@@ -31,7 +31,7 @@ _ALLOWED: dict[NodeState, frozenset[NodeState]] = {
         {NodeState.RUNNING, NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}
         | {NodeState.VERIFYING}
     ),
-    # Issue 20: its verify commands decide; a failed probe of an uncertain attempt may retry it.
+    # Its verify commands decide; a failed probe of an uncertain attempt may retry it.
     NodeState.VERIFYING: frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}),
 }
 

@@ -36,7 +36,7 @@ class NodeState(StrEnum):
     QUEUED = "queued"  # in a device's queue
     RUNNING = "running"  # a batch is assigned to a device
     WAITING_APPROVAL = "waiting_approval"  # running, but its device waits for a person's approval
-    # Issue 20: its commands ended (succeeded, or with an unknown outcome) and its `verify`
+    # Its commands ended (succeeded, or with an unknown outcome) and its `verify`
     # commands are deciding whether it succeeded; no success edge fires before they pass.
     VERIFYING = "verifying"
     SUCCEEDED = "succeeded"
@@ -141,7 +141,7 @@ MAX_FAN_OUT_DEVICES = 10_000  # children of one fan-out node
 
 
 class ForEach(_Spec):
-    """Issue 20, fan-out: run the node once on every matching device, found when it becomes ready.
+    """Fan-out: run the node once on every matching device, found when it becomes ready.
 
     Devices are chosen by `labels`/`platform` (every device matching them) or named in `devices`
     (names or ids, in the order given); never both. `canary` devices run first and the rest only
@@ -179,7 +179,7 @@ class NodeSpec(_Spec):
     queue_timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     priority: int = Field(default=0, ge=-1000, le=1000)
-    # Issue 20: run once on every matching device (replaces `placement`), and read-only commands
+    # Run once on every matching device (replaces `placement`), and read-only commands
     # that decide whether the node succeeded (after its commands, or when their outcome is unknown).
     for_each: ForEach | None = None
     verify: list[CommandSpec] = Field(default_factory=list, max_length=100)

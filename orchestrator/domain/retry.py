@@ -22,15 +22,15 @@ NEVER_RETRY_CODES = frozenset(
     }
 )
 
-# Issue 18, safety budgets: a device that refused work because its owner's budget was breached
+# Safety budgets: a device that refused work because its owner's budget was breached
 # refused on purpose; the work must not bounce on to other devices by itself.
 NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"budget_exceeded"}
 
-# Issue 20: a node whose verify commands failed after its commands succeeded ran to the end and
+# A node whose verify commands failed after its commands succeeded ran to the end and
 # did not have the effect verify checks for: running it again would do the same.
 NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"verification_failed"}
 
-# Issue 19, the model's context: a prompt template (ORRERY_PROMPTS_DIR) that fails to render fails
+# The model's context: a prompt template (ORRERY_PROMPTS_DIR) that fails to render fails
 # every try on every device the same way until someone fixes the template.
 NEVER_RETRY_CODES = NEVER_RETRY_CODES | {"prompt_error"}
 

@@ -108,7 +108,7 @@ class TaskRun:
         self.replan = False  # the task asked for re-planning (LLM-planned tasks always do)
         self.request: str | None = None
         self.version = 1
-        # Fan-out nodes (issue 20): each one's children, by unit, and the rollout releasing them.
+        # Fan-out nodes: each one's children, by unit, and the rollout releasing them.
         self.children: dict[str, NodeRecord] = {}
         self.rollouts: dict[str, fanout.Rollout] = {}
 
@@ -194,7 +194,7 @@ class TaskRun:
         return self._set(node_id, NodeState.RUNNING, None) + self._roll(node_id, now)
 
     def verifying(self, unit: str, output: Any, results: list[dict[str, Any]]) -> list[Transition]:
-        """Its attempt ended and its verify commands now decide (issue 20); `output` and `results`
+        """Its attempt ended and its verify commands now decide; `output` and `results`
         are what it ends with if they pass."""
         rec = self.record(unit)
         if rec.state not in (NodeState.RUNNING, NodeState.WAITING_APPROVAL):

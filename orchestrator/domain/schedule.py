@@ -1,4 +1,4 @@
-"""What a schedule does with its ticks (issue 20): the pure rules, applied by `engine/schedules.py`.
+"""What a schedule does with its ticks: the pure rules, applied by `engine/schedules.py`.
 
 A tick is one instant the schedule's cron expression names. The engine leader fires each tick in
 one of its steps, and every tick ends as exactly one recorded outcome:

@@ -1,4 +1,4 @@
-"""Verify commands at submission (issue 20): they must be read-only wherever the node may run,
+"""Verify commands at submission: they must be read-only wherever the node may run,
 because they run again whenever an outcome must be decided (after a restart, on another device)."""
 
 from __future__ import annotations

@@ -530,7 +530,7 @@ class Engine:
                     run.held.add(node_id)  # its re-plan was under way: ask again
             # Successors of nodes that ended just before the crash may still be pending.
             self.runs.apply(run, run.start(now), now)
-        for task_id, unit, stored in found.verifying:  # issue 20: outcomes being verified
+        for task_id, unit, stored in found.verifying:  # outcomes being verified
             run = self.tasks[task_id]
             if run.has(unit) and run.record(unit).state is NodeState.VERIFYING:
                 self.runs.verify.restore(run, unit, stored, now)

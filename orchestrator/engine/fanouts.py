@@ -1,4 +1,4 @@
-"""Fan-out nodes in the engine (issue 20): a fan-out node that becomes ready gets its children
+"""Fan-out nodes in the engine: a fan-out node that becomes ready gets its children
 from the fleet as it is then (`domain.fanout.targets`), each child a row of its own
 (`node_children`) written in the same commit as the node's; and where each unit's row is, so a
 child's transitions land on its row and go out as `node.child` events."""

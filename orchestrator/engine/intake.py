@@ -1,6 +1,6 @@
 """A new task on its way in: checked by the API, given its id, and not stored yet.
 
-The engine is the one writer of tasks (issue 15): the API validates a submission against the fleet
+The engine is the one writer of tasks: the API validates a submission against the fleet
 and hands it over as a `Submission`; the engine leader inserts its rows in the commit of the step
 that starts it, so a task is never in the store without the engine knowing it, and no replica but
 the leader writes task rows. A submission is plain data: it crosses replicas as JSON (`as_json`,

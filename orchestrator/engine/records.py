@@ -107,7 +107,7 @@ class AttemptKind(StrEnum):
     TOOL = "tool"  # one batch of the node's commands
     AGENT = "agent"  # an LLM step loop holding the device
     STEP = "step"  # one batch of an agent attempt
-    VERIFY = "verify"  # a node's read-only verify commands, deciding its outcome (issue 20)
+    VERIFY = "verify"  # a node's read-only verify commands, deciding its outcome
 
 
 @dataclass(slots=True)

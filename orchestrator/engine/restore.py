@@ -74,7 +74,7 @@ def _restore_record(rec: NodeRecord, row: Node | NodeChild) -> None:
 
 
 def _restore_rollouts(run: TaskRun, bundle: TaskBundle) -> None:
-    """Fan-out nodes that have their children (issue 20): the children's records, and the rollout
+    """Fan-out nodes that have their children: the children's records, and the rollout
     releasing them as the children's states say."""
     rows: dict[str, list[NodeChild]] = {}
     for c in bundle.children:

@@ -73,7 +73,7 @@ class Runs:
         self.rng = rng
         self._transitions: dict[NodeState, Any] = {}  # the transitions counter's child per state
         self._batches: dict[str, Any] = {}  # the batches counter's child per outcome
-        self.fanouts = FanOuts(fleet, writer)  # issue 20: fan-out children
+        self.fanouts = FanOuts(fleet, writer)  # fan-out children
         self.verify = Verifications(settings, tasks, writer, timers, queues, attempts, fleet, outbox, self.apply, rng)
         # Set by the engine: approvals hear of expiries and of attempts that end.
         self.on_approval_expiry: Callable[[ApprovalExpiry, float], None] = lambda timer, now: None
@@ -264,7 +264,7 @@ class Runs:
         if not outcome.succeeded:
             run.record(unit).failed_on.add(att.device_id)
         if self.verify.wants(run, unit, outcome):
-            self.verify.begin(run, att, outcome, now)  # its verify commands decide (issue 20)
+            self.verify.begin(run, att, outcome, now)  # its verify commands decide
             return
         self.apply(run, run.attempt_ended(unit, outcome, now, self.rng()), now)
 

@@ -1,4 +1,4 @@
-"""A schedule as the engine holds it, and the changes operators ask of it (issue 20): plain data,
+"""A schedule as the engine holds it, and the changes operators ask of it: plain data,
 shared by the engine's schedule book, the API that asks and the wire between replicas."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Schedules in the engine (issue 20): the leader fires every tick inside its step.
+"""Schedules in the engine: the leader fires every tick inside its step.
 
 A due tick's task goes in through the intake like any submission, and the task's rows, the tick's
 record and the schedule's move to its next tick are in the writes of one step: one commit, guarded

@@ -39,7 +39,7 @@ class ApprovalExpiry:
 
 @dataclass(frozen=True)
 class ProbeTimeout:
-    """Issue 20: node `key`, waiting since `since` for a device to run its verify commands, has
+    """Node `key`, waiting since `since` for a device to run its verify commands, has
     waited probe_timeout_s (ignored if it is no longer waiting since then)."""
 
     key: NodeKey

@@ -1,4 +1,4 @@
-"""Verified outcomes (issue 20): a node's read-only `verify` commands decide whether it succeeded.
+"""Verified outcomes: a node's read-only `verify` commands decide whether it succeeded.
 
 - The check: its commands succeeded; before any success edge fires, its verify commands run on
   the same device (at once: the device is still the node's). They pass: it succeeds. They fail:

@@ -29,7 +29,7 @@ class EventType(StrEnum):
     DAG_EDITED = "dag.edited"
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_DECIDED = "approval.decided"
-    NODE_CHILD = "node.child"  # issue 20: a fan-out child's state (`device_id`, `device`)
+    NODE_CHILD = "node.child"  # a fan-out child's state (`device_id`, `device`)
 
 
 class ChangeStore(Protocol):

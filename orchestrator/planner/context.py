@@ -1,5 +1,5 @@
 """What an agent node's model is shown of tool results, and how its screen coordinates reach the
-device (issue 19, "the model's context").
+device.
 
 - Only the newest `kept` screenshots stay in the conversation as images; each older one becomes a
   one-line note of what it showed (the observation, its size, the focused window) and what the

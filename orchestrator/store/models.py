@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import LargeBinary  # artifact chunks (issue 20)
+from sqlalchemy.types import LargeBinary  # artifact chunks
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -128,14 +128,14 @@ class Node(Base):
     queued_on: Mapped[str | None] = mapped_column(String(40))
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
-    # Issue 20: a fan-out node's rollout ({devices, left_out}; its children are NodeChild rows),
+    # A fan-out node's rollout ({devices, left_out}; its children are NodeChild rows),
     # and how its verify commands are deciding or decided its outcome.
     fan_out: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     verification: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class NodeChild(Base):
-    """Issue 20: a fan-out node's child on one device (the node pinned there). Its attempts are
+    """A fan-out node's child on one device (the node pinned there). Its attempts are
     the node's attempts on that device."""
 
     __tablename__ = "node_children"
@@ -227,7 +227,7 @@ class Approval(Base):
 
 
 class Schedule(Base):
-    """A cron schedule that submits a task per tick (issue 20). Written only by the engine leader:
+    """A cron schedule that submits a task per tick. Written only by the engine leader:
     a tick's task and the schedule's move to its next tick are one commit."""
 
     __tablename__ = "schedules"
@@ -348,7 +348,7 @@ class DagEdit(Base):
     at: Mapped[datetime]
 
 
-# ---- issue 20, artifacts: files published by commands (orchestrator/artifacts/)
+# ---- artifacts: files published by commands (orchestrator/artifacts/)
 
 
 class ArtifactUpload(Base):

@@ -163,7 +163,7 @@ class TaskBundle:
     nodes: list[Node]
     edges: list[Edge]
     attempts: list[Attempt]
-    children: list[NodeChild] = field(default_factory=list)  # fan-out children (issue 20), by position
+    children: list[NodeChild] = field(default_factory=list)  # fan-out children, by position
 
 
 # The columns of a task's nodes and attempts that its view shows.

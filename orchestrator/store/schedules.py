@@ -1,4 +1,4 @@
-"""Schedules in the store (issue 20): what the engine reloads at a start, what the API shows.
+"""Schedules in the store: what the engine reloads at a start, what the API shows.
 
 Only the engine leader writes schedules and their ticks, through its step writer (a tick's task,
 its record and the schedule's next tick are one commit). Everything here reads, except
