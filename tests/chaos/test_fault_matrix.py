@@ -36,7 +36,21 @@ import redis
 from device_agent.reconnect import FAST_CAP_S
 from tests.chaos import harness
 from tests.chaos.harness import Case, StateWatch, restart_without
-from tests.chaos.invariants import executions_on_disk, judge
+from tests.chaos.invariants import (
+    ASKED,
+    CANCEL_HELD,
+    CANCEL_THEN,
+    OUTAGE,
+    STOP_AFTER,
+    STOP_HELD,
+    VERBS,
+    Answer,
+    ControlsSeen,
+    Execution,
+    executions_on_disk,
+    judge,
+    judge_controls,
+)
 from tests.cluster.replicaset import Replica, ReplicaSet
 from tests.services import PostgresServer, RedisServer, fresh_database, owned_postgres_server, owned_redis_server
 from tests.support import Agent, Fleet, TcpProxy, wait_until
@@ -453,3 +467,152 @@ def test_the_referee_accepts_one_uncertain_node_per_interrupted_command_and_no_m
     runs = executions_on_disk({"d1": tmp_path})
     assert judge(task, runs, expected_failures=harness.FAILS_ON_PURPOSE, interrupted={"d1": 1}).ok
     assert not judge(task, runs, expected_failures=harness.FAILS_ON_PURPOSE, interrupted={"d2": 1}).ok
+
+
+STOP_AT, RESUME_AT, CANCEL_AT = 100.0, 110.0, 105.0  # seconds since the epoch, for the referee's tests
+
+
+def _mark(root: Path, device: str, node: str, at: float, pid: int) -> Execution:
+    path = root / device / "runs" / f"{node}.{int(at * 1e9)}.{pid}"
+    return Execution(node, device, path)
+
+
+def _clean_controls(tmp_path: Path, decision: str = "approved") -> ControlsSeen:
+    """A stop, a cancel and an approval that went as they must."""
+
+    def task(state: str, *nodes: dict[str, Any]) -> dict[str, Any]:
+        return {"state": state, "nodes": list(nodes)}
+
+    runs = {
+        STOP_HELD: [_mark(tmp_path, "ds", STOP_HELD, 90.0, 11)],
+        STOP_AFTER: [_mark(tmp_path, "ds", STOP_AFTER, 111.0, 12)],
+        CANCEL_HELD: [_mark(tmp_path, "dc", CANCEL_HELD, 90.0, 13)],
+    }
+    if decision == "approved":
+        runs[ASKED] = [_mark(tmp_path, "da", ASKED, 104.0, 14)]
+    verb = VERBS[decision]
+    return ControlsSeen(
+        decision=decision,
+        stop_task=task(
+            "failed",
+            _node(STOP_HELD, "failed", "device_stopped", "ds"),
+            _node(STOP_AFTER, "succeeded", device="ds"),
+        ),
+        cancel_task=task(
+            "cancelled", _node(CANCEL_HELD, "cancelled", device="dc"), _node(CANCEL_THEN, "cancelled", device="dc")
+        ),
+        ask_task=task(
+            "succeeded" if decision == "approved" else "failed",
+            _node(ASKED, "succeeded", device="da")
+            if decision == "approved"
+            else _node(ASKED, "failed", "approval_denied", "da"),
+        ),
+        approval={"state": decision},
+        stopped_device={"admin_state": "active", "control_generation": 2, "control_applied": 2},
+        stopped_device_id="ds",
+        executions=runs,
+        finished=[],
+        still_running=[],
+        sent={"stop": STOP_AT, "resume": RESUME_AT, "cancel": CANCEL_AT},
+        answers={
+            "stop": [Answer(503, {"code": "cluster_unavailable"}), Answer(200, {"control_generation": 1})],
+            "resume": [Answer(0, error="no answer (ConnectError)"), Answer(200)],
+            "cancel": [Answer(202, {"state": "cancelling"})],
+            verb: [Answer(202, {"state": "pending", "requested_state": decision})],
+        },
+    )
+
+
+def _node_in(seen: ControlsSeen, task: str, node: dict[str, Any]) -> None:
+    tasks = {"stop": seen.stop_task, "cancel": seen.cancel_task, "ask": seen.ask_task}
+    tasks[task]["nodes"] = [node if n["id"] == node["id"] else n for n in tasks[task]["nodes"]]
+
+
+CONTROL_MUTATIONS: dict[str, tuple[Callable[[ControlsSeen, Path], None], str]] = {
+    "clean": (lambda s, p: None, ""),
+    "the stop left the command running": (
+        lambda s, p: s.still_running.append(f"{STOP_HELD}.90000000000.11"),
+        "lives on",
+    ),
+    "the stopped command ended as if nothing happened": (
+        lambda s, p: _node_in(s, "stop", _node(STOP_HELD, "succeeded", device="ds")),
+        "did not end device_stopped",
+    ),
+    "the stopped command finished": (lambda s, p: s.finished.append(f"ds:{STOP_HELD}.11"), "ran to its end"),
+    "the device took work while stopped": (
+        lambda s, p: s.executions.update({STOP_AFTER: [_mark(p, "ds", STOP_AFTER, 101.0, 15)]}),
+        "started work while stopped",
+    ),
+    "the device never ran work again": (
+        lambda s, p: (
+            s.executions.pop(STOP_AFTER),
+            _node_in(s, "stop", _node(STOP_AFTER, "pending")),
+        ),
+        "did not run work again",
+    ),
+    "the agent never applied the resume": (
+        lambda s, p: s.stopped_device.update(control_applied=1),
+        "did not end active",
+    ),
+    "the cancelled task succeeded": (lambda s, p: s.cancel_task.update(state="succeeded"), "did not end cancelled"),
+    "the cancelled command was retried": (
+        lambda s, p: s.executions[CANCEL_HELD].append(_mark(p, "dc", CANCEL_HELD, 106.0, 16)),
+        "ran after the cancel",
+    ),
+    "what follows the cancelled command ran": (
+        lambda s, p: s.executions.update({CANCEL_THEN: [_mark(p, "dc", CANCEL_THEN, 95.0, 17)]}),
+        "what follows it ran",
+    ),
+    "the store records another decision": (
+        lambda s, p: s.approval.update(state="denied"),
+        "stored state is not the decision",
+    ),
+    "the approved command never ran": (lambda s, p: s.executions.pop(ASKED), "ran other than once"),
+    "the approved command ran twice": (
+        lambda s, p: s.executions[ASKED].append(_mark(p, "da", ASKED, 104.5, 18)),
+        "ran other than once",
+    ),
+    "the approved node failed": (
+        lambda s, p: _node_in(s, "ask", _node(ASKED, "failed", "approval_timeout", "da")),
+        "did not end succeeded",
+    ),
+    "the stop answered 500": (lambda s, p: s.answers["stop"].append(Answer(500)), "did not answer the stop"),
+    "a decision refused without an outage": (
+        lambda s, p: s.answers.update(approve=[Answer(409, {"code": "conflict"})]),
+        "did not answer the approve",
+    ),
+    "a decision answered with another": (
+        lambda s, p: s.answers.update(approve=[Answer(200, {"state": "denied"})]),
+        "did not answer the approve",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", CONTROL_MUTATIONS)
+def test_the_referee_passes_controls_that_held_and_names_each_that_did_not(tmp_path: Path, mutation: str) -> None:
+    seen = _clean_controls(tmp_path)
+    change, invariant = CONTROL_MUTATIONS[mutation]
+    change(seen, tmp_path)
+    verdict = judge_controls(seen)
+    if not invariant:
+        assert verdict.ok, verdict.report()
+        return
+    assert any(invariant in name for name in verdict.broken), verdict.report()
+
+
+def test_the_referee_takes_a_denial_that_ran_nothing_and_a_409_to_a_decision_asked_again(tmp_path: Path) -> None:
+    seen = _clean_controls(tmp_path, "denied")
+    seen.answers["deny"] = [Answer(0, error="no answer (ReadError)"), Answer(409, {"code": "conflict"})]
+    assert judge_controls(seen).ok, judge_controls(seen).report()
+    seen.executions[ASKED] = [_mark(tmp_path, "da", ASKED, 104.0, 14)]
+    assert not judge_controls(seen).ok
+
+
+def test_the_referee_lets_a_request_be_asked_again_only_after_the_answers_its_case_calls_an_outage(
+    tmp_path: Path,
+) -> None:
+    seen = _clean_controls(tmp_path)
+    seen.answers["stop"] = [Answer(500, {"code": "internal_error"}), Answer(200)]
+    assert not judge_controls(seen).ok
+    seen.outage = (*OUTAGE, 500)
+    assert judge_controls(seen).ok, judge_controls(seen).report()
