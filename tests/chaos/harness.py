@@ -1,10 +1,13 @@
 """Building blocks of the fault matrix: a DAG of a few hundred nodes whose every execution leaves
-a file on its device's disk, the three agents of one case, and bounded waits on what the disks and
-the API say. The referee is tests/chaos/invariants.py."""
+a file on its device's disk, the three agents of one case, the controls a person gives during the
+fault (`Controls`: a stop, a cancel and an approval, on three agents more), and bounded waits on
+what the disks and the API say. The referee is tests/chaos/invariants.py."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import signal
 import threading
 import time
@@ -15,13 +18,36 @@ from typing import Any
 
 import httpx
 
-from tests.chaos.invariants import Execution, InvariantViolation, Verdict, executions_on_disk, judge, marker_argv
-from tests.support import Agent, Fleet, wait_until
+from tests.chaos.invariants import (
+    ASKED,
+    CANCEL_HELD,
+    CANCEL_THEN,
+    OUTAGE,
+    STOP_AFTER,
+    STOP_HELD,
+    VERBS,
+    Answer,
+    ControlsSeen,
+    Execution,
+    InvariantViolation,
+    Verdict,
+    executions_on_disk,
+    finished_on_disk,
+    held_argv,
+    judge,
+    judge_controls,
+    marker_argv,
+)
+from tests.support import TASK_ENDS, Agent, Fleet, Server, wait_until
 
 PAUSE_S = 0.03  # how long each command lingers after leaving its mark: keeps work in flight
 TASK_TIMEOUT_S = 150.0
 STALL_S = 15.0  # no progress for this long: stuck (every recovery here takes a few seconds)
 FAILS_ON_PURPOSE = {"bad": {"tool_error"}}
+HELD_S = 300  # a held command sleeps far past any case: only a kill ends it before the case does
+CONTROL_BOUND_S = 45.0  # a control request answered, or its effect seen, within this (outages included)
+REQUEST_S = 40.0  # one try of a control request: a replica asks the leader for 30 s before it says 503
+APPROVE_SHELL = {"ORRERY_AGENT_APPROVAL_REQUIRED": '["shell.run"]'}
 
 
 @dataclass(frozen=True)
@@ -83,6 +109,7 @@ class Case:
     spread_over: list[Agent] = field(default_factory=list)  # round-robin placement; default: `agents`
     work: Workload = field(init=False)
     task_id: str = ""
+    controls: Controls | None = None  # given during the fault; judged with the workload
     interrupted: dict[str, int] = field(default_factory=dict)
     lost_devices: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
@@ -187,6 +214,12 @@ class Case:
             interrupted=self.interrupted,
             lost_devices=self.lost_devices,
         )
+        if self.controls is not None:
+            given = self.controls.judge()
+            for invariant, offenders in given.broken.items():
+                verdict.add(invariant, offenders)
+            self.notes += self.controls.notes
+            print(f"controls: {given.summary()}; answers: {self.controls.said()}")  # shown with pytest -rP
         if not verdict.ok:
             notes = "".join(f"\nnote: {n}" for n in self.notes)
             raise AssertionError(f"{InvariantViolation(verdict)}{notes}{self.logs()}")
@@ -209,8 +242,256 @@ class Case:
 
     def logs(self) -> str:
         servers = getattr(self.fleet, "replicas", [self.fleet.server])
-        paths = [str(s.log_path) for s in servers] + [str(a.log_path) for a in self.agents]
+        agents = self.agents + (self.controls.agents if self.controls is not None else [])
+        paths = [str(s.log_path) for s in servers] + [str(a.log_path) for a in agents]
         return "\nlogs: " + " ".join(paths)
+
+
+StartAgent = Callable[[str, dict[str, str]], Agent]
+"""Enroll and start an agent of a given name and environment, without waiting for it."""
+
+
+class Controls:
+    """What a person asks during a case's fault, on three agents of the case's own besides its
+    workload's: an emergency stop of a device running a held command (then, once the device has
+    applied it, a resume), a cancel of a task whose held command runs, and a decision on an
+    approval an agent asks before its `shell.run`. `arm` gets them ready before the fault, `act`
+    gives them during it (each request asked again while the API answers 503 or not at all),
+    and `judge` (called by `Case.finish`) collects what became of them for
+    invariants.judge_controls."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        prefix: str,
+        decision: str,
+        start: StartAgent | None = None,
+        outage: tuple[int, ...] = OUTAGE,
+    ) -> None:
+        begin = start or (lambda name, env: fleet.agent(name, wait=False, **env))
+        self.fleet, self.decision, self.verb, self.outage = fleet, decision, VERBS[decision], outage
+        self.stopped = begin(f"{prefix}-stop", {})
+        self.cancelled = begin(f"{prefix}-cancel", {})
+        self.asked = begin(f"{prefix}-ask", APPROVE_SHELL)
+        self.agents = [self.stopped, self.cancelled, self.asked]
+        self.tasks: dict[str, str] = {}  # "stop", "cancel", "ask" -> task id
+        self.approval_id = ""
+        self.sent: dict[str, float] = {}
+        self.answers: dict[str, list[Answer]] = {c: [] for c in ("stop", "resume", "cancel", self.verb)}
+        self.notes: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._acted = time.monotonic()
+
+    def arm(self) -> Controls:
+        """Until the held commands run and the approval is asked (bounded)."""
+        for agent in self.agents:
+            self.fleet.wait_device(agent.device_id, "idle")
+        stop, cancel, ask = (a.device_id for a in self.agents)
+        self.tasks["stop"] = self._submit(
+            [_held(STOP_HELD, stop), _marked(STOP_AFTER, stop)], [(STOP_HELD, STOP_AFTER, "always")]
+        )
+        # Retried if it fails: a cancel that left it failing instead would show a second run.
+        retried = {**_held(CANCEL_HELD, cancel), "retry": {"max_attempts": 3, "backoff_s": 0}}
+        self.tasks["cancel"] = self._submit(
+            [retried, _marked(CANCEL_THEN, cancel)], [(CANCEL_HELD, CANCEL_THEN, "success")]
+        )
+        self.tasks["ask"] = self._submit([_marked(ASKED, ask)], [])
+        wait_until(
+            lambda: STOP_HELD in self.executions() and CANCEL_HELD in self.executions(),
+            30,
+            "the held commands to start",
+        )
+        self.approval_id = wait_until(self._pending, 30, f"the approval of task {self.tasks['ask']} to be asked")
+        return self
+
+    def act(self, via: Server) -> None:
+        """Give the stop and then the resume, the cancel and the decision through `via`'s API,
+        each in a thread of its own (a request may wait out the outage); returns at once."""
+        self._acted = time.monotonic()
+        chains = {"stop": self._stop_then_resume, "cancel": self._cancel, self.verb: self._decide}
+        for name, chain in chains.items():
+            thread = threading.Thread(target=self._run, args=(name, chain, via), name=f"control-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def said(self) -> str:
+        """The API's answers to each control request, in order (for the report)."""
+
+        def runs(answers: list[Answer]) -> str:
+            grouped = [(said, len(list(same))) for said, same in itertools.groupby(map(str, answers))]
+            return ", ".join(f"{said} x{n}" if n > 1 else said for said, n in grouped) or "not asked"
+
+        return "; ".join(f"{c}: {runs(a)}" for c, a in self.answers.items())
+
+    def answered(self) -> bool:
+        """Whether the stop, the cancel and the decision have had their final answers."""
+        return all(self._final(c) is not None for c in ("stop", "cancel", self.verb))
+
+    def judge(self) -> Verdict:
+        """Wait (bounded) for the controls to settle, then judge what they left."""
+        return judge_controls(self.seen())
+
+    def seen(self) -> ControlsSeen:
+        # The stop's chain makes up to three bounded waits, each try of a request up to REQUEST_S.
+        deadline = self._acted + 3 * (CONTROL_BOUND_S + REQUEST_S)
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                self.notes.append(f"{thread.name} still waits for an answer")
+        try:
+            wait_until(self._settled, CONTROL_BOUND_S, "the control tasks to end, the approval to be decided", 0.25)
+        except AssertionError as exc:
+            self.notes.append(str(exc))
+        runs = self.executions()
+        return ControlsSeen(
+            decision=self.decision,
+            stop_task=self._read(f"/v1/tasks/{self.tasks['stop']}"),
+            cancel_task=self._read(f"/v1/tasks/{self.tasks['cancel']}"),
+            ask_task=self._read(f"/v1/tasks/{self.tasks['ask']}"),
+            approval=self._read(f"/v1/approvals/{self.approval_id}"),
+            stopped_device=self._read(f"/v1/devices/{self.stopped.device_id}"),
+            stopped_device_id=self.stopped.device_id,
+            executions=runs,
+            finished=finished_on_disk(self.workspaces()),
+            still_running=[
+                e.path.name for n in (STOP_HELD, CANCEL_HELD) for e in runs.get(n, []) if _group_alive(e.pid)
+            ],
+            sent=dict(self.sent),
+            answers={c: list(a) for c, a in self.answers.items()},
+            outage=self.outage,
+        )
+
+    def close(self) -> None:
+        for agent in self.agents:
+            agent.stop()
+
+    # ------------------------------------------------------------ the disks and the API
+
+    def workspaces(self) -> dict[str, Path]:
+        return {a.device_id: a.workspace for a in self.agents}
+
+    def executions(self) -> dict[str, list[Execution]]:
+        return executions_on_disk(self.workspaces())
+
+    def _submit(self, nodes: list[dict[str, Any]], edges: list[tuple[str, str, str]]) -> str:
+        dag = {"nodes": nodes, "edges": [{"from": a, "to": b, "on": on} for a, b, on in edges]}
+        return str(self.fleet.submit(dag)["id"])
+
+    def _pending(self) -> str:
+        with self.fleet.server.client() as c:
+            r = c.get("/v1/approvals", params={"state": "pending", "task_id": self.tasks["ask"]})
+            items = r.json()["items"] if r.status_code == 200 else []
+        return str(items[0]["id"]) if items else ""
+
+    def _read(self, path: str, via: Server | None = None) -> dict[str, Any]:
+        """GET `path` (of the case's current server unless `via`); {} if it cannot be read now."""
+        with contextlib.suppress(httpx.HTTPError, ValueError), (via or self.fleet.server).client() as c:
+            r = c.get(path, timeout=10)
+            if r.status_code == 200:
+                body: dict[str, Any] = r.json()
+                return body
+        return {}
+
+    def _settled(self) -> bool:
+        ended = all(self._read(f"/v1/tasks/{t}").get("state") in TASK_ENDS for t in self.tasks.values())
+        decided = self._read(f"/v1/approvals/{self.approval_id}").get("state") not in (None, "pending")
+        runs = self.executions()
+        dead = not any(_group_alive(e.pid) for n in (STOP_HELD, CANCEL_HELD) for e in runs.get(n, []))
+        return ended and decided and dead
+
+    # ------------------------------------------------------------ the requests
+
+    def _run(self, name: str, chain: Callable[[Server], None], via: Server) -> None:
+        try:
+            chain(via)
+        except Exception as exc:  # a thread's failure is reported with the verdict, never lost
+            self.notes.append(f"the {name} request failed: {type(exc).__name__}: {exc}")
+
+    def _ask(self, via: Server, control: str, path: str) -> Answer:
+        """POST `path` until it is answered with anything but an outage's answer (bounded); every
+        answer is kept."""
+        answers = self.answers[control]
+        self.sent.setdefault(control, time.time())
+
+        def once() -> Answer | None:
+            try:
+                with via.client() as c:
+                    r = c.post(path, timeout=REQUEST_S)
+            except httpx.HTTPError as exc:
+                answers.append(Answer(0, error=f"no answer ({type(exc).__name__})"))
+                return None
+            try:
+                body = r.json()
+            except ValueError:
+                body = {"code": r.text[:100]}
+            answers.append(Answer(r.status_code, body if isinstance(body, dict) else {}))
+            return None if r.status_code in self.outage else answers[-1]
+
+        return wait_until(once, CONTROL_BOUND_S, f"POST {path} to be answered", interval=0.25)
+
+    def _final(self, control: str) -> Answer | None:
+        answers = self.answers.get(control) or []
+        return answers[-1] if answers and answers[-1].status not in self.outage else None
+
+    def _stop_then_resume(self, via: Server) -> None:
+        device = self.stopped.device_id
+        stopped = self._ask(via, "stop", f"/v1/devices/{device}/stop")
+        generation = int(stopped.body.get("control_generation") or 0)
+        # Resumed only once the device has applied the stop (a resume it heard first would leave
+        # it nothing to kill), so the resume comes under the fault or right after it.
+        try:
+            wait_until(
+                lambda: self._stop_applied(via, generation),
+                CONTROL_BOUND_S,
+                "the stopped device to apply the stop and its command to die",
+                interval=0.25,
+            )
+        except AssertionError as exc:
+            self.notes.append(str(exc))
+        self.sent["resume"] = time.time()
+        self._ask(via, "resume", f"/v1/devices/{device}/resume")
+
+    def _stop_applied(self, via: Server, generation: int) -> bool:
+        held = self.executions().get(STOP_HELD, [])
+        if any(_group_alive(e.pid) for e in held):
+            return False
+        applied = self._read(f"/v1/devices/{self.stopped.device_id}", via).get("control_applied")
+        return isinstance(applied, int) and applied >= generation > 0
+
+    def _cancel(self, via: Server) -> None:
+        self._ask(via, "cancel", f"/v1/tasks/{self.tasks['cancel']}/cancel")
+
+    def _decide(self, via: Server) -> None:
+        self._ask(via, self.verb, f"/v1/approvals/{self.approval_id}/{self.verb}")
+
+
+def _held(node_id: str, device: str) -> dict[str, Any]:
+    argv = held_argv(node_id, HELD_S)
+    command = {"tool": "shell.run", "arguments": {"argv": argv, "timeout_s": 2 * HELD_S}, "timeout_s": 2 * HELD_S}
+    return {"id": node_id, "placement": {"device": device}, "commands": [command]}
+
+
+def _marked(node_id: str, device: str) -> dict[str, Any]:
+    command = {"tool": "shell.run", "arguments": {"argv": marker_argv(node_id)}, "timeout_s": 60}
+    return {"id": node_id, "placement": {"device": device}, "commands": [command]}
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (a zombie, dead but not yet reaped, does not:
+    Linux's /proc tells them apart). `shell.run` starts each command as a group of its own whose
+    leader is the command's first process, so `echo $$` in `sh -c` names it."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            state, _parent, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state != "Z":
+                return True
+    return False
 
 
 class StateWatch:
