@@ -505,8 +505,12 @@ class Agent:
             if not latch.stopped:
                 await self._engage_stop(state.reason)
             latch.reason = state.reason
-        elif latch.stopped or state.resumed > before:
-            self._lift_stop()
+        else:
+            if state.stopped_at > before and not latch.stopped:
+                # Stopped and resumed since this agent last heard: the stop still ends what runs.
+                await self._engage_stop(state.reason or "stopped and resumed by an operator")
+            if latch.stopped or state.resumed > before:
+                self._lift_stop()
         if state.budgets_reset > before:
             log.warning("safety budgets reset by the orchestrator (the device was uncordoned)")
             self.router.guards.budgets.reset()

@@ -110,6 +110,9 @@ class ControlState(_Model):
     # The generation of the last budget reset (an operator uncordoned the device): an agent
     # applying a newer one clears its safety budgets.
     budgets_reset: int = Field(default=0, ge=0)
+    # The generation of the last stop: an agent that has not applied it kills what runs, even if a
+    # resume came since (a stop and a resume it hears of together still end the running command).
+    stopped_at: int = Field(default=0, ge=0)
 
 
 # ---------------------------------------------------------------- frames

@@ -43,6 +43,7 @@ class Controls:
     stop_reason: str = ""
     resumed: int = 0  # generation of the last resume
     budgets_reset: int = 0  # generation of the last budget reset
+    stopped_at: int = 0  # generation of the last stop
     cordon_reason: str | None = None
     breach: str | None = None  # a safety breach not yet cleared by an uncordon
 
@@ -95,7 +96,7 @@ def apply(
     if action is ControlAction.STOP:
         if current.stopped:
             return None
-        after = _with(current, admin=AdminState.STOPPED, gen=gen + 1, stop_reason=reason)
+        after = _with(current, admin=AdminState.STOPPED, gen=gen + 1, stop_reason=reason, stopped_at=gen + 1)
         return Change(after, reason or "stopped by an operator", gen)
     if action is ControlAction.RESUME:
         if current.stopped:

@@ -47,6 +47,7 @@ def control_row(c: Controls, applied: int) -> dict[str, Any] | None:
         "stop_reason": c.stop_reason,
         "resumed": c.resumed,
         "budgets_reset": c.budgets_reset,
+        "stopped_at": c.stopped_at,
         "breach": c.breach,
         "applied": applied,
     }
@@ -61,6 +62,7 @@ def controls_of(row: Device) -> Controls:
         stop_reason=str(data.get("stop_reason") or ""),
         resumed=int(data.get("resumed") or 0),
         budgets_reset=int(data.get("budgets_reset") or 0),
+        stopped_at=int(data.get("stopped_at") or 0),
         cordon_reason=row.cordon_reason,
         breach=data.get("breach"),
     )
@@ -69,7 +71,12 @@ def controls_of(row: Device) -> Controls:
 def wire_state(c: Controls) -> ControlState:
     """The agent's part of the controls, as the protocol carries it."""
     return ControlState(
-        gen=c.gen, stopped=c.stopped, reason=c.stop_reason[:400], resumed=c.resumed, budgets_reset=c.budgets_reset
+        gen=c.gen,
+        stopped=c.stopped,
+        reason=c.stop_reason[:400],
+        resumed=c.resumed,
+        budgets_reset=c.budgets_reset,
+        stopped_at=c.stopped_at,
     )
 
 

@@ -56,6 +56,7 @@ class DeviceRun:
     stop_reason: str = ""
     resumed_gen: int = 0
     budgets_reset_gen: int = 0
+    stopped_at_gen: int = 0
     breach: str | None = None
     applied_gen: int = 0  # what the device last reported applied (hello, heartbeats)
     control_sent_at: float = -1e18  # engine clock: when its control state was last sent
@@ -68,13 +69,14 @@ class DeviceRun:
             stop_reason=self.stop_reason,
             resumed=self.resumed_gen,
             budgets_reset=self.budgets_reset_gen,
+            stopped_at=self.stopped_at_gen,
             cordon_reason=self.cordon_reason,
             breach=self.breach,
         )
 
     def take_controls(self, c: Controls) -> None:
         self.admin, self.control_gen, self.stop_reason = c.admin, c.gen, c.stop_reason
-        self.resumed_gen, self.budgets_reset_gen = c.resumed, c.budgets_reset
+        self.resumed_gen, self.budgets_reset_gen, self.stopped_at_gen = c.resumed, c.budgets_reset, c.stopped_at
         self.cordon_reason, self.breach = c.cordon_reason, c.breach
 
     def merged_labels(self) -> dict[str, str]:

@@ -272,6 +272,17 @@ MUTANTS: list[Mutant] = [
             "tests/unit/engine/test_guarantees.py::test_an_accepted_batch_an_agent_lost_in_a_restart_is_sent_again_when_it_idles",
         ),
     ),
+    Mutant(
+        id="resume-skips-the-stops-kill",
+        rule="A stop the agent hears of only with the resume after it still ends the command that ran.",
+        file="device_agent/agent.py",
+        original="if state.stopped_at > before and not latch.stopped:",
+        replacement="if state.stopped_at > before and latch.stopped:",
+        caught_by=(
+            "tests/unit/device_agent/test_agent_stop.py::"
+            "test_a_stop_and_a_resume_heard_together_still_end_the_running_command",
+        ),
+    ),
     # ------------------------------------------------------------------ approvals (the device's ledger arbitrates)
     Mutant(
         id="store-records-a-request-as-the-decision",

@@ -355,6 +355,9 @@ class SimDevice:
         self.log(f"applies control generation {state.gen} (stopped={state.stopped})")
         if not state.stopped and was:
             self.world.lifted(self, state)
+        if not state.stopped and not was and state.stopped_at > before:
+            self._kill("device_stopped")  # stopped and resumed since it last heard: the stop still ends it
+            self.world.seen["stop and resume heard together"] += 1
         self.control_gen, self.stopped = state.gen, state.stopped  # durable before acting on it
         if state.stopped and not was:
             self.stop_gen = state.gen

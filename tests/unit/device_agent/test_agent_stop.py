@@ -112,3 +112,20 @@ async def test_an_older_control_state_arriving_late_changes_nothing(tmp_path: Pa
 
 def stop(gen: int, reason: str) -> dict[str, Any]:
     return {"gen": gen, "stopped": True, "reason": reason}
+
+
+async def test_a_stop_and_a_resume_heard_together_still_end_the_running_command(tmp_path: Path) -> None:
+    """The stop's frame was lost and the resume's came: the state the agent applies says not
+    stopped, but names a stop it never applied, so what ran when the operator stopped it ends."""
+    async with scripted(tmp_path) as (server, agent):
+        agent.start()
+        conn = await server.next_connection()
+        await conn.welcome()
+        running = await conn.batch(SLEEP, ECHO, fence=1)
+        await wait_for(agent.workspace / "started")
+        state = {"gen": 2, "stopped": False, "reason": "", "resumed": 2, "stopped_at": 1}
+        await conn.send("device_control", reliable=True, control=state)
+        ended = await conn.result_for(running)
+        assert statuses(ended)[0] == ("failure", "device_stopped"), ended
+        done = await conn.result_for(await conn.batch(WRITE, fence=2))
+        assert statuses(done) == [("success", None)]  # and it is not stopped now
