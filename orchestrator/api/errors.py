@@ -116,7 +116,8 @@ _DESCRIPTIONS = {
     413: "`payload_too_large`: the request body is over the server's limit",
     422: "`validation_error`: the body, a parameter or a header is not valid (`problems` lists each, with `loc`)",
     429: "`rate_limited`: too many failed authentications from this address; wait a minute",
-    503: "`cluster_unavailable` (with `Retry-After`): no engine answered within the deadline",
+    503: "`cluster_unavailable` (with `Retry-After`): no engine answered within the deadline; or "
+    "`store_unavailable`: the database cannot be reached now (a restart)",
 }
 
 COMMON = problems(400, 401, 403, 413, 422, 429, 503)
@@ -184,6 +185,8 @@ def install(app: FastAPI) -> None:
         # The last resort behind the edge checks (schemas.NO_NUL, lookup.check_ref): Postgres
         # refusing a character it cannot store (22021 character_not_in_repertoire, 22P05
         # untranslatable_character: a NUL) is the client's text, so 422 and no stack trace.
+        if store_unreachable(exc):
+            return _store_away(req, exc)
         if getattr(exc.orig, "sqlstate", None) not in _UNSTORABLE_TEXT:
             raise exc  # any other database failure stays a logged 500 (the handler below)
         _count(req, "validation_error")
@@ -206,9 +209,45 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        if store_unreachable(exc):
+            return _store_away(req, exc)
         _count(req, "internal_error")
         log.exception("unhandled error on %s %s", req.method, req.url.path)
         return problem_response(500, "internal_error", "the server failed to handle this request; see its log")
+
+
+# Postgres's connection-exception class (08xxx) and an operator shutting it down or starting it
+# (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now).
+_STORE_AWAY_STATES = ("08", "57P01", "57P02", "57P03")
+
+
+def store_unreachable(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) says the database cannot be reached now: a restart, an
+    outage. That is the server's trouble for a while, not the request's: 503, never a 500."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionError | TimeoutError):
+            return True
+        if isinstance(current, DBAPIError) and current.connection_invalidated:
+            return True
+        state = getattr(current, "sqlstate", None)
+        if isinstance(state, str) and state.startswith(_STORE_AWAY_STATES):
+            return True
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else (current.__cause__ or current.__context__)
+    return False
+
+
+def _store_away(req: Request, exc: BaseException) -> JSONResponse:
+    _count(req, "store_unavailable")
+    log.warning("%s %s: the database cannot be reached now (%s)", req.method, req.url.path, type(exc).__name__)
+    response = problem_response(
+        503, "store_unavailable", "the orchestrator's database cannot be reached right now (a restart?); retry shortly"
+    )
+    response.headers["Retry-After"] = "5"
+    return response
 
 
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")

@@ -409,11 +409,9 @@ def _admin_state(replica: Replica, device_id: str) -> str:
 def test_a_postgres_restart_delays_work_but_loses_none_and_stops_no_replica(cluster: Cluster) -> None:
     rs = cluster.rs
     leader, other, urls = both_ways(rs)
-    # While its database is away the API answers 500 `internal_error` (the connection refused is
-    # no database error it maps), not the 503 docs/replicas.md promises for a Postgres restart:
-    # asked again like a 503 here, so that what the controls did is still judged.
-    outage = (*OUTAGE, 500)
-    controls = Controls(rs, "postgres", "denied", dialing(rs, other.url, leader.url), outage)
+    # While its database is away the API answers 503 `store_unavailable` (docs/replicas.md: a
+    # Postgres restart fails requests with 503 meanwhile), never a 500: asked again like any 503.
+    controls = Controls(rs, "postgres", "denied", dialing(rs, other.url, leader.url), OUTAGE)
     case = Case(rs, spread(rs, "postgres", urls), controls=controls)
     case.submit()
     controls.arm()
