@@ -163,7 +163,9 @@ async def _decide(
                 409, "conflict", f"approval '{approval_id}' is already {now.state} (by {now.decided_by or '?'})"
             )
         raise ApiError(403 if code == "approval_local_only" else 409, code, str(reply.get("detail") or ""))
-    final = await _confirmed(comp, row.id, comp.settings.approval_confirm_s)
+    # A device known to be away cannot confirm now: say at once that it was asked.
+    wait_s = comp.settings.approval_confirm_s if reply.get("online", True) else 0.0
+    final = await _confirmed(comp, row.id, wait_s)
     if final.state == state:
         return approval_out(final)
     if final.state != "pending":

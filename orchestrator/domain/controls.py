@@ -73,7 +73,12 @@ class Change:
 
 
 def apply(
-    current: Controls, action: ControlAction, reason: str = "", expect_gen: int | None = None, device: str = ""
+    current: Controls,
+    action: ControlAction,
+    reason: str = "",
+    expect_gen: int | None = None,
+    device: str = "",
+    device_id: str = "{id}",
 ) -> Change | Refusal | None:
     """The controls after an operator's `action` (None: it changes nothing). `reason` is the
     operator's words for the history (and, for a stop, for the agent). `expect_gen`: the
@@ -114,7 +119,7 @@ def apply(
         return Refusal(
             "conflict",
             f"the device is stopped (emergency stop); only resume lifts it: orrery devices resume {device or 'DEVICE'} "
-            f"(POST /v1/devices/{{id}}/resume), then {action.value} it",
+            f"(POST /v1/devices/{device_id}/resume), then {action.value} it",
         )
     if action is ControlAction.REVOKE:
         return Change(

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orchestrator.config import Settings
+from orchestrator.domain.model import Liveness
 from orchestrator.domain.run import TaskRun, Transition
 from orchestrator.engine.attempts import Attempts
 from orchestrator.engine.outbox import Outbox
@@ -211,7 +212,8 @@ class ApprovalBook:
             )
             return {"ok": False, "code": "conflict", "detail": detail}
         self._request(e, item.decision, item.by, item.reason, now)
-        return {"ok": True}
+        dev = self.outbox.devices.get(e.device_id)
+        return {"ok": True, "online": dev is not None and dev.liveness is Liveness.ONLINE}
 
     def expire(self, timer: ApprovalExpiry, now: float) -> None:
         e = self.waiting.get(timer.approval_id)

@@ -106,7 +106,7 @@ class DeviceControls:
             return {"ok": False, "code": "not_found", "detail": f"no device '{item.device_id}'"}, []
         if item.request_id and item.request_id in self._answers:
             return self._answers[item.request_id], []  # asked again: answered as the first time
-        decided = rules.apply(dev.controls(), item.action, item.reason, item.expect_gen, dev.name)
+        decided = rules.apply(dev.controls(), item.action, item.reason, item.expect_gen, dev.name, dev.id)
         actions: list[Action] = []
         if isinstance(decided, Refusal):
             reply: Reply = {"ok": False, "code": decided.code, "detail": f"device '{dev.name}': {decided.detail}"}

@@ -393,7 +393,11 @@ class Gateway:
             return None
         if isinstance(msg, Heartbeat):
             link.batch_id = msg.batch_id
-            link.control_gen = msg.control_gen
+            if msg.control_gen != link.control_gen:
+                # The agent applied its controls (it heartbeats at once when it does): tell the
+                # engine now rather than at the next periodic report, so an operator sees it.
+                link.control_gen = msg.control_gen
+                self.cluster.report(self.link_report([link]))
             self.metrics.heartbeat_lag.observe(max(0.0, silence - self.settings.heartbeat_interval_s))
             self._heartbeat_reply(conn)
         elif isinstance(msg, Error):

@@ -272,7 +272,13 @@ class Gateway:
             return
         if isinstance(msg, Heartbeat):
             link.batch_id = msg.batch_id
-            link.control_gen = msg.control_gen
+            if msg.control_gen != link.control_gen:  # applied: the gateway tells the engine at once
+                link.control_gen = msg.control_gen
+                live = self.world.now - link.last_frame
+                state = LinkState(
+                    link.device_id, link.epoch, link.liveness, max(0.0, live), link.batch_id, link.control_gen
+                )
+                self.world.notify(LinkReport(self.replica, [state]), self.replica)
             w.to_device(conn, conn.server.send(link.session.heartbeat_reply()))
         elif isinstance(msg, BatchAccepted):
             w.notify(FrameIn(conn.device.id, msg), self.replica)

@@ -83,7 +83,7 @@ def running(h: Harness, dev: str, batch: CommandBatch) -> tuple[str, int, Livene
 
 async def test_an_operators_decision_is_asked_of_the_device_and_holds_only_once_it_confirms(h: Harness) -> None:
     dev, task, batch = await waiting(h)
-    assert await decide(h, "approved") == {"ok": True}
+    assert await decide(h, "approved") == {"ok": True, "online": True}
     stored_row = await row(h)
     assert (stored_row.state, stored_row.requested_state) == ("pending", "approved")  # asked, not decided
     assert asked_of(h, dev) == [("apr_1", "approved")]
@@ -99,7 +99,7 @@ async def test_the_owner_approving_at_the_device_holds_over_an_operators_denial(
     """Two deciders, one truth: the operator's deny reaches a ledger the owner approved first;
     the device reports what holds, and the store says approved (the command runs)."""
     dev, task, _batch = await waiting(h)
-    assert await decide(h, "denied") == {"ok": True}
+    assert (await decide(h, "denied"))["ok"]
     await h.step(confirm(dev, "approved", by="device owner alice (at the device)"))
     assert (await row(h)).state == "approved"
     assert (await h.task(task))["nodes"] == {"n": "running"}
@@ -112,8 +112,8 @@ async def test_the_owner_approving_at_the_device_holds_over_an_operators_denial(
 
 async def test_a_second_operator_decision_while_the_first_is_on_its_way_is_refused(h: Harness) -> None:
     dev, _task, _batch = await waiting(h)
-    assert await decide(h, "approved", by="api key k1") == {"ok": True}
-    assert await decide(h, "approved", by="api key k1") == {"ok": True}  # asked again: the same answer
+    assert (await decide(h, "approved", by="api key k1"))["ok"]
+    assert (await decide(h, "approved", by="api key k1"))["ok"]  # asked again: the same answer
     other = await decide(h, "denied", by="api key k2")
     assert other["ok"] is False and other["code"] == "conflict" and "approved" in other["detail"]
     assert asked_of(h, dev) == [("apr_1", "approved")]
@@ -158,7 +158,7 @@ async def test_the_expiry_is_asked_again_until_the_device_confirms_it(tmp_path: 
 
 async def test_a_request_not_yet_confirmed_survives_a_restart_and_goes_again(h: Harness) -> None:
     dev, _task, _batch = await waiting(h)
-    assert await decide(h, "denied") == {"ok": True}
+    assert (await decide(h, "denied"))["ok"]
     sent = len(asked_of(h, dev))
     await h.restart()
     await h.connect(dev, resumed=True)
@@ -230,7 +230,7 @@ async def test_asking_again_is_one_approval_and_a_confirmed_one_is_answered_with
 
 async def test_an_ended_attempt_asks_its_device_to_cancel_the_wait(h: Harness) -> None:
     dev, task, batch = await waiting(h)
-    assert await decide(h, "approved") == {"ok": True}  # on its way when the task is cancelled
+    assert (await decide(h, "approved"))["ok"]  # on its way when the task is cancelled
     await h.step(CancelTask(task))
     await h.step(refused_by(dev, batch, "cancelled"))  # the agent stopped waiting: nothing ran
     assert asked_of(h, dev) == [("apr_1", "approved"), ("apr_1", "cancelled")]
