@@ -213,7 +213,10 @@ class ApprovalBook:
             return {"ok": False, "code": "conflict", "detail": detail}
         self._request(e, item.decision, item.by, item.reason, now)
         dev = self.outbox.devices.get(e.device_id)
-        return {"ok": True, "online": dev is not None and dev.liveness is Liveness.ONLINE}
+        # Only a device known to be gone cannot confirm soon (a suspect one, or one an engine
+        # that just started has not heard from yet, usually still can).
+        away = dev is None or dev.liveness in (Liveness.OFFLINE, Liveness.ENROLLED)
+        return {"ok": True, "online": not away}
 
     def expire(self, timer: ApprovalExpiry, now: float) -> None:
         e = self.waiting.get(timer.approval_id)
