@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -12,6 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from device_agent import browser_net
+from device_agent.browser_net import parse_origins
 from device_agent.killswitch import default_path as default_kill_switch_path
 from device_agent.policy import Policy
 from device_agent.sandbox import Limits
@@ -111,6 +114,11 @@ BROWSER_APPROVAL_REQUIRED = (
 )
 
 
+def browser_output_dir(data_dir: Path) -> Path:
+    """Where the browser writes the files it names itself (outside the workspace)."""
+    return data_dir / "browser" / "output"
+
+
 class BrowserProfile(BaseModel):
     """`[agent.browser]`: how the `browser` profile starts Playwright's MCP server."""
 
@@ -126,10 +134,29 @@ class BrowserProfile(BaseModel):
     args: list[str] = Field(default_factory=list)
     # Added to the agent's approval_required while the profile is on.
     approval_required: list[str] = Field(default_factory=lambda: list(BROWSER_APPROVAL_REQUIRED))
+    # The browser opens only http(s) at public addresses; these loopback, link-local or private
+    # origins too, e.g. ["http://127.0.0.1:8080"] (scheme, host as written and port must match).
+    allowed_private_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_private_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        parse_origins(v)  # ValueError names the origin that is not one
+        return v
+
+    def private_origins(self) -> frozenset[tuple[str, str, int]]:
+        return parse_origins(self.allowed_private_origins)
 
     def server(self, data_dir: Path, workspace: Path) -> McpServerConfig:
         """The `mcp_servers` entry the profile stands for: a browser profile of its own under the
-        data dir (cookies and logins survive restarts, and never mix with a person's browser)."""
+        data dir (cookies and logins survive restarts, and never mix with a person's browser).
+
+        The server runs behind `device_agent.browser_net`'s proxy, which every request of the
+        browser goes through (redirects and a page's own requests included): it refuses
+        loopback, link-local and private addresses but `allowed_private_origins`. Files the
+        server names itself (no `filename` given) go to `<data dir>/browser/output`, outside the
+        workspace; a call that gives `filename` writes into the workspace and counts as a write
+        (device_agent.policy.call_spec)."""
         sandbox = self.chromium_sandbox if self.chromium_sandbox is not None else os.geteuid() != 0
         flags = [
             "--browser",
@@ -139,15 +166,20 @@ class BrowserProfile(BaseModel):
             "--user-data-dir",
             str(data_dir / "browser" / "profile"),
             "--output-dir",
-            str(workspace / "browser-output"),
+            str(browser_output_dir(data_dir)),
             *(["--headless"] if self.headless else []),
             *([] if sandbox else ["--no-sandbox"]),
             *self.args,
         ]
+        # Run by path in isolated mode (-I): the module needs only the standard library, and
+        # neither the working directory nor PYTHON* variables can put other code in its place.
+        proxy = [sys.executable, "-I", str(Path(browser_net.__file__).resolve())]
+        for origin in self.allowed_private_origins:
+            proxy += ["--allow", origin]
         return McpServerConfig(
             namespace="browser",
-            command=self.command[0],
-            args=[*self.command[1:], *flags],
+            command=proxy[0],
+            args=[*proxy[1:], "--", *self.command, *flags],
             cwd=workspace,
             read_only_tools=list(BROWSER_READ_ONLY_TOOLS),
         )
@@ -308,6 +340,7 @@ class AgentConfig(BaseSettings):
             max_output_bytes=self.max_output_bytes,
             unattended=self.unattended,
             kill_switch=self.kill_switch,
+            browser_private_origins=self.browser.private_origins() if "browser" in self.toolsets else frozenset(),
         )
 
 

@@ -20,6 +20,10 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
+from typing import Any
+
+from device_agent.browser_net import URL_TOOLS, url_refusal
+from protocol.messages import ToolAnnotations, ToolSpec
 
 # Environment variable names containing one of these (case-insensitive) never reach a child
 # process: the agent's own token lives in the environment, and so do the owner's cloud keys.
@@ -58,6 +62,8 @@ class Policy:
     # operator can still see what the device is doing.
     kill_switch: bool = False
     scrub_env: tuple[str, ...] = DEFAULT_SCRUB_ENV
+    # The private origins (scheme, host, port) the `browser` profile may open; see browser_net.
+    browser_private_origins: frozenset[tuple[str, str, int]] = frozenset()
 
 
 class PolicyDenied(Exception):
@@ -146,3 +152,39 @@ def check_action(policy: Policy, tool_is_read_only: bool) -> None:
             "the device owner has turned on the kill switch: actions are refused until it is "
             "turned off; read-only tools (files.read, files.list, system.*) still work"
         )
+
+
+# Arguments that make a call write a file: a browser tool given `filename` saves its output
+# (a snapshot, a response body, a screenshot) into the workspace instead of returning it.
+WRITE_ARGUMENTS: dict[str, tuple[str, ...]] = {"browser": ("filename",)}
+# Tools whose `filename` names a file they read, not one they write.
+READS_FILENAME = ("browser.browser_run_code_unsafe", "browser.browser_set_storage_state")
+
+
+def writes_file(tool: str, arguments: dict[str, Any]) -> bool:
+    """Whether this call writes a file because of its arguments (see `WRITE_ARGUMENTS`)."""
+    names = WRITE_ARGUMENTS.get(tool.partition(".")[0], ())
+    return tool not in READS_FILENAME and any(arguments.get(name) not in (None, "") for name in names)
+
+
+WRITE = ToolAnnotations(read_only=False, idempotent=False, destructive=True)
+
+
+def call_spec(spec: ToolSpec, arguments: dict[str, Any]) -> ToolSpec:
+    """`spec` as this call uses it: a read-only tool that writes a file here is a write (the kill
+    switch, a stop, the safety budgets and approvals treat it as one)."""
+    if writes_file(spec.name, arguments) and (spec.annotations.read_only or not spec.annotations.destructive):
+        return spec.model_copy(update={"annotations": WRITE, "tool_type": "action"})
+    return spec
+
+
+async def argument_refusal(policy: Policy, tool: str, arguments: dict[str, Any]) -> dict[str, str] | None:
+    """`{"reason", "message"}` refusing a call for its arguments (a browser URL that is not a
+    public http(s) one, see device_agent.browser_net), or None."""
+    url = arguments.get("url")
+    if tool not in URL_TOOLS or url is None:
+        return None
+    if not isinstance(url, str):
+        return {"reason": "url_invalid", "message": f"{tool}'s url must be a string"}
+    refusal = await url_refusal(url, policy.browser_private_origins)
+    return None if refusal is None else {"reason": refusal.reason, "message": refusal.message}

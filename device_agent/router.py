@@ -26,7 +26,7 @@ from device_agent.approvals import REQUEST_TOOL
 from device_agent.audit import AuditLog
 from device_agent.guards import Guards
 from device_agent.killswitch import HOW_TO_TURN_OFF
-from device_agent.policy import Policy
+from device_agent.policy import Policy, argument_refusal, call_spec
 from device_agent.stop import StopLatch
 from device_agent.toolset_host import ToolsetHost, ToolsetUnavailable, error_result
 from device_agent.toolsets.base import failure, nul_field, nul_message
@@ -189,6 +189,11 @@ class Router:
                 "denied",
                 error_result("invalid_arguments", _undeclared_message(spec, unknown)),
             )
+        spec = call_spec(spec, cmd.arguments)  # a read-only tool told to write a file is a write
+        refused_arguments = await argument_refusal(self.policy, cmd.tool, cmd.arguments)
+        if refused_arguments is not None:
+            denied = failure("policy_denied", refused_arguments["message"], reason=refused_arguments["reason"])
+            return self._finish(cmd, namespace, started, audit, "denied", denied)
         if self.stop_latch.stopped and not spec.annotations.read_only:
             refusal = error_result("device_stopped", self.stop_latch.refusal(cmd.tool))
             return self._finish(cmd, namespace, started, audit, "denied", refusal)
@@ -214,6 +219,7 @@ class Router:
         spec = host.spec(cmd.tool) if host else None
         if spec is None:
             return None
+        spec = call_spec(spec, cmd.arguments)
         ann = spec.annotations
         refusal: CallToolResult | None = None
         if self.stop_latch.stopped and not ann.read_only:

@@ -1,5 +1,7 @@
-"""Browser devices (issue 19): the `browser` profile runs Playwright's MCP server with the system
-Chromium, and DAGs drive a page served on loopback by element reference, under the agent's policy.
+"""Browser devices: the `browser` profile runs Playwright's MCP server with the system
+Chromium, and DAGs drive a page served on loopback by element reference, under the agent's
+policy. The page's origin is listed in `allowed_private_origins` (loopback is refused otherwise:
+tests/security/test_browser_confinement.py).
 
 The page's own server records what the browser really did (a click's request, a form post)."""
 
@@ -46,7 +48,11 @@ class LoopbackPage:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/"
+        return f"{self.origin}/"
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def wait_for(self, hit: tuple[str, str], what: str) -> None:
         wait_until(lambda: hit in self.hits, 30, what)
@@ -104,8 +110,9 @@ def playwright_mcp() -> Path:
     return npm_server(BROWSER_PACKAGE, "playwright-mcp")
 
 
-def browser_agent(fleet: Fleet, name: str, extra: str = "", **env: str) -> Agent:
-    """An agent with `toolsets = ["system", "browser"]`, the profile's defaults but the command."""
+def browser_agent(fleet: Fleet, name: str, extra: str = "", allow: tuple[str, ...] = (), **env: str) -> Agent:
+    """An agent with `toolsets = ["system", "browser"]`, the profile's defaults but the command;
+    `allow`: the loopback origins its browser may open (none by default)."""
     config = fleet.tmp / f"{name}.toml"
     config.write_text(
         f"""
@@ -115,6 +122,7 @@ toolsets = ["system", "browser"]
 
 [agent.browser]
 command = ["{playwright_mcp()}"]
+allowed_private_origins = {json.dumps(list(allow))}
 """
     )
     return fleet.agent(name, {"kind": name}, extra_args=["--config", str(config)], **env)
@@ -139,7 +147,7 @@ def test_tool_nodes_navigate_read_the_snapshot_and_click_and_fill_by_reference(
     tmp_path: Path, page: LoopbackPage
 ) -> None:
     with Fleet(tmp_path) as f:
-        agent = browser_agent(f, "browser-box")
+        agent = browser_agent(f, "browser-box", allow=(page.origin,))
         tools = {t["name"]: t for t in f.device(agent.device_id)["tools"]}
         assert {"browser.browser_navigate", "browser.browser_snapshot", "browser.browser_click"} <= set(tools)
         assert tools["browser.browser_snapshot"]["annotations"]["read_only"] is True
@@ -209,7 +217,7 @@ def test_the_policy_applies_to_browser_tools(tmp_path: Path, page: LoopbackPage)
     denied, never runs; the kill switch refuses actions but not the read-only snapshot; the audit
     log records the browser calls."""
     with Fleet(tmp_path) as f:
-        agent = browser_agent(f, "guarded-browser")
+        agent = browser_agent(f, "guarded-browser", allow=(page.origin,))
         done = f.wait_task(
             f.submit({"nodes": [node("open", "guarded-browser", browser("browser_navigate", url=page.url))]})["id"], 120
         )
@@ -271,7 +279,7 @@ def test_an_agent_node_fills_and_sends_the_form_by_reference(tmp_path: Path, pag
     llm = FakeLLM()
     try:
         with Fleet(tmp_path, **llm.env()) as f:
-            browser_agent(f, "web")
+            browser_agent(f, "web", allow=(page.origin,))
             llm.add(
                 call("browser__browser_navigate", url=page.url),
                 call("browser__browser_snapshot"),

@@ -1,15 +1,17 @@
-"""The `browser` profile (issue 19): what `toolsets = [..., "browser"]` expands into."""
+"""The `browser` profile: what `toolsets = [..., "browser"]` expands into."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from device_agent import browser_net
 from device_agent.config import BROWSER_PACKAGE, BROWSER_READ_ONLY_TOOLS, AgentConfig
 from device_agent.runner import check
 from tests.integration.test_third_party_mcp import NPM_PREFIX
@@ -27,13 +29,17 @@ def test_the_profile_is_one_pinned_playwright_server_with_the_system_chromium(tm
     assert cfg.builtin_toolsets() == ["system"]
     [server] = cfg.all_mcp_servers()
     assert server.namespace == "browser"
-    assert [server.command, *server.args[:2]] == ["npx", "--yes", BROWSER_PACKAGE]
-    args = server.args
+    # The server runs behind the proxy that keeps the browser off private addresses.
+    assert [server.command, *server.args[:2]] == [sys.executable, "-I", browser_net.__file__]
+    args = server.args[server.args.index("--") + 1 :]
+    assert args[:3] == ["npx", "--yes", BROWSER_PACKAGE]
     assert args[args.index("--executable-path") + 1] == "/usr/bin/chromium"
     assert "--headless" in args
-    # A browser profile of its own under the data dir; output files in the workspace.
+    # A browser profile of its own under the data dir; the files it names itself there too,
+    # outside the workspace.
     assert args[args.index("--user-data-dir") + 1] == str(tmp_path / "data" / "browser" / "profile")
-    assert args[args.index("--output-dir") + 1] == str(cfg.resolved_workspace / "browser-output")
+    assert args[args.index("--output-dir") + 1] == str(tmp_path / "data" / "browser" / "output")
+    assert cfg.policy().browser_private_origins == frozenset()
     assert set(server.read_only_tools) == set(BROWSER_READ_ONLY_TOOLS)
     assert "browser_click" not in server.read_only_tools
     # Code that reaches past the page waits for a person; clicks and typing do not.
@@ -56,8 +62,20 @@ def test_the_profile_settings_are_checked(tmp_path: Path) -> None:
         browser={"command": ["/opt/mcp/playwright-mcp"], "headless": False, "chromium_sandbox": False, "args": ["--x"]},
     )
     [server] = cfg.all_mcp_servers()
-    assert server.command == "/opt/mcp/playwright-mcp"
+    assert server.args[server.args.index("--") + 1] == "/opt/mcp/playwright-mcp"
     assert "--headless" not in server.args and "--no-sandbox" in server.args and server.args[-1] == "--x"
+    cfg = config(
+        tmp_path,
+        toolsets=["browser"],
+        browser={"allowed_private_origins": ["http://127.0.0.1:8080", "https://printer.lan"]},
+    )
+    assert cfg.policy().browser_private_origins == {("http", "127.0.0.1", 8080), ("https", "printer.lan", 443)}
+    [server] = cfg.all_mcp_servers()
+    proxy_flags = server.args[: server.args.index("--")]
+    assert proxy_flags[2:] == ["--allow", "http://127.0.0.1:8080", "--allow", "https://printer.lan"]
+    for origin in ("file:///etc", "http://127.0.0.1:8080/path", "127.0.0.1:8080", "http://u@127.0.0.1"):
+        with pytest.raises(ValidationError, match="origin"):
+            config(tmp_path, toolsets=["browser"], browser={"allowed_private_origins": [origin]})
     with pytest.raises(ValidationError, match="executable"):
         config(tmp_path, toolsets=["browser"], browser={"executable": "/usr/bin/chromium"})
     with pytest.raises(ValidationError, match="command"):
