@@ -19,6 +19,10 @@ Killing the `bwrap` process kills everything inside: its pid-namespace init dies
 left the process group. The shell toolset's group kill (timeout, cancel) therefore still reaches
 every process of the run.
 
+Every stdio MCP server the agent starts runs in the same sandbox (`wrap_server`, used by
+device_agent/launch.py), with binds of its own (its directory and npm cache under the data dir,
+the browser's profile), its own network setting and no resource limits.
+
 What it does not do: reading stays allowed everywhere the agent's user can read (apart from the
 hidden paths); Unix sockets outside `/run` and `/tmp` stay reachable; the process limit does not
 bind root (the kernel exempts it).
