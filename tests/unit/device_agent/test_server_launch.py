@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from device_agent.config import McpServerConfig
+from device_agent.config import BrowserProfile, McpServerConfig
 from device_agent.launch import LaunchRefused, stdio_target
 from device_agent.sandbox import Limits, Sandbox
 
@@ -67,3 +67,18 @@ def test_launch_in_the_sandbox_binds_the_servers_own_paths(tmp_path: Path) -> No
     assert options.index(f"--tmpfs {data}") < options.index(f"--ro-bind {own}")  # shown after the hiding
     networked = stdio_target(server.model_copy(update={"sandbox_network": True}), ws, data, box)
     assert "--share-net" in networked.args
+
+
+def test_the_browser_profile_starts_outside_the_workspace_with_its_own_binds(tmp_path: Path) -> None:
+    data, ws = tmp_path / "data", tmp_path / "data" / "workspace"
+    ws.mkdir(parents=True)
+    server = BrowserProfile().server(data, ws)
+    assert server.cwd is None and server.sandbox_network is True
+    assert server.sandbox_writable == [data / "browser"]
+    assert server.env["XDG_CACHE_HOME"] == str(data / "browser" / "cache")
+    box = Sandbox.create(ws, data, network=False, limits=Limits())
+    target = stdio_target(server, ws, data, box)
+    assert target.cwd == str(data / "mcp" / "browser")
+    assert "--share-net" in target.args and f"--bind {data / 'browser'} {data / 'browser'}" in " ".join(target.args)
+    custom = BrowserProfile(env={"npm_config_registry": "https://npm.internal/"}).server(data, ws)
+    assert custom.env["npm_config_registry"] == "https://npm.internal/"
