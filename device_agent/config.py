@@ -32,7 +32,14 @@ class McpServerConfig(BaseModel):
     `bearer_token` and `headers` are secrets: they are sent (as `Authorization: Bearer ...` and
     as given) only to requests for `url`'s origin, and never logged or reported. `roots` are the
     directories the server is told it may work in (MCP roots): the agent's workspace unless given;
-    `roots = []` declares no roots capability at all."""
+    `roots = []` declares no roots capability at all.
+
+    A stdio server starts in a directory of its own under the data dir, never in the workspace
+    (programs read configuration from their working directory: npm's `.npmrc`, Python's
+    `sys.path`), unless the owner gives `cwd` (refused inside the workspace). With
+    `sandbox = "bwrap"` it runs in the sandbox: `sandbox_writable` and `sandbox_readable` are more
+    paths it may write or read there (e.g. under the hidden data dir), `sandbox_network` its
+    network (unset: the agent's `sandbox_network`)."""
 
     # A refused setting is not echoed back: it may be a token, or a URL with one in it.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
@@ -47,6 +54,9 @@ class McpServerConfig(BaseModel):
     headers: dict[str, SecretStr] = Field(default_factory=dict)
     read_only_tools: list[str] = Field(default_factory=list)
     roots: list[Path] | None = None
+    sandbox_writable: list[Path] = Field(default_factory=list)
+    sandbox_readable: list[Path] = Field(default_factory=list)
+    sandbox_network: bool | None = None
 
     @field_validator("url")
     @classmethod
@@ -66,6 +76,14 @@ class McpServerConfig(BaseModel):
         for root in v or []:
             if not root.expanduser().is_absolute():
                 raise ValueError(f"MCP roots must be absolute directories, got '{root}'")
+        return v
+
+    @field_validator("cwd", "sandbox_writable", "sandbox_readable")
+    @classmethod
+    def _absolute_paths(cls, v: Path | list[Path] | None) -> Path | list[Path] | None:
+        for path in [v] if isinstance(v, Path) else v or []:
+            if not path.expanduser().is_absolute():
+                raise ValueError(f"an MCP server's cwd and sandbox paths must be absolute, got '{path}'")
         return v
 
     def http_headers(self) -> dict[str, str]:
@@ -147,6 +165,10 @@ class BrowserProfile(BaseModel):
     def private_origins(self) -> frozenset[tuple[str, str, int]]:
         return parse_origins(self.allowed_private_origins)
 
+    # Environment for the server (e.g. npm_config_registry for a registry mirror): the agent's
+    # own environment is not passed on beyond HOME, PATH, USER, LOGNAME, SHELL and TERM.
+    env: dict[str, str] = Field(default_factory=dict)
+
     def server(self, data_dir: Path, workspace: Path) -> McpServerConfig:
         """The `mcp_servers` entry the profile stands for: a browser profile of its own under the
         data dir (cookies and logins survive restarts, and never mix with a person's browser).
@@ -176,12 +198,19 @@ class BrowserProfile(BaseModel):
         proxy = [sys.executable, "-I", str(Path(browser_net.__file__).resolve())]
         for origin in self.allowed_private_origins:
             proxy += ["--allow", origin]
+        # No cwd: it starts in a directory of its own, not the workspace (npx would read a
+        # `.npmrc` planted there). In the sandbox it may write its profile and output under
+        # <data dir>/browser (the rest of the data dir stays hidden) and needs the network;
+        # Playwright's cache (~/.cache/ms-playwright, which it writes even with
+        # --executable-path) moves there too.
         return McpServerConfig(
             namespace="browser",
             command=proxy[0],
             args=[*proxy[1:], "--", *self.command, *flags],
-            cwd=workspace,
+            env={"XDG_CACHE_HOME": str(data_dir / "browser" / "cache"), **self.env},
             read_only_tools=list(BROWSER_READ_ONLY_TOOLS),
+            sandbox_writable=[data_dir / "browser"],
+            sandbox_network=True,
         )
 
     def problem(self) -> str | None:

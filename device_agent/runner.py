@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from mcp import StdioServerParameters
-
 from device_agent import orphans
 from device_agent.agent import Agent, AgentFailed, TokenRefused
 from device_agent.audit import AuditLog
@@ -24,6 +22,7 @@ from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLo
 from device_agent.faults import CrashPoints
 from device_agent.guards import Guards
 from device_agent.killswitch import KillSwitch
+from device_agent.launch import LaunchRefused, stdio_target
 from device_agent.ledger import Ledger, LedgerError, LedgerOwned
 from device_agent.mcp_client import ClientFeatures, HttpTarget, public_url
 from device_agent.router import Router
@@ -99,7 +98,7 @@ def build(config: AgentConfig) -> Agent:
     if "browser" in config.toolsets and (problem := config.browser.problem()) is not None:
         log.warning("the browser toolset will fail until this is fixed: %s", problem)
     for server in config.all_mcp_servers():
-        _add(router, mcp_host(server, ctx.workspace, router.tools_changed))
+        _add(router, mcp_host(server, ctx, router.tools_changed))
     try:
         crash = CrashPoints.from_env()
     except ValueError as exc:
@@ -125,9 +124,10 @@ def build(config: AgentConfig) -> Agent:
     return agent
 
 
-def mcp_host(server: McpServerConfig, workspace: Path, on_change: Callable[[], None] | None = None) -> ToolsetHost:
-    """The host of a third-party MCP server: stdio or streamable HTTP, with the client features
-    the agent declares (roots: the workspace unless configured; elicitation: declined)."""
+def mcp_host(server: McpServerConfig, ctx: ToolsetContext, on_change: Callable[[], None] | None = None) -> ToolsetHost:
+    """The host of a third-party MCP server: stdio (started as device_agent/launch.py says: in a
+    directory of its own, in the sandbox if there is one) or streamable HTTP, with the client
+    features the agent declares (roots: the workspace unless configured; elicitation: declined)."""
     target: Any
     if server.url:
         secrets = server.http_headers()
@@ -140,25 +140,24 @@ def mcp_host(server: McpServerConfig, workspace: Path, on_change: Callable[[], N
             )
         target = HttpTarget(server.url, tuple(secrets.items()))
     elif server.command:
-        target = StdioServerParameters(
-            command=server.command,
-            args=server.args,
-            env=server.env or None,
-            cwd=str(server.cwd) if server.cwd else None,
-        )
+        assert ctx.data_dir is not None
+        try:
+            target = stdio_target(server, ctx.workspace, ctx.data_dir, ctx.sandbox)
+        except LaunchRefused as exc:
+            raise ConfigError(str(exc)) from None
     else:
         raise ConfigError(f"MCP server '{server.namespace}' needs a 'command' (stdio) or a 'url' (HTTP)")
-    features = ClientFeatures(roots=server.root_dirs(workspace))
+    features = ClientFeatures(roots=server.root_dirs(ctx.workspace))
     return ToolsetHost(
         server.namespace, target, frozenset(server.read_only_tools), on_change=on_change, features=features
     )
 
 
-async def check_mcp_server(server: McpServerConfig, workspace: Path, timeout_s: float = 20.0) -> dict[str, Any]:
+async def check_mcp_server(server: McpServerConfig, ctx: ToolsetContext, timeout_s: float = 20.0) -> dict[str, Any]:
     """`--check` for one third-party MCP server: connect, list its tools, disconnect."""
     where = {"url": public_url(server.url)} if server.url else {"command": server.command}
     try:
-        host = mcp_host(server, workspace)
+        host = mcp_host(server, ctx)
     except ConfigError as exc:
         return {"ready": False, "reason": str(exc), **where}
     try:
@@ -247,7 +246,7 @@ async def _check(config: AgentConfig) -> dict[str, Any]:
         report = await asyncio.to_thread(checker, ctx) if checker else {"ready": True, "reason": None}
         reports[name] = {**report, "tools": tools}
     for server in config.all_mcp_servers():
-        reports[server.namespace] = await check_mcp_server(server, ctx.workspace)
+        reports[server.namespace] = await check_mcp_server(server, ctx)
     if "browser" in config.toolsets and (problem := config.browser.problem()) is not None:
         reports["browser"] = {**reports["browser"], "ready": False, "reason": problem}
     failing = [f"{name}: {r['reason']}" for name, r in reports.items() if not r["ready"]]

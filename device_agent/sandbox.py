@@ -19,6 +19,10 @@ Killing the `bwrap` process kills everything inside: its pid-namespace init dies
 left the process group. The shell toolset's group kill (timeout, cancel) therefore still reaches
 every process of the run.
 
+Every stdio MCP server the agent starts runs in the same sandbox (`wrap_server`, used by
+device_agent/launch.py), with binds of its own (its directory and npm cache under the data dir,
+the browser's profile), its own network setting and no resource limits.
+
 What it does not do: reading stays allowed everywhere the agent's user can read (apart from the
 hidden paths); Unix sockets outside `/run` and `/tmp` stay reachable; the process limit does not
 bind root (the kernel exempts it).
@@ -116,11 +120,40 @@ class Sandbox:
         inner = [self.prlimit, *limits, "--", *argv] if limits else list(argv)
         return [*self.bwrap_options(workdir), "--", *inner]
 
-    def bwrap_options(self, workdir: Path) -> list[str]:
+    def wrap_server(
+        self,
+        argv: Sequence[str],
+        workdir: Path,
+        *,
+        network: bool,
+        writable: Sequence[Path] = (),
+        readable: Sequence[Path] = (),
+    ) -> list[str]:
+        """The command line that runs an MCP server (`argv`) in the sandbox, in `workdir`.
+
+        The shell's layout (workspace writable, data dir and `/run` hidden), plus the server's own
+        binds: `writable` and `readable` paths (e.g. its npm cache and browser profile under the
+        data dir) and its own network setting. No per-command resource limits: a server runs as
+        long as the agent does (the CPU limit would end it), and Chromium reserves more memory
+        than a command's limit. A fresh `/dev/shm` for Chromium's shared memory."""
+        binds = [(path, ["--ro-bind", str(path), str(path)]) for path in readable]
+        binds += [(path, ["--bind", str(path), str(path)]) for path in writable]
+        options = self.bwrap_options(workdir, network=network, binds=binds, shm=True)
+        return [*options, "--", *argv]
+
+    def bwrap_options(
+        self,
+        workdir: Path,
+        *,
+        network: bool | None = None,
+        binds: Sequence[tuple[Path, list[str]]] = (),
+        shm: bool = False,
+    ) -> list[str]:
+        network = self.network if network is None else network
         options = [
             self.bwrap,
             "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces
-            *(["--share-net"] if self.network else []),
+            *(["--share-net"] if network else []),
             "--die-with-parent",
             "--new-session",
             "--cap-drop",
@@ -141,16 +174,18 @@ class Sandbox:
             (Path("/run"), ["--tmpfs", "/run"]),
             *((path, ["--tmpfs", str(path)]) for path in self.hidden),
             (self.workspace, ["--bind", str(self.workspace), str(self.workspace)]),
+            *([(Path("/dev/shm"), ["--tmpfs", "/dev/shm"])] if shm else []),
+            *binds,
         ]
         for _, mount in sorted(mounts, key=lambda item: len(item[0].parts)):
             options += mount
-        options += self._resolver()
+        options += self._resolver(network)
         options += ["--chdir", str(workdir)]
         return options
 
-    def _resolver(self) -> list[str]:
+    def _resolver(self, network: bool) -> list[str]:
         """With network, keep DNS working where /etc/resolv.conf points into the hidden /run."""
-        if not self.network:
+        if not network:
             return []
         target = Path("/etc/resolv.conf").resolve()
         if target.is_relative_to("/run") and target.is_file():
