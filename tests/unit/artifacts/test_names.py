@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from device_agent.toolsets.artifacts import _valid_name
-from orchestrator.api.artifacts import _header_safe
 from orchestrator.artifacts.errors import InvalidArtifact
 from orchestrator.artifacts.model import artifact_name, content_address
 
@@ -32,4 +31,6 @@ def test_a_sha256_with_a_trailing_newline_is_refused() -> None:
 
 
 def test_a_stored_name_with_a_newline_becomes_a_safe_header_parameter() -> None:
+    from orchestrator.api.artifacts import _header_safe  # here: the name checks above stand alone
+
     assert _header_safe('rep\n"x\\') == "rep__x_"
