@@ -200,6 +200,8 @@ def refusal(exc: Refused, what: str) -> TransferError:
     """The tool's error for a final refusal of the orchestrator."""
     if exc.code == "artifact_too_large":
         return TransferError("artifact_too_large", f"{what}: {exc.detail}")
+    if exc.code == "quota_exceeded":  # the detail names the quota, its use and what to do instead
+        return TransferError("quota_exceeded", f"{what}: {exc.detail}")
     if exc.status == 404:
         return TransferError("artifact_not_found", f"{what}: {exc.detail}")
     if exc.code == "validation_error":

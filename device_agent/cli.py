@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from device_agent import config as agent_config
 from device_agent import owner
+from device_agent.agent_dir import ConfigOption, DataDirOption, TokenOption, agent_settings
 from orrery.logs import NOISY, setup_logging
 from orrery.options import parse_labels
 
@@ -85,7 +86,8 @@ def agent(
     3 the orchestrator refused the token (revoked or wrong: enroll again).
 
     Beside a running agent, its owner answers approvals: 'orrery agent approvals',
-    'orrery agent approve ID', 'orrery agent deny ID' (each with --data-dir).
+    'orrery agent approve ID', 'orrery agent deny ID' (each naming the data dir as the agent does:
+    --data-dir, ORRERY_AGENT_DATA_DIR or the --config file).
     Also: 'orrery agent kill-switch on|off|status' flips the kill switch of a running agent.
     """
     overrides: dict[str, Any] = {
@@ -154,9 +156,9 @@ kill_switch_app = typer.Typer(add_completion=False)
 @kill_switch_app.command()
 def kill_switch(
     action: Annotated[str, typer.Argument(help="on, off or status")],
-    data_dir: Annotated[Path | None, typer.Option(help="the agent's data dir (its --data-dir)")] = None,
-    config: Annotated[Path | None, typer.Option(help="the agent's TOML file (for data_dir, kill_switch_file)")] = None,
-    token: Annotated[str | None, typer.Option(help="the device token, to find the default data dir")] = None,
+    data_dir: DataDirOption = None,
+    config: ConfigOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Turn the device's kill switch on or off while its agent runs (from its next command on).
 
@@ -169,11 +171,7 @@ def kill_switch(
     if action not in ("on", "off", "status"):
         typer.echo(f"unknown action {action!r}: use on, off or status", err=True)
         raise typer.Exit(EXIT_CONFIG)
-    try:
-        cfg = agent_config.load(config, {"data_dir": data_dir, "token": token})
-    except (ValidationError, OSError, ValueError) as exc:
-        typer.echo(f"cannot read the agent's settings: {exc}", err=True)
-        raise typer.Exit(EXIT_CONFIG) from None
+    cfg = agent_settings(data_dir, config, token)  # as every `orrery agent` subcommand: agent_dir.py
     if cfg.data_dir is None and cfg.kill_switch_file is None and not cfg.identity():
         typer.echo(
             "which agent? pass --data-dir (the agent's data dir), or --config / ORRERY_AGENT_* settings naming it",

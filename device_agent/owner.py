@@ -17,20 +17,21 @@ from typing import Annotated
 
 import typer
 
+from device_agent.agent_dir import ConfigOption, DataDirOption, TokenOption, which_agent
 from device_agent.datadir import LEDGER_NAME
 from device_agent.ledger import APPROVAL_COLUMNS, Approval, approval_from_row
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
 COMMANDS = frozenset({"approvals", "approve", "deny"})
 
-DataDir = Annotated[
-    Path | None,
-    typer.Option(help="the agent's data dir (default: every ./.orrery-agent/<device id> holding a ledger)"),
-]
 
-
-def _ledgers(data_dir: Path | None) -> list[Path]:
-    if data_dir is not None:
+def _ledgers(data_dir: Path | None, config: Path | None, token: str | None) -> list[Path]:
+    """The ledger of the agent the options, ORRERY_AGENT_* and the config file name (as the agent
+    itself reads them: device_agent/agent_dir.py); none named: every ./.orrery-agent/<device id>
+    holding one."""
+    cfg = which_agent(data_dir, config, token)
+    if cfg is not None:
+        data_dir = cfg.resolved_data_dir
         path = data_dir / LEDGER_NAME
         if not path.is_file():
             typer.echo(f"no agent ledger in {data_dir} (no {LEDGER_NAME}); pass the agent's --data-dir", err=True)
@@ -70,13 +71,15 @@ def _shown(rec: Approval) -> dict[str, object]:
 
 @app.command("approvals")
 def approvals(
-    data_dir: DataDir = None,
+    data_dir: DataDirOption = None,
+    config: ConfigOption = None,
+    token: TokenOption = None,
     all_states: Annotated[bool, typer.Option("--all", help="decided ones too")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON array")] = False,
 ) -> None:
     """List the approvals this device's agent waits for (with --all, decided ones too)."""
     found: list[Approval] = []
-    for path in _ledgers(data_dir):
+    for path in _ledgers(data_dir, config, token):
         db = _connect(path)
         try:
             where = "" if all_states else "WHERE state='pending'"
@@ -95,9 +98,11 @@ def approvals(
         typer.echo(f"{rec.approval_id}  {rec.state:9} {rec.tool}  {args[:200]}  ({rec.reason})")
 
 
-def _decide(approval_id: str, state: str, reason: str, data_dir: Path | None) -> None:
+def _decide(
+    approval_id: str, state: str, reason: str, data_dir: Path | None, config: Path | None, token: str | None
+) -> None:
     by = f"device owner {getpass.getuser()} (at the device)"
-    for path in _ledgers(data_dir):
+    for path in _ledgers(data_dir, config, token):
         db = _connect(path)
         try:
             row = db.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id=?", (approval_id,)).fetchone()
@@ -128,18 +133,22 @@ def _decide(approval_id: str, state: str, reason: str, data_dir: Path | None) ->
 @app.command("approve")
 def approve(
     approval_id: Annotated[str, typer.Argument(help="the id 'orrery agent approvals' shows")],
+    data_dir: DataDirOption = None,
+    config: ConfigOption = None,
+    token: TokenOption = None,
     reason: Annotated[str, typer.Option(help="why (recorded with the decision)")] = "",
-    data_dir: DataDir = None,
 ) -> None:
     """Approve a waiting command: it runs."""
-    _decide(approval_id, "approved", reason, data_dir)
+    _decide(approval_id, "approved", reason, data_dir, config, token)
 
 
 @app.command("deny")
 def deny(
     approval_id: Annotated[str, typer.Argument(help="the id 'orrery agent approvals' shows")],
+    data_dir: DataDirOption = None,
+    config: ConfigOption = None,
+    token: TokenOption = None,
     reason: Annotated[str, typer.Option(help="why (the model or the submitter reads it)")] = "",
-    data_dir: DataDir = None,
 ) -> None:
     """Deny a waiting command: it never runs, and its node fails with approval_denied."""
-    _decide(approval_id, "denied", reason, data_dir)
+    _decide(approval_id, "denied", reason, data_dir, config, token)

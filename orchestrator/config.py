@@ -114,6 +114,19 @@ class Settings(BaseSettings):
         "every replica serves them), or auto (database on Postgres, files on SQLite)",
     )
     artifact_dir: Path | None = Field(default=None, description="the files store's directory (<data-dir>/artifacts)")
+    # Quotas (0: none), so a command publishing in a loop cannot fill the disk: 413 quota_exceeded.
+    artifact_task_quota_bytes: int = Field(
+        default=10 * 1024 * MiB, ge=0, description="artifact bytes one task may publish (0: no quota)"
+    )
+    artifact_task_quota_count: int = Field(
+        default=1000, ge=0, description="artifact uploads one task may publish (0: no quota)"
+    )
+    artifact_device_quota_bytes: int = Field(
+        default=100 * 1024 * MiB, ge=0, description="artifact bytes one device may publish, all tasks (0: no quota)"
+    )
+    artifact_device_quota_count: int = Field(
+        default=100_000, ge=0, description="artifact uploads one device may publish, all tasks (0: no quota)"
+    )
 
     @field_validator("prompts_dir")
     @classmethod

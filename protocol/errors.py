@@ -71,6 +71,7 @@ TOOLSET_ERROR_CODES = frozenset({"stale_observation", "id_conflict", "busy", "st
 # ---- artifacts: the codes of files.publish_artifact and files.fetch_artifact
 TOOLSET_ERROR_CODES |= {
     "artifact_too_large",  # over the device's or the orchestrator's limit: nothing was sent
+    "quota_exceeded",  # over the task's or the device's artifact quota: nothing was sent
     "artifact_not_found",  # the task has no artifact by that name or sha256
     "integrity_error",  # the bytes did not have their sha256: nothing was recorded or written
     "transfer_failed",  # the orchestrator refused the transfer (the batch ended, the token)

@@ -186,7 +186,8 @@ def _writable_target(target: Path, path: str) -> None:
 
 
 def _valid_name(name: str) -> bool:
-    return _NAME.match(name) is not None
+    # Whole: `match` would let `$` accept a file name ending in a newline ("rep\n").
+    return _NAME.fullmatch(name) is not None
 
 
 def _deadline(timeout_s: float | None) -> float:

@@ -194,7 +194,7 @@ async def content_response(
     headers = {"ETag": tag, "Accept-Ranges": "bytes", "Cache-Control": "private, no-cache"}
     if attachment:
         headers["Content-Disposition"] = (
-            f"attachment; filename=\"{artifact.name}\"; filename*=UTF-8''{quote(artifact.name)}"
+            f"attachment; filename=\"{_header_safe(artifact.name)}\"; filename*=UTF-8''{quote(artifact.name)}"
         )
     if if_none_match is not None and tag in [t.strip() for t in if_none_match.split(",")]:
         return Response(status_code=304, headers=headers)
@@ -210,6 +210,12 @@ async def content_response(
         media_type="application/octet-stream",
         headers=headers,
     )
+
+
+def _header_safe(name: str) -> str:
+    """The name for a quoted header parameter: a name recorded before names were checked whole
+    (one ending in a newline) must not break the response's headers."""
+    return "".join(c if " " <= c < "\x7f" and c not in '"\\' else "_" for c in name)
 
 
 async def _guarded(pieces: AsyncIterator[bytes], artifact: ArtifactRecord) -> AsyncIterator[bytes]:

@@ -91,7 +91,10 @@ async def create_task(
                 "agent nodes need an LLM and this server has none configured; use tool nodes",
             )
         devices = await cluster.devices()
-        problems = validate_against(spec, devices, settings.dag_limits)
+        # What each device asks approval for (a verify command must not wait on a person): read
+        # only when some node has verify commands.
+        policies = await device_policies(store) if any(n.verify for n in spec.nodes) else None
+        problems = validate_against(spec, devices, settings.dag_limits, policies)
         if problems:
             raise DomainError(problems)
         if warnings is not None:
@@ -123,6 +126,11 @@ async def _warn(cluster: Cluster, body: TaskCreate, warnings: list[dict[str, str
         warnings += [w.as_dict() for w in warnings_against(body.dag, await cluster.devices())]
 
 
+async def device_policies(store: Store) -> dict[str, Any]:
+    """Each device's policy as its agent reported it (`hello.info.policy`), by device id."""
+    return {row.id: (row.info or {}).get("policy") for row in await store.list_devices()}
+
+
 async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: TaskCreate) -> dict[str, Any]:
     """`POST /v1/tasks?dry_run=true`: every check a submission makes, placement per node and what
     the devices' reported policies would refuse; nothing is stored (SPEC section 3)."""
@@ -134,7 +142,7 @@ async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: Task
     if refused := nul_problems(spec):
         return {"valid": False, "problems": [p.as_dict() for p in refused], "warnings": [], "nodes": []}
     devices = await cluster.devices()
-    policies = {row.id: (row.info or {}).get("policy") for row in await store.list_devices()}
+    policies = await device_policies(store)
     answer = validation.dry_run(spec, devices, settings.dag_limits, policies)
     if not llm and any(n.kind is NodeKind.AGENT for n in spec.nodes):
         answer["problems"].insert(0, _no_llm("agent nodes need an LLM and this server has none configured"))

@@ -95,3 +95,11 @@ class LinkExpired(ArtifactError):
 
     status = 410
     code = "link_expired"
+
+
+class QuotaExceeded(ArtifactError):
+    """The task or the device would go over its artifact quota (bytes or uploads): nothing was
+    accepted. `scope`, `limit`, `used` and `setting` say which quota."""
+
+    status = 413
+    code = "quota_exceeded"

@@ -16,6 +16,8 @@ Sha256 = NewType("Sha256", str)
 
 # One path component, so a name is also a safe file name (a download's `Content-Disposition`,
 # a fetch's default path, a CLI argument): letters, digits, `.`, `_`, `-`, not starting with `.` or `-`.
+# Matched whole (`fullmatch`): with `match`, `$` would also accept a trailing newline, and a
+# name ending in one breaks the download's `Content-Disposition` header.
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$"
 _NAME = re.compile(NAME_PATTERN)
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -30,7 +32,7 @@ class UploadState(StrEnum):
 
 def artifact_name(name: str) -> str:
     """`name` if an artifact may be called that, else `InvalidArtifact` saying what would do."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InvalidArtifact(
             f"artifact name {name[:80]!r} is not allowed: use 1-200 letters, digits, '.', '_' or '-', "
             "starting with a letter, digit or '_' (one file name, no '/'), e.g. 'merged.log'"
@@ -41,7 +43,7 @@ def artifact_name(name: str) -> str:
 def content_address(sha256: str) -> Sha256:
     """A sha256 as 64 lower-case hex digits (upper case is accepted and lowered)."""
     value = sha256.lower()
-    if not _SHA256.match(value):
+    if not _SHA256.fullmatch(value):
         raise InvalidArtifact(f"sha256 {sha256[:80]!r} is not 64 hex digits")
     return Sha256(value)
 

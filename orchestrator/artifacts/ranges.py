@@ -39,7 +39,7 @@ def byte_range(header: str | None, size: int, if_range: str | None = None, tag: 
     whole = ByteRange(0, size, False)
     if not header or (if_range is not None and if_range.strip() != tag):
         return whole
-    match = _ONE.match(header.strip().replace(" ", ""))
+    match = _ONE.fullmatch(header.strip().replace(" ", ""))
     if match is None:
         return whole
     first, last = match.groups()

@@ -1,9 +1,11 @@
 """Artifacts and uploads in the store: who may upload, what was recorded, what a task has.
 
-Writes are single conditional statements (`orchestrator.artifacts.sql`): an upload is opened,
-and an artifact recorded, only `FROM attempts WHERE batch_id = ... AND device_id = ... AND
-ended_at IS NULL`, so the check that a batch is the device's own and still open and the write
-are one atomic step on either backend, whichever replica serves the request.
+Writes are conditional statements (`orchestrator.artifacts.sql`): an upload is opened, and an
+artifact recorded, only `FROM attempts WHERE batch_id = ... AND device_id = ... AND ended_at IS
+NULL`, so the check that a batch is the device's own and still open and the write are one atomic
+step on either backend, whichever replica serves the request. Opening an upload also reserves its
+bytes against the task's and the device's quotas in the same transaction, and ending one gives
+them back in its transaction (`orchestrator.artifacts.quota`).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from datetime import datetime
 from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import aliased
 
-from orchestrator.artifacts import sql
-from orchestrator.artifacts.errors import BatchClosed, NotYourBatch
+from orchestrator.artifacts import quota, sql
+from orchestrator.artifacts.errors import BatchClosed, NotYourBatch, QuotaExceeded
 from orchestrator.artifacts.model import ArtifactId, ArtifactRecord, Sha256, UploadState
 from orchestrator.ids import new_id
-from orchestrator.store.models import Artifact, ArtifactUpload, Attempt
+from orchestrator.store.models import Artifact, ArtifactUpload, ArtifactUsage, Attempt
 from orchestrator.store.repo import Store, WriteConflict, decode_cursor, encode_cursor
 
 RECORD_TRIES = 5  # two replicas recording the same name at once: one retries with the next version
@@ -26,9 +28,9 @@ ABANDONED_PER_SWEEP = 20
 
 _OPEN_UPLOAD = (
     "INSERT INTO artifact_uploads (id, task_id, node_id, batch_id, device_id, name, size, sha256, state, "
-    "created_at, updated_at) SELECT :id, a.task_id, a.node_id, a.batch_id, a.device_id, :name, :size, :sha256, "
-    "'open', :now, :now FROM attempts a WHERE a.batch_id = :batch_id AND a.device_id = :device_id "
-    "AND a.ended_at IS NULL RETURNING id"
+    "created_at, updated_at, counted) SELECT :id, a.task_id, a.node_id, a.batch_id, a.device_id, :name, :size, "
+    ":sha256, 'open', :now, :now, true FROM attempts a WHERE a.batch_id = :batch_id AND a.device_id = :device_id "
+    "AND a.task_id = :task_id AND a.ended_at IS NULL RETURNING id"
 )
 _RECORD = (
     "INSERT INTO artifacts (id, task_id, name, version, sha256, size, node_id, batch_id, device_id, created_at) "
@@ -76,23 +78,38 @@ async def open_batch(store: Store, device_id: str, batch_id: str, verb: str) -> 
 
 
 async def open_upload(
-    store: Store, device_id: str, batch_id: str, name: str, size: int, sha256: Sha256, now: datetime
+    store: Store,
+    owner: BatchOwner,
+    batch_id: str,
+    name: str,
+    size: int,
+    sha256: Sha256,
+    now: datetime,
+    limits: quota.Quota,
 ) -> ArtifactUpload:
-    """A new upload for an open batch of `device_id` (`BatchClosed` if it has just ended)."""
+    """A new upload for an open batch of the owner's device, its bytes reserved against the
+    task's and the device's quotas in the same transaction (`QuotaExceeded`, `BatchClosed` if
+    the batch has just ended)."""
+    limits.check_alone(name, size, owner.task_id, owner.device_id)
     upload_id = new_id("upl")
-    made = await sql.write(
-        store,
-        _OPEN_UPLOAD,
-        id=upload_id,
-        name=name,
-        size=size,
-        sha256=sha256,
-        now=now,
-        batch_id=batch_id,
-        device_id=device_id,
-    )
-    if not made:
-        raise BatchClosed(f"batch {batch_id} has ended: nothing more can be published for it")
+    params = {
+        "id": upload_id,
+        "name": name,
+        "size": size,
+        "sha256": sha256,
+        "now": now,
+        "batch_id": batch_id,
+        "device_id": owner.device_id,
+        "task_id": owner.task_id,
+    }
+    reserve = limits.reserve(owner.task_id, owner.device_id, size)
+    try:
+        await sql.transaction(store, [*reserve, sql.Step(_OPEN_UPLOAD, params)])
+    except sql.Stopped as stop:
+        if stop.index == len(reserve):
+            raise BatchClosed(f"batch {batch_id} has ended: nothing more can be published for it") from None
+        scope, owner_id = ("task", owner.task_id) if stop.index == 0 else ("device", owner.device_id)
+        raise await _over(store, limits, scope, owner_id, name, size) from None
     row = await get_upload(store, upload_id)
     assert row is not None
     return row
@@ -121,6 +138,15 @@ async def find_open_upload(store: Store, batch_id: str, name: str, size: int, sh
         return await s.scalar(q)
 
 
+async def _over(store: Store, limits: quota.Quota, scope: str, owner_id: str, name: str, size: int) -> QuotaExceeded:
+    """Which of the scope's quotas (bytes or uploads) refused, with its usage, for the message."""
+    used_bytes, used_count = await usage(store, scope, owner_id)
+    max_bytes, max_count = limits.limits(scope)
+    if used_count + 1 > max_count:
+        return quota.exceeded(name, size, scope, owner_id, "count", max_count, used_count)
+    return quota.exceeded(name, size, scope, owner_id, "bytes", max_bytes, used_bytes)
+
+
 async def end_upload(
     store: Store,
     upload_id: str,
@@ -128,19 +154,23 @@ async def end_upload(
     now: datetime,
     artifact_id: str | None = None,
     reason: str | None = None,
+    give_back: bool = False,
 ) -> bool:
-    """Close an open upload as complete (with its artifact) or failed (with why); False if it
-    was closed already."""
-    done = await sql.write(
-        store,
-        _END_UPLOAD,
-        state=state.value,
-        artifact_id=artifact_id,
-        reason=reason[:300] if reason else None,
-        now=now,
-        id=upload_id,
-    )
-    return bool(done)
+    """Close an open upload as complete (with its artifact) or failed (with why), and with
+    `give_back` return its quota reservation in the same transaction; False if it was closed
+    already (then nothing is given back: a reservation is returned once)."""
+    params = {
+        "state": state.value,
+        "artifact_id": artifact_id,
+        "reason": reason[:300] if reason else None,
+        "now": now,
+        "id": upload_id,
+    }
+    try:
+        await sql.transaction(store, [sql.Step(_END_UPLOAD, params), *(quota.release(upload_id) if give_back else [])])
+    except sql.Stopped:
+        return False
+    return True
 
 
 async def abandoned_uploads(store: Store) -> list[str]:
@@ -155,14 +185,14 @@ async def abandoned_uploads(store: Store) -> list[str]:
         return [str(r) for r in (await s.execute(q)).scalars()]
 
 
-async def record(store: Store, upload: ArtifactUpload, now: datetime) -> ArtifactRecord:
+async def record(store: Store, upload: ArtifactUpload, now: datetime) -> tuple[ArtifactRecord, bool]:
     """Record the upload's content as its task's artifact `name`: a new version, or, when the
-    newest version has this very content, that version (publishing again changes nothing). The
-    batch must still be open (`BatchClosed`)."""
+    newest version has this very content, that version (publishing again changes nothing); and
+    whether it is new. The batch must still be open (`BatchClosed`)."""
     for _ in range(RECORD_TRIES):
         same = await newest(store, upload.task_id, upload.name)
         if same is not None and same.sha256 == upload.sha256:
-            return same
+            return same, False
         artifact_id = new_id("art")
         try:
             made = await sql.write(
@@ -182,7 +212,7 @@ async def record(store: Store, upload: ArtifactUpload, now: datetime) -> Artifac
             raise BatchClosed(f"batch {upload.batch_id} has ended: its artifact {upload.name!r} was not recorded")
         found = await by_id(store, upload.task_id, artifact_id)
         assert found is not None
-        return found
+        return found, True
     raise WriteConflict(f"artifact {upload.name!r} of task {upload.task_id} kept changing; publish it again")
 
 
@@ -205,6 +235,13 @@ async def by_id(store: Store, task_id: str, artifact_id: str) -> ArtifactRecord 
     async with store.sessions() as s:
         row = await s.get(Artifact, artifact_id)
     return _record(row) if row is not None and row.task_id == task_id else None
+
+
+async def usage(store: Store, scope: str, owner_id: str) -> tuple[int, int]:
+    """(bytes, uploads) counted against the quota of a task or a device (`scope`)."""
+    async with store.sessions() as s:
+        row = await s.get(ArtifactUsage, (scope, owner_id))
+    return (row.bytes, row.count) if row is not None else (0, 0)
 
 
 async def newest(

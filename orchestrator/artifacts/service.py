@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from orchestrator.artifacts.blobs import BlobStore, FileBlobs
 from orchestrator.artifacts.dbblobs import DatabaseBlobs
 from orchestrator.artifacts.model import ArtifactRecord
+from orchestrator.artifacts.quota import Quota
 from orchestrator.artifacts.ranges import ByteRange
 from orchestrator.artifacts.uploads import Uploads
 from orchestrator.config import Settings
@@ -38,7 +39,13 @@ class Artifacts:
         else:
             blobs = DatabaseBlobs(store)
         chunk = min(CHUNK_BYTES, settings.max_request_bytes)
-        return cls(store, blobs, Uploads(store, blobs, settings.max_artifact_bytes, chunk))
+        limits = Quota(
+            task_bytes=settings.artifact_task_quota_bytes,
+            task_count=settings.artifact_task_quota_count,
+            device_bytes=settings.artifact_device_quota_bytes,
+            device_count=settings.artifact_device_quota_count,
+        )
+        return cls(store, blobs, Uploads(store, blobs, settings.max_artifact_bytes, chunk, quota=limits))
 
     def content(self, artifact: ArtifactRecord, span: ByteRange) -> AsyncIterator[bytes]:
         """The artifact's bytes in `span`, in pieces."""

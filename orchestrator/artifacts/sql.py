@@ -1,4 +1,5 @@
-"""One writing statement on either backend, in a transaction of its own.
+"""One writing statement on either backend, in a transaction of its own (or a few that must
+commit together: `transaction`).
 
 Every artifact write is a single statement whose condition is part of it (`INSERT ... SELECT ...
 WHERE the batch is open`, `... WHERE the staged end is this offset`), so it is atomic on both
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -39,6 +41,53 @@ async def write(store: Store, sql: str, **params: Any) -> list[tuple[Any, ...]]:
         async with store.engine.begin() as conn:
             result = await conn.execute(_typed(sql, params), params)
             return [tuple(row) for row in result.fetchall()] if result.returns_rows else []
+    except (sqlite3.IntegrityError, IntegrityError) as exc:
+        if "unique" in str(exc).lower() or "duplicate" in str(exc).lower():
+            raise WriteConflict(str(exc)) from exc
+        raise
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement of a `transaction`; a `required` one that RETURNs no row stops it."""
+
+    sql: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    required: bool = True
+
+
+class Stopped(Exception):
+    """A required step of a `transaction` returned no row: nothing of it was committed."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"step {index} returned no row")
+        self.index = index
+
+
+async def transaction(store: Store, steps: Sequence[Step]) -> list[list[tuple[Any, ...]]]:
+    """Run `steps` in order in one transaction; the rows each RETURNed. The first required step
+    that returns none rolls all of them back and raises `Stopped` with its index (so a guard,
+    e.g. a quota's conditional upsert, and the write it guards commit together or not at all)."""
+    writer = store.sqlite
+    out: list[list[tuple[Any, ...]]] = []
+    try:
+        if writer is not None:
+            with writer.transaction() as db:  # no await inside: the writer's one connection
+                for index, step in enumerate(steps):
+                    positional, names = _positional(step.sql)
+                    rows = db.execute(positional, tuple(_sqlite_value(step.params[n]) for n in names)).fetchall()
+                    if step.required and not rows:
+                        raise Stopped(index)
+                    out.append(rows)
+            return out
+        async with store.engine.begin() as conn:
+            for index, step in enumerate(steps):
+                result = await conn.execute(_typed(step.sql, step.params), dict(step.params))
+                rows = [tuple(row) for row in result.fetchall()] if result.returns_rows else []
+                if step.required and not rows:
+                    raise Stopped(index)
+                out.append(rows)
+        return out
     except (sqlite3.IntegrityError, IntegrityError) as exc:
         if "unique" in str(exc).lower() or "duplicate" in str(exc).lower():
             raise WriteConflict(str(exc)) from exc

@@ -1,9 +1,11 @@
 """Uploads: a device publishes a file for one of its open batches, resumably, checked by sha256.
 
 1. `open`: the device declares name, size and sha256 for its batch. Refused unless the batch is
-   the device's own and open (`NotYourBatch`, `BatchClosed`) and the size within the limit
-   (`TooLarge`). Asking again for the same file in the same batch returns the open upload, with
-   what it holds already: a publish retried after a lost answer or a restart resumes.
+   the device's own and open (`NotYourBatch`, `BatchClosed`), the size within the limit
+   (`TooLarge`) and within what the task's and the device's quotas have left (`QuotaExceeded`,
+   reserved with the upload: `orchestrator.artifacts.quota`). Asking again for the same file in
+   the same batch returns the open upload, with what it holds already: a publish retried after a
+   lost answer or a restart resumes.
 2. `receive`: a piece at `offset`, which must be where the staged bytes end (`OffsetMismatch`
    says where that is). The sha256 is computed as pieces arrive, in this process; if pieces of
    the upload went to another replica or to this one before a restart, the staged bytes are
@@ -38,6 +40,7 @@ from orchestrator.artifacts.errors import (
     UploadIncomplete,
 )
 from orchestrator.artifacts.model import UploadId, UploadState, UploadView, artifact_name, content_address
+from orchestrator.artifacts.quota import Quota
 from orchestrator.engine.times import utc
 from orchestrator.store.models import ArtifactUpload
 from orchestrator.store.repo import Store
@@ -54,8 +57,10 @@ class Uploads:
         max_bytes: int,
         chunk_bytes: int,
         clock: Callable[[], float] = time.time,
+        quota: Quota | None = None,
     ) -> None:
         self.store = store
+        self.quota = quota or Quota()
         self.blobs = blobs
         self.max_bytes = max_bytes
         self.chunk_bytes = chunk_bytes
@@ -77,11 +82,11 @@ class Uploads:
                 f"{name!r} is {size} bytes, over this orchestrator's limit of {self.max_bytes} bytes per artifact "
                 "(ORRERY_MAX_ARTIFACT_BYTES); publish a smaller file, e.g. compressed or split"
             )
-        await records.open_batch(self.store, device_id, batch_id, "publish")
+        owner = await records.open_batch(self.store, device_id, batch_id, "publish")
         await self._sweep()
         row = await records.find_open_upload(self.store, batch_id, name, size, digest)
         if row is None:
-            row = await records.open_upload(self.store, device_id, batch_id, name, size, digest, self._now())
+            row = await records.open_upload(self.store, owner, batch_id, name, size, digest, self._now(), self.quota)
         return await self._view(row)
 
     async def status(self, device_id: str, upload_id: str) -> UploadView:
@@ -160,16 +165,19 @@ class Uploads:
             )
         await self.blobs.promote(row.id, row.sha256, row.size)
         try:
-            artifact = await records.record(self.store, row, self._now())
+            artifact, new = await records.record(self.store, row, self._now())
         except BatchClosed:
             await self._fail(row, "its batch ended before the artifact was recorded")
             raise
-        await records.end_upload(self.store, row.id, UploadState.COMPLETE, self._now(), artifact_id=artifact.id)
+        # The same content as the name's newest version stores nothing more: its bytes go back.
+        await records.end_upload(
+            self.store, row.id, UploadState.COMPLETE, self._now(), artifact_id=artifact.id, give_back=not new
+        )
         return UploadView(UploadId(row.id), UploadState.COMPLETE, row.size, row.size, self.chunk_bytes, artifact)
 
     async def _fail(self, row: ArtifactUpload, reason: str) -> None:
         self._hashes.pop(row.id, None)
-        await records.end_upload(self.store, row.id, UploadState.FAILED, self._now(), reason=reason)
+        await records.end_upload(self.store, row.id, UploadState.FAILED, self._now(), reason=reason, give_back=True)
         await self.blobs.discard(row.id)
 
     async def _sweep(self) -> None:

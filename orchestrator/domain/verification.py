@@ -1,8 +1,10 @@
-"""Verify commands at submission: they must be read-only wherever the node may run,
-because they run again whenever an outcome must be decided (after a restart, on another device)."""
+"""Verify commands at submission: they must be read-only wherever the node may run, and must not
+wait for a person, because they run again whenever an outcome must be decided (after a restart,
+on another device)."""
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,3 +62,50 @@ def verify_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -
                     )
                 )
     return problems
+
+
+APPROVAL_TOOL = "approval.request"  # always waits for a person (device_agent/approvals.py)
+
+
+def verify_approval_problems(spec: DagSpec, devices: Sequence[CatalogDevice] | Catalog) -> list[Problem]:
+    """`verify_needs_approval`: a verify command's tool waits for a person: `approval.request`
+    always, and a tool on a candidate device's reported `approval_required` list (unless that
+    agent runs unattended). Verify commands decide an outcome unattended, after a restart or on
+    another device, so none of them may wait on someone."""
+    fleet = catalog(devices)
+    problems: list[Problem] = []
+    for node in spec.nodes:
+        for index, command in enumerate(node.verify):
+            asking = (
+                []
+                if command.tool == APPROVAL_TOOL
+                else sorted(d.name for d in fleet.candidates(node) if _asks_first(d, command.tool))
+            )
+            if command.tool != APPROVAL_TOOL and not asking:
+                continue
+            where = "always waits" if not asking else f"waits for approval on {', '.join(asking[:5])}"
+            if len(asking) > 5:
+                where += f" and {len(asking) - 5} more"
+            problems.append(
+                Problem(
+                    "verify_needs_approval",
+                    f"node '{node.id}' verify command {index} uses {command.tool}, which {where} for a person's "
+                    "decision; verify commands run unattended whenever an outcome must be decided, so use a "
+                    "read-only tool that answers by itself (such as files.read or system.info), and ask for "
+                    "approval in the node's commands instead",
+                    {"node": node.id, "node_id": node.id, "verify": index, "tool": command.tool, "devices": asking},
+                )
+            )
+    return problems
+
+
+def _asks_first(device: CatalogDevice, tool: str) -> bool:
+    """Whether the device's reported policy makes `tool` wait for approval (as its agent's
+    router decides: fnmatch patterns, none when unattended); unknown policy: no."""
+    policy = device.policy
+    if tool not in device.tools or not isinstance(policy, Mapping) or policy.get("unattended"):
+        return False
+    patterns = policy.get("approval_required")
+    if not isinstance(patterns, list):
+        return False
+    return any(isinstance(p, str) and fnmatch.fnmatchcase(tool, p) for p in patterns)

@@ -30,14 +30,18 @@ def catalogued(devices: Iterable[DeviceRun], policies: Mapping[str, Any] | None 
     return out
 
 
-def validate_against(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits) -> list[Problem]:
+def validate_against(
+    spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits, policies: Mapping[str, Any] | None = None
+) -> list[Problem]:
     """SPEC section 3, validation at submission: unique ids, edges, no cycles, references to
     ancestors, known tools (with the nearest names), sizes; then a capable device for each node,
-    and arguments that fit the input schema of each tool on one of the node's capable devices."""
+    and arguments that fit the input schema of each tool on one of the node's capable devices.
+    `policies` (device id to reported `info.policy`) lets the checks see what a device asks
+    approval for."""
     problems = dag.validate(spec, known_tools(devices), limits)
     if problems:
         return problems
-    fleet = checks.Catalog(catalogued(devices))
+    fleet = checks.Catalog(catalogued(devices, policies))
     views = [d.view for d in fleet.devices]
     runnable: dict[Hashable, bool] = {}  # by placement signature: alike nodes fit alike devices
     for node in spec.nodes:
@@ -48,6 +52,7 @@ def validate_against(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits
             if not runnable[key]:
                 problems.append(placement.no_capable_device(node, views))
     problems += fanout.fan_out_problems(spec, fleet) + verification.verify_problems(spec, fleet)
+    problems += verification.verify_approval_problems(spec, fleet)
     return problems + checks.argument_problems(spec, fleet)
 
 
@@ -57,7 +62,7 @@ def warnings_against(spec: DagSpec, devices: list[DeviceRun]) -> list[checks.Sub
 
 def dry_run(spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits, policies: Mapping[str, Any]) -> dict[str, Any]:
     """What submitting `spec` would do, without doing it: the body of `POST /v1/tasks?dry_run=true`."""
-    problems = validate_against(spec, devices, limits)
+    problems = validate_against(spec, devices, limits, policies)
     fleet = checks.Catalog(catalogued(devices, policies))
     views = [d.view for d in fleet.devices]
     chosen_by: dict[Hashable, placement.DeviceView | None] = {}

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 from sqlalchemy.types import LargeBinary  # artifact chunks
 
 
@@ -375,6 +376,9 @@ class ArtifactUpload(Base):
     artifact_id: Mapped[str | None] = mapped_column(String(40))  # the record it made
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    # Its declared bytes count in its task's and device's `artifact_usage` (reserved when it was
+    # opened; given back once if it fails or records nothing new).
+    counted: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class Artifact(Base):
@@ -394,6 +398,19 @@ class Artifact(Base):
     batch_id: Mapped[str] = mapped_column(String(40))
     device_id: Mapped[str] = mapped_column(String(40))
     created_at: Mapped[datetime]
+
+
+class ArtifactUsage(Base):
+    """Artifact bytes and uploads counted against a quota: one row per task and per device
+    (`scope`), changed only by conditional upserts in the transaction that opens or ends an
+    upload, so replicas writing at once never go past a quota."""
+
+    __tablename__ = "artifact_usage"
+
+    scope: Mapped[str] = mapped_column(String(10), primary_key=True)  # task | device
+    owner_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    count: Mapped[int] = mapped_column(BigInteger)
 
 
 class ArtifactBlob(Base):
@@ -426,6 +443,7 @@ __all__ = [
     "ArtifactBlob",
     "ArtifactChunk",
     "ArtifactUpload",
+    "ArtifactUsage",
     "Attempt",
     "Base",
     "DagEdit",

@@ -139,6 +139,19 @@ class SqliteWriter:
             db.execute("ROLLBACK")
             raise
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """Statements that commit together (e.g. a quota reserved with the row it is for): run
+        them on the yielded connection, without awaiting in between; an exception rolls back."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
     def read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """A read of committed rows on this connection (between transactions: never inside one)."""
         return self._db.execute(sql, params).fetchall()

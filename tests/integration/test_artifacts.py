@@ -484,6 +484,27 @@ def test_over_a_limit_nothing_moves_and_the_error_says_which_limit(fleet: Fleet)
     assert not (tiny.workspace / "small.txt").exists()
 
 
+def test_a_name_ending_in_a_newline_is_refused_by_the_agent_and_by_the_orchestrator(fleet: Fleet) -> None:
+    """`$` in a Python regex also matches before a final newline: the file `rep\n` (the default
+    name) was published, and its download link dropped the connection (`Illegal header value`)."""
+    producer, _, _ = agents(fleet)
+    (producer.workspace / "rep\n").write_text("the report\n")
+    task = run(fleet, dag(node("pub", producer.device_id, publish("rep\n"))))
+    error = failure_of(task, "pub")
+    assert error["code"] == "invalid_arguments" and "cannot be an artifact name" in error["message"], error
+    digest = hashlib.sha256(b"the report\n").hexdigest()
+    with open_batch(fleet, producer) as (task_id, batch_id), device_client(fleet, producer.token) as c:
+        for name in ("rep\n", "rep\r\n"):  # a device that skips its own check
+            body = {"batch_id": batch_id, "name": name, "size": 11, "sha256": digest}
+            refused = c.post(f"{DEVICE}/uploads", json=body)
+            assert refused.status_code == 422 and refused.json()["code"] == "validation_error", refused.text
+            looked_up = c.get(DEVICE, params={"batch_id": batch_id, "name": name})
+            assert looked_up.status_code == 422 and looked_up.json()["code"] == "validation_error"
+        with fleet.server.client() as admin:
+            for tid in (task["id"], task_id):
+                assert admin.get(f"/v1/tasks/{tid}/artifacts", params={"history": "true"}).json()["items"] == []
+
+
 def test_paths_outside_the_workspace_and_nul_bytes_are_refused(fleet: Fleet) -> None:
     producer, _, _ = agents(fleet)
     (producer.workspace / "escape").symlink_to("/etc")
