@@ -21,6 +21,7 @@ A frame that breaks a rule is refused as `malformed_frame`, naming the field (SP
 from __future__ import annotations
 
 import re
+import typing
 from typing import Any
 
 from pydantic import BaseModel
@@ -74,7 +75,7 @@ class _Checker:
     def model(self, model: BaseModel, where: str) -> bool:
         fields = type(model).model_fields
         for name, info in fields.items():
-            kind = next((m for m in info.metadata if isinstance(m, _Kind)), TEXT)
+            kind = _kind_of(info.metadata, info.annotation)
             self.value(getattr(model, name), f"{where}.{name}", kind, 0, top=True)
         for key, value in (model.model_extra or {}).items():
             self.string(key, f"{where} key", TEXT, MAX_KEY)
@@ -114,6 +115,14 @@ class _Checker:
                 f"{where} holds {describe(bad.group())} at offset {bad.start()}, which is not taken "
                 "in this field; send text without it"
             )
+
+
+def _kind_of(metadata: list[Any], annotation: Any) -> _Kind:
+    """The kind a field names: on the field, or inside an optional (`Identifier | None`)."""
+    found = [m for m in metadata if isinstance(m, _Kind)]
+    for arg in typing.get_args(annotation):  # X | None keeps X's Annotated metadata inside
+        found += [m for m in getattr(arg, "__metadata__", ()) if isinstance(m, _Kind)]
+    return found[0] if found else TEXT
 
 
 def _scrubbed(value: Any) -> Any:
