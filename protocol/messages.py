@@ -82,7 +82,9 @@ class Command(_Model):
 
 
 class ErrorInfo(_Model):
-    code: Annotated[str, Field(max_length=200), IDENT]
+    # Both as the device says them: the orchestrator records a code it does not know as
+    # `device_error`, quoting it reduced to safe characters (`protocol.errors.bounded_result_error`).
+    code: Annotated[str, PAYLOAD]
     message: Annotated[str, PAYLOAD]  # what the tool said: stored as JSON, capped on the way in
 
 
@@ -168,7 +170,7 @@ class Heartbeat(_Frame):
 
     type: Literal["heartbeat"] = "heartbeat"
     state: Literal["idle", "busy"]
-    batch_id: Identifier | None = None
+    batch_id: Annotated[str, IDENT] | None = None  # compared, never stored: the frame bounds it
     # Agent to server: the generation of the device's controls the agent has applied (its
     # ledger's), so the server sends the controls again until the device has caught up.
     control_gen: int = Field(default=0, ge=0)
