@@ -91,6 +91,7 @@ def utf8_len(text: str) -> int:
 def _describe(exc: ValidationError, frame_type: object) -> str:
     problems = []
     for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err["loc"])
+        # A key is the device's own text: shown escaped and cut, never as raw characters.
+        loc = ".".join(str(p) if str(p).isprintable() else ascii(str(p))[1:41] for p in err["loc"])
         problems.append(f"{loc}: {err['msg']}")
     return f"invalid '{frame_type}' frame: " + "; ".join(problems)

@@ -41,6 +41,9 @@ class ErrorCode(StrEnum):
     INVALID_ARGUMENTS = "invalid_arguments"
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
+    # the command did not run: an earlier command of its batch failed (early exit) or the batch
+    # was cancelled before it started (the agent's own code for what it skipped)
+    SKIPPED = "skipped"
     DEVICE_LOST = "device_lost"
     POLICY_DENIED = "policy_denied"
     QUEUE_TIMEOUT = "queue_timeout"

@@ -11,10 +11,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from protocol.text import IDENT, PAYLOAD
+
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
 
-Identifier = Annotated[str, Field(min_length=1, max_length=200)]
+# Every string a device sends is checked by `protocol.text.inbound` (the server's channel does it):
+# IDENT and PAYLOAD name the kind of a field; the rest is free text. Lengths bound what is stored.
+Identifier = Annotated[str, Field(min_length=1, max_length=200), IDENT]
+ApprovalId = Annotated[str, Field(min_length=1, max_length=64), IDENT]  # the store's key column
+ShortText = Annotated[str, Field(max_length=200)]
 MAX_STOP_REASON_CHARS = 200  # an operator's reason for an emergency stop (API limit)
 
 
@@ -44,7 +50,7 @@ class ToolSpec(_Model):
 
     name: Identifier  # namespace.tool
     namespace: Identifier
-    description: str = ""
+    description: str = Field(default="", max_length=32_768)
     input_schema: dict[str, Any] = Field(default_factory=dict)
     annotations: ToolAnnotations = ToolAnnotations()
     tool_type: Literal["data_collection", "action"] = "action"
@@ -54,12 +60,12 @@ class DeviceInfo(_Model):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     platform: Literal["linux", "windows", "macos", "android", "ios", "other"] = "other"
-    os: str = ""
-    version: str = ""
-    hostname: str = ""
+    os: ShortText = ""
+    version: ShortText = ""
+    hostname: ShortText = ""
     cpu_count: int = 0
     memory_mb: int = 0
-    agent_version: str = ""
+    agent_version: ShortText = ""
 
 
 class Resume(_Model):
@@ -76,8 +82,10 @@ class Command(_Model):
 
 
 class ErrorInfo(_Model):
-    code: str
-    message: str
+    # Both as the device says them: the orchestrator records a code it does not know as
+    # `device_error`, quoting it reduced to safe characters (`protocol.errors.bounded_result_error`).
+    code: Annotated[str, PAYLOAD]
+    message: Annotated[str, PAYLOAD]  # what the tool said: stored as JSON, capped on the way in
 
 
 ResultStatus = Literal["success", "failure", "skipped", "uncertain"]
@@ -86,9 +94,9 @@ ResultStatus = Literal["success", "failure", "skipped", "uncertain"]
 class Result(_Model):
     call_id: Identifier
     status: ResultStatus
-    result: Any = None
+    result: Annotated[Any, PAYLOAD] = None
     error: ErrorInfo | None = None
-    namespace: str = ""
+    namespace: Annotated[str, Field(max_length=200), IDENT] = ""
     duration_ms: float = 0.0
 
 
@@ -121,10 +129,10 @@ class ControlState(_Model):
 class Hello(_Frame):
     type: Literal["hello"] = "hello"
     device_id: Identifier
-    agent_version: str = ""
+    agent_version: ShortText = ""
     versions: list[int] = Field(min_length=1, max_length=16)
     info: DeviceInfo = DeviceInfo()
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, ShortText] = Field(default_factory=dict, max_length=64)
     tools: list[ToolSpec] = Field(default_factory=list)
     resume: Resume | None = None
     # The highest fence the agent's ledger accepted for this device from this server. A server
@@ -162,7 +170,7 @@ class Heartbeat(_Frame):
 
     type: Literal["heartbeat"] = "heartbeat"
     state: Literal["idle", "busy"]
-    batch_id: str | None = None
+    batch_id: Annotated[str, IDENT] | None = None  # compared, never stored: the frame bounds it
     # Agent to server: the generation of the device's controls the agent has applied (its
     # ledger's), so the server sends the controls again until the device has caught up.
     control_gen: int = Field(default=0, ge=0)
@@ -215,7 +223,7 @@ class ApprovalRequest(_Frame):
     reconnect until the approval is decided. Nothing of the command has run."""
 
     type: Literal["approval_request"] = "approval_request"
-    approval_id: Identifier
+    approval_id: ApprovalId
     batch_id: Identifier
     call_id: Identifier
     tool: Identifier
@@ -238,7 +246,7 @@ class ApprovalDecision(_Frame):
     (server time), so it still gets its whole timeout."""
 
     type: Literal["approval_decision"] = "approval_decision"
-    approval_id: Identifier
+    approval_id: ApprovalId
     decision: Literal["approved", "denied", "expired", "cancelled"]
     reason: str = Field(default="", max_length=2000)
     by: str = Field(default="", max_length=200)
@@ -247,7 +255,7 @@ class ApprovalDecision(_Frame):
 
 class Error(_Frame):
     type: Literal["error"] = "error"
-    code: str
+    code: Annotated[str, Field(max_length=200), IDENT]
     message: str
 
 

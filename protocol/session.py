@@ -21,6 +21,7 @@ Nothing here reads a clock or touches a socket; times are passed in and deadline
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import cast
 
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES, decode, encode
 from protocol.errors import MalformedFrame, NoCommonVersion, OutOfOrder
@@ -37,6 +38,7 @@ from protocol.messages import (
     Welcome,
     is_reliable,
 )
+from protocol.text import inbound
 
 ACK_DELAY_S = 0.05  # how long a standalone ack waits for a frame it could ride on
 
@@ -246,6 +248,10 @@ class Channel:
         message = decode(data, self.max_frame_bytes)
         if message.type not in self._accepts:
             raise MalformedFrame(f"'{message.type}' frames are not sent to the {self.role.value}")
+        if self.role is Role.SERVER:
+            # What a device says is stored: text the store cannot hold is refused here, at the
+            # boundary, not by a failing write in the engine (see `protocol.text`).
+            message = cast(Message, inbound(message))
         if self.phase is Phase.HANDSHAKE:
             return self._handshake_frame(message)
         if isinstance(message, Hello | Welcome):

@@ -289,12 +289,15 @@ class Engine:
     async def step(self, items: list[Input]) -> None:
         """One engine step: apply `items`, fire due timers, schedule, commit, then act and reply.
 
-        A failing input is refused (its caller gets the exception) and the step goes on; a
-        failing commit propagates, and the caller stops the engine: the store refused what
+        A failing input is refused (its caller gets the exception) and the step goes on; so is one
+        whose changes the store refuses for their data (`StepWriter.commit` leaves them out). Any
+        other failing commit propagates, and the caller stops the engine: the store refused what
         memory now believes, and only a restart from the store is trustworthy again."""
         now = self.clock()
-        replies: list[tuple[asyncio.Future[Any], Any]] = []
-        for item in items:
+        replies: list[tuple[int, asyncio.Future[Any], Any]] = []
+        writer = self.writer
+        for index, item in enumerate(items):
+            writer.source = index  # what it writes is its own, should the store refuse it
             try:
                 handler = self._handlers.get(type(item))
                 if handler is None:
@@ -306,17 +309,31 @@ class Engine:
                     item.done.set_exception(exc)
                 continue
             if item.done:
-                replies.append((item.done, reply))
+                replies.append((index, item.done, reply))
+        writer.source = None
         self.runs.fire_timers(now)
         if self.schedules.due(now):
             await self.schedules.fire(now)
         if self._device_pass is not None or (self._next_reconcile is not None and now >= self._next_reconcile):
             await self._reconcile_if_due(now)  # most steps have nothing to reconcile: no coroutine made
         self._schedule(now)
-        await self.writer.commit()
-        for fut, value in replies:
+        refused = await writer.commit()
+        if refused:
+            self._refused(items, refused)
+        for index, fut, value in replies:
             if not fut.done():
-                fut.set_result(value)
+                if index in refused:
+                    fut.set_exception(refused[index])
+                else:
+                    fut.set_result(value)
+
+    def _refused(self, items: list[Input], refused: dict[int, BaseException]) -> None:
+        """Log each input the store refused (callers get the refusal); its memory-only effects stay."""
+        for index, exc in refused.items():
+            item, what = items[index], getattr(getattr(items[index], "message", None), "type", "")
+            who = getattr(item, "device_id", None) or getattr(item, "task_id", None) or "-"
+            log.error("engine input %s %s (%s) refused by the store, left out: %s", type(item).__name__, what, who, exc)
+            self.metrics.errors.labels("input_refused").inc()
 
     async def _next_inputs(self) -> list[Input]:
         """Everything queued (at most 2,000), waiting for the first input or the next timer,

@@ -33,6 +33,7 @@ from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.engine.controls import controls_of, wire_state
 from orchestrator.engine.records import DeviceHello, FrameIn, Input, LinkReport, LinkState, LivenessChanged
 from orchestrator.engine.times import utc
+from orchestrator.engine.writer import refused_data
 from orchestrator.gateway.limits import RateLimiter
 from orchestrator.gateway.websocket import FRAMES_EXTENSION, FrameFlow, FrameSink
 from orchestrator.ids import new_id
@@ -40,7 +41,7 @@ from orchestrator.metrics import Metrics
 from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
 from orchestrator.store.repo import Store
 from protocol.codec import encode
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from protocol.errors import CloseCode, ErrorCode, MalformedFrame, ProtocolError
 from protocol.messages import (
     SUPPORTED_VERSIONS,
     BatchAccepted,
@@ -415,7 +416,17 @@ class Gateway:
         return None
 
     async def _durable(self, link: Link, conn: Connection, msg: Message, stored: Awaitable[Any]) -> None:
-        await stored
+        try:
+            await stored
+        except Exception as exc:
+            if not refused_data(exc):
+                raise
+            # The store refused what the frame carries (the protocol's checks let it through):
+            # this device's frame is refused, as a malformed one is; nothing else is affected.
+            raise MalformedFrame(
+                f"the orchestrator could not store this '{msg.type}' frame (text or a value its store "
+                "refuses); it was not taken: send it without that"
+            ) from None
         link.session.confirm(msg.seq)
         # Acknowledge soon, so the agent's outbox can let go of what is now durable here (the
         # session's ack policy says when; usually a command batch carries it first).

@@ -344,4 +344,27 @@ MUTANTS: list[Mutant] = [
             "test_a_restarted_agent_kills_what_its_last_run_left_running_before_it_says_hello",
         ),
     ),
+    # ------------------------------------------------------------------ nothing a device sends stops the engine
+    Mutant(
+        id="device-text-takes-nul",
+        rule="A NUL in a device's free text is refused at the protocol boundary as malformed_frame.",
+        file="protocol/text.py",
+        original='_BAD_IN_TEXT = re.compile("[\\x00-\\x08',
+        replacement='_BAD_IN_TEXT = re.compile("[\\x01-\\x08',
+        caught_by=(
+            "tests/unit/protocol/test_device_text.py::"
+            "test_text_the_store_cannot_hold_is_a_malformed_frame_naming_the_field[text0-approval_request.reason]",
+        ),
+    ),
+    Mutant(
+        id="refused-input-stops-engine",
+        rule="An input whose changes the store refuses for their data is left out; the engine goes on.",
+        file="orchestrator/engine/writer.py",
+        original="            except Exception as exc:\n                if not refused_data(exc):\n",
+        replacement="            except Exception as exc:\n                if not isinstance(exc, DBAPIError):\n",
+        caught_by=(
+            "tests/unit/engine/test_input_isolation.py::"
+            "test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_commits",
+        ),
+    ),
 ]

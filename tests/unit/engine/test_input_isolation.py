@@ -1,0 +1,114 @@
+"""One input whose changes the store refuses (text it cannot hold) is left out of its step and
+refused to its caller; the other inputs of the same step commit, and the engine goes on. A store
+out of reach still fails the step as before (retried, then propagated: the engine stops).
+
+The poison is real, not mocked: a lone surrogate, which SQLite's driver cannot encode (Postgres
+refuses it and NUL the same way, as SQLSTATE 22xxx). Frames are built in-process here, past the
+protocol's own check of device text (`protocol.text`), which is what this layer must survive."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from orchestrator.engine.records import FrameIn, Input
+from orchestrator.engine.writer import COMMIT_ATTEMPTS, refused_data
+from orchestrator.store import approvals as stored
+from orchestrator.store.repo import ChangeSet, LeaseLost
+from protocol.messages import ApprovalRequest, CommandBatch
+from tests.unit.engine.harness import Harness, accepted, one_node, results
+
+POISON = "a lone surrogate: \ud800"
+
+
+def ask(dev: str, batch: CommandBatch, approval_id: str, reason: str) -> FrameIn:
+    cmd = batch.commands[0]
+    # Built without validation: pydantic itself refuses a lone surrogate in a `str` field.
+    message = ApprovalRequest.model_construct(
+        approval_id=approval_id, batch_id=batch.batch_id, call_id=cmd.call_id, tool=cmd.tool, reason=reason
+    )
+    return FrameIn(dev, message)
+
+
+async def step(h: Harness, *items: Input) -> list[asyncio.Future[Any]]:
+    """One step; the futures of its inputs (settled, with a result or an exception)."""
+    loop = asyncio.get_running_loop()
+    for item in items:
+        item.done = loop.create_future()
+    await h.engine.step(list(items))
+    return [item.done for item in items if item.done is not None]
+
+
+async def two_busy_devices(h: Harness) -> tuple[tuple[str, str, CommandBatch], tuple[str, str, CommandBatch]]:
+    out = []
+    for name in ("bad", "good"):
+        dev = await h.enroll(name, {"who": name})
+        await h.connect(dev)
+        task = await h.submit(one_node(placement={"labels": {"who": name}}))
+        (batch,) = h.batches(dev)
+        await h.step(accepted(dev, batch))
+        out.append((dev, task, batch))
+    return out[0], out[1]
+
+
+async def test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_commits(h: Harness) -> None:
+    (bad, bad_task, bad_batch), (good, good_task, good_batch) = await two_busy_devices(h)
+    published: list[dict[str, Any]] = []
+    publish = h.engine.writer.bus.publish
+    h.engine.writer.bus.publish = lambda events: (published.extend(events), publish(events))[-1]  # type: ignore[method-assign]
+
+    poisoned, honest = await step(h, ask(bad, bad_batch, "apr_bad", POISON), results(good, good_batch))
+
+    assert isinstance(poisoned.exception(), UnicodeError) and refused_data(poisoned.exception())
+    assert honest.exception() is None
+    assert h.fatal == []
+    assert (await h.task(good_task))["state"] == "succeeded"  # committed in the same step
+    assert await stored.get(h.store, "apr_bad") is None  # the refused part left no row
+    assert not [e for e in published if e["type"] == "approval.requested"]  # nor an event said of it
+    assert any(e["task_id"] == good_task for e in published)
+
+    # The engine goes on: new work for the honest device is placed, run and recorded.
+    task = await h.submit(one_node(placement={"labels": {"who": "good"}}))
+    batch = h.batches(good)[-1]
+    assert batch.task_id == task
+    await h.step(accepted(good, batch))
+    await h.step(results(good, batch))
+    assert (await h.task(task))["state"] == "succeeded"
+    assert h.fatal == []
+    # What the store holds is whole: a restart finds the refused device's node still running.
+    await h.restart()
+    assert (await h.task(bad_task))["nodes"] == {"n": "running"}
+
+
+async def test_a_store_out_of_reach_still_fails_the_step_after_its_retries(h: Harness) -> None:
+    (_, _, batch), _ = await two_busy_devices(h)
+    calls = 0
+
+    async def unreachable(changes: ChangeSet) -> list[int]:
+        nonlocal calls
+        calls += 1
+        raise OperationalError("INSERT", {}, ConnectionRefusedError("connection refused"), connection_invalidated=True)
+
+    async def no_wait(_: float) -> None:
+        return None
+
+    h.engine.writer.store = type("Down", (), {"write": staticmethod(unreachable)})()
+    h.engine.writer.sleep = no_wait
+    with pytest.raises(OperationalError):
+        await step(h, results("dev_bad", batch))
+    assert calls == COMMIT_ATTEMPTS  # retried as before, never split into parts
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        LeaseLost("the lease moved on"),
+        OperationalError("INSERT", {}, ConnectionRefusedError("refused"), connection_invalidated=True),
+        RuntimeError("anything else"),
+    ],
+)
+def test_only_the_stores_refusal_of_the_data_counts_as_an_inputs_fault(exc: Exception) -> None:
+    assert not refused_data(exc)
