@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import html
+import json
 import logging
 import os
 import time
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, WebSocket
-from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.openapi.docs import swagger_ui_default_parameters
 from fastapi.responses import HTMLResponse
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -81,33 +83,68 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestId)
+    app.add_middleware(SecurityHeaders)  # outermost: every answer carries them, a 413 from BodyLimit too
     return app
 
 
 SWAGGER_UI = "/ui/vendor/swagger-ui"
+DOCS_JS = "/ui/docs"
+
+_DOCS_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<link type="text/css" rel="stylesheet" href="{css}">
+<link rel="icon" href="{icon}">
+<title>{title}</title>
+</head>
+<body>
+<div id="swagger-ui"></div>
+<script id="swagger-config" type="application/json">{config}</script>
+<script src="{bundle}"></script>
+<script src="{start}"></script>
+</body>
+</html>
+"""
+_REDIRECT_PAGE = """<!doctype html>
+<html lang="en-US">
+<head><meta charset="utf-8"><title>Swagger UI: OAuth2 Redirect</title></head>
+<body><script src="{script}"></script></body>
+</html>
+"""
 
 
 def install_docs(app: FastAPI) -> None:
     """Swagger UI at `/docs` with its script, style and icon served by this server (the vendored
-    swagger-ui-dist under orchestrator/web/static/vendor/), never from a CDN."""
+    swagger-ui-dist under orchestrator/web/static/vendor/), never from a CDN. FastAPI's page starts
+    Swagger UI with an inline script, which the pages' Content-Security-Policy refuses: this one
+    hands its settings over as JSON to a script file (orchestrator/web/static/docs/)."""
     openapi_url = app.openapi_url or "/openapi.json"
     redirect_url = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
+    config = {
+        "url": openapi_url,
+        "oauth2RedirectUrl": redirect_url,
+        # no validator badge fetched from swagger.io
+        "parameters": {**swagger_ui_default_parameters, "validatorUrl": None},
+    }
+    page = _DOCS_PAGE.format(
+        css=f"{SWAGGER_UI}/swagger-ui.css",
+        icon=f"{SWAGGER_UI}/favicon-32x32.png",
+        title=html.escape(f"{app.title} API"),
+        config=json.dumps(config).replace("<", "\\u003c"),  # no `</script>` can end the block early
+        bundle=f"{SWAGGER_UI}/swagger-ui-bundle.js",
+        start=f"{DOCS_JS}/swagger-init.js",
+    )
+    redirect_page = _REDIRECT_PAGE.format(script=f"{DOCS_JS}/oauth2-redirect.js")
 
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} API",
-            swagger_js_url=f"{SWAGGER_UI}/swagger-ui-bundle.js",
-            swagger_css_url=f"{SWAGGER_UI}/swagger-ui.css",
-            swagger_favicon_url=f"{SWAGGER_UI}/favicon-32x32.png",
-            oauth2_redirect_url=redirect_url,
-            swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from swagger.io
-        )
+        return HTMLResponse(page)
 
     @app.get(redirect_url, include_in_schema=False)
     async def swagger_ui_redirect() -> HTMLResponse:
-        return get_swagger_ui_oauth2_redirect_html()
+        return HTMLResponse(redirect_page)
 
 
 def tune_gc() -> None:
@@ -237,6 +274,62 @@ class RequestId:
             await self.app(scope, receive, send_with_id)
         finally:
             log_context.reset(token)
+
+
+# The pages (the dashboard, /docs): scripts and styles from this server only, no inline script and
+# no eval; images from here, data: URLs (Swagger UI's icons) and blob: URLs (an approval's
+# screenshot, fetched with the key); fetch and server-sent events to this server only; never framed.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
+# Everything else (JSON, images, artifacts' bytes), should a browser ever open it as a document:
+# nothing loads, no script runs, it is not framed.
+CONTENT_CSP = "default-src 'none'; frame-ancestors 'none'; sandbox"
+_SCRIPTS_AND_STYLES = (b"text/javascript", b"application/javascript", b"text/css")
+
+
+class SecurityHeaders:
+    """Headers on every HTTP answer: `nosniff` (a body is only what its Content-Type says),
+    `X-Frame-Options: DENY` and no Referer; a Content-Security-Policy on what has a body (the
+    pages' `PAGE_CSP`, everything else `CONTENT_CSP`; a 304 gets none, since a browser would
+    merge it into the cached page's headers); and bytes sent as `application/octet-stream`
+    (artifacts) are `Content-Disposition: attachment`: downloaded, never shown on this origin."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = secured(list(message.get("headers", [])))
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def secured(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` with the security headers `SecurityHeaders` adds (those already set stay)."""
+    present = {k.lower() for k, _ in headers}
+    content_type = next((v.split(b";")[0].strip().lower() for k, v in headers if k.lower() == b"content-type"), b"")
+    extra = [
+        (b"x-content-type-options", b"nosniff"),
+        (b"x-frame-options", b"DENY"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"cross-origin-resource-policy", b"same-origin"),
+    ]
+    if content_type == b"text/html":
+        extra += [(b"content-security-policy", PAGE_CSP.encode()), (b"cross-origin-opener-policy", b"same-origin")]
+    elif content_type and content_type not in _SCRIPTS_AND_STYLES:
+        extra.append((b"content-security-policy", CONTENT_CSP.encode()))
+    if content_type == b"application/octet-stream":
+        extra.append((b"content-disposition", b"attachment"))
+    return headers + [(k, v) for k, v in extra if k not in present]
 
 
 class BodyLimit:

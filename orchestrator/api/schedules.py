@@ -4,11 +4,15 @@ Create (operator), list and get (viewer, with the next runs and the last run's t
 what happened at each, pause, resume and delete (its tasks stay). A `{schedule_id}` is an id, a
 unique id prefix or the schedule's name. Every change goes through the cluster to the engine leader,
 the one writer of schedules, which fires their ticks in its step (see `engine/schedules.py`).
+
+Cron arithmetic (checking an expression, the next runs, a tick's local time) runs off the event
+loop (`engine/cron_worker.py`): a rare expression walks the calendar for each tick.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -25,17 +29,19 @@ from orchestrator.domain import dag
 from orchestrator.domain.model import NodeKind
 from orchestrator.domain.problems import DomainError, Problem
 from orchestrator.domain.schedule import TickOutcome
+from orchestrator.engine.cron_worker import off_loop
 from orchestrator.engine.records import DeviceRun
 from orchestrator.engine.schedule_records import ChangeSchedule, Reply, ScheduleAction
 from orchestrator.engine.validation import problem_out, validate_against, warnings_against
 from orchestrator.ids import new_id
 from orchestrator.store import schedules as stored
-from orchestrator.store.models import Schedule
+from orchestrator.store.models import Schedule, ScheduleTick
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"], responses={**COMMON, **problems(404, 409)})
 
 _CREATE_422 = (
-    "`invalid_cron` (`field: cron`), `unknown_timezone` (`field: timezone`, with the `nearest` names), "
+    "`invalid_cron` (`field: cron`), `cron_too_rare` (`field: cron`: it must fire at least once a year), "
+    "`unknown_timezone` (`field: timezone`, an IANA name: not `localtime` or `Factory`; with the `nearest` names), "
     "`validation_error`, `planner_unavailable`, or a DAG problem of the task as `POST /v1/tasks` reports it "
     "(`dag_cycle`, `unknown_node`, ...); `problems` lists every one. What depends on the devices enrolled now "
     "(`unknown_tool`, `no_capable_device`, `invalid_arguments`, `retry_not_safe`) comes back as `warnings`"
@@ -52,11 +58,7 @@ _FLEET_NOTE = "; checked against the devices enrolled now: each tick's task is p
 async def create(body: ScheduleCreate, comp: Comp, _p: Operator) -> ScheduleOut:
     """A schedule: its first tick is the first one after now (none while `paused`)."""
     now = time.time()
-    found: list[Problem] = []
-    try:
-        crons.parse(body.cron, body.timezone, now)
-    except crons.CronError as exc:
-        found += exc.problems
+    found = await off_loop(_cron_problems, body.cron, body.timezone, now)
     refused, warnings = check_task(body.task, comp.settings, await comp.cluster.devices())
     if found or refused:
         raise DomainError(found + refused)
@@ -71,6 +73,15 @@ async def create(body: ScheduleCreate, comp: Comp, _p: Operator) -> ScheduleOut:
     }
     _answered(await comp.cluster.submit(ChangeSchedule(ScheduleAction.CREATE, schedule_id, definition)), body.name)
     return await _render(comp, await _reload(comp, schedule_id), warnings=warnings)
+
+
+def _cron_problems(expression: str, timezone: str, now: float) -> list[Problem]:
+    """What is wrong with a new schedule's cron and zone: unreadable, never firing, or too rare."""
+    try:
+        crons.regular(crons.parse(expression, timezone, now), now)
+    except crons.CronError as exc:
+        return exc.problems
+    return []
 
 
 def check_task(body: TaskCreate, settings: Settings, devices: list[DeviceRun]) -> tuple[list[Problem], list[Any]]:
@@ -111,7 +122,9 @@ async def get_schedule(
     schedule_id: str,
     comp: Comp,
     _p: Viewer,
-    next_runs: Annotated[int, Query(alias="next", ge=1, le=50, description="how many next runs to show")] = 5,
+    next_runs: Annotated[
+        int, Query(alias="next", ge=1, le=crons.MAX_NEXT, description="how many next runs to show")
+    ] = 5,
 ) -> ScheduleOut:
     return await _render(comp, await find_schedule(comp.store, schedule_id), next_runs)
 
@@ -130,8 +143,7 @@ async def list_ticks(
     row = await find_schedule(comp.store, schedule_id)
     ticks, nxt = await stored.ticks(comp.store, row.id, limit, cursor, outcome.value if outcome else None)
     tasks = await stored.tasks(comp.store, sorted({t.task_id for t in ticks if t.task_id}))
-    cron = cron_of(row, time.time())
-    items: list[TickOut] = [tick_out(t, cron, tasks) for t in ticks]
+    items = await off_loop(_ticks_out, row, ticks, tasks, time.time())
     return Page(items=items, next_cursor=nxt)
 
 
@@ -197,14 +209,26 @@ async def _render(
 ) -> ScheduleOut:
     tasks = await stored.tasks(comp.store, [row.last_task_id] if row.last_task_id else [])
     queued = (await stored.queued(comp.store, [row.id])).get(row.id, [])
-    return schedule_out(row, time.time(), tasks, queued, next_count, warnings)
+    return await off_loop(schedule_out, row, time.time(), tasks, queued, next_count, warnings)
 
 
 async def _render_all(comp: Comp, rows: list[Schedule]) -> list[ScheduleOut]:
     tasks = await stored.tasks(comp.store, [r.last_task_id for r in rows if r.last_task_id])
     queued = await stored.queued(comp.store, [r.id for r in rows])
-    now = time.time()
+    return await off_loop(_schedules_out, rows, tasks, queued, time.time())
+
+
+def _schedules_out(
+    rows: list[Schedule], tasks: dict[str, tuple[str, str]], queued: dict[str, list[datetime]], now: float
+) -> list[ScheduleOut]:
     return [schedule_out(r, now, tasks, queued.get(r.id, [])) for r in rows]
+
+
+def _ticks_out(
+    row: Schedule, ticks: list[ScheduleTick], tasks: dict[str, tuple[str, str]], now: float
+) -> list[TickOut]:
+    cron = cron_of(row, now)
+    return [tick_out(t, cron, tasks) for t in ticks]
 
 
 def _warning(problem: Problem) -> dict[str, Any]:

@@ -17,6 +17,12 @@ Daylight saving time, as Debian cron does it:
   follows real time: nothing runs in a skipped hour, and a repeated hour runs again.
 
 Ticks are instants, as epoch seconds (the engine's clock); `local` shows one in the zone.
+
+What it costs: finding a tick walks the calendar (cronsim gives up after 50 years), so a rare
+expression (`0 0 30 2 SUN#5`: 5th Sundays of February, every 28 years) costs a calendar walk per
+tick. A new schedule must fire at least once a year (`regular`: `cron_too_rare` otherwise), the
+next runs shown are at most `MAX_NEXT`, and each tick found is remembered (`_after`), so showing a
+schedule again walks only to its first tick. The callers run all of it off the event loop.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
-from functools import cache
+from functools import cache, lru_cache
 from zoneinfo import ZoneInfo, available_timezones
 
 from cronsim import CronSim, CronSimError
@@ -46,6 +52,15 @@ _FORMAT = (
     "'*/15 9-17 * * MON-FRI': every 15 minutes in office hours), a sixth in front for seconds, or one of "
     + ", ".join(sorted(MACROS))
 )
+MAX_NEXT = 50  # next runs shown at most
+MAX_GAP_S = 367 * 86400.0  # a schedule fires at least once a year (a leap year, and an hour's offset change)
+# A new schedule is checked for a gap longer than a year from instants this far apart, over the
+# calendar's whole cycle of weekdays and leap years (28 years, within a century).
+_CHECK_STEP_S = 30 * 86400.0
+_CHECK_SPAN_S = 28 * 365.25 * 86400.0
+# Names the tz database directory holds that are not IANA zones: `localtime` is this machine's own
+# zone (replicas may disagree), `Factory` a placeholder with no offset, `posixrules` a template.
+NOT_IANA = frozenset({"localtime", "Factory", "posixrules"})
 # After a skipped or repeated local hour, cron's rule can name a time at or before the instant
 # asked about (a fixed-time tick already run before the clock went back); it is passed over.
 # A handful is the most there can be; the bound only keeps a broken zone from looping.
@@ -72,18 +87,11 @@ class Cron:
 
     def after(self, instant: float) -> float | None:
         """The first tick strictly after `instant`, or None if it never fires again (none in 50 years)."""
-        it = CronSim(self.fields, datetime.fromtimestamp(instant, self.zone))
-        try:
-            for _ in range(_PASSED_OVER):
-                tick = next(it).timestamp()
-                if tick > instant:
-                    return tick
-        except StopIteration:
-            return None
-        return None
+        return _after(self.fields, self.zone, instant)
 
     def upcoming(self, instant: float, count: int) -> list[float]:
-        """The next `count` ticks after `instant` (fewer if it stops firing)."""
+        """The next `count` ticks after `instant` (fewer if it stops firing; at most `MAX_NEXT`)."""
+        count = min(count, MAX_NEXT)
         out: list[float] = []
         at: float | None = self.after(instant)
         while at is not None and len(out) < count:
@@ -101,6 +109,46 @@ class Cron:
             return CronSim(self.fields, datetime(2000, 1, 1)).explain()
         except Exception:  # the explainer is cronsim's extra; a gap in it must not fail a listing
             return self.fields
+
+
+@lru_cache(maxsize=8192)
+def _after(fields: str, zone: tzinfo, instant: float) -> float | None:
+    """`Cron.after`, remembered: a schedule shown again asks for the same ticks after its first
+    one (each tick's successor), and a rare one costs a calendar walk each (thread-safe: at worst
+    two threads compute the same answer)."""
+    it = CronSim(fields, datetime.fromtimestamp(instant, zone))
+    try:
+        for _ in range(_PASSED_OVER):
+            tick = next(it).timestamp()
+            if tick > instant:
+                return tick
+    except StopIteration:
+        return None
+    return None
+
+
+def regular(cron: Cron, now: float) -> None:
+    """Refuse (`cron_too_rare`) a cron that goes more than a year without a tick, anywhere in the
+    calendar's 28-year cycle from `now`: each of its ticks would cost a long calendar walk, and a
+    schedule that rare is more likely a mistake (`0 0 30 2 SUN#5` reads as February 30th) than a
+    plan. About 340 lookups for a cron that passes, ~10 ms."""
+    at = now
+    while at < now + _CHECK_SPAN_S:
+        tick = cron.after(at)
+        if tick is None or tick - at > MAX_GAP_S:
+            start = cron.local(at).date().isoformat()
+            when = f"its next tick after {start} is {cron.local(tick).isoformat()}" if tick else "it stops firing"
+            raise CronError(
+                [
+                    Problem(
+                        "cron_too_rare",
+                        f"cron '{cron.expression}' fires less than once a year ({when}); a schedule must fire "
+                        f"at least once every {MAX_GAP_S / 86400:.0f} days: {_FORMAT}",
+                        {"field": "cron"},
+                    )
+                ]
+            )
+        at += _CHECK_STEP_S
 
 
 def parse(expression: str, timezone: str, now: float) -> Cron:
@@ -152,7 +200,10 @@ def _bad_cron(expression: str, why: str) -> Problem:
 
 @cache
 def _zones() -> frozenset[str]:
-    return frozenset(available_timezones()) | {"UTC"}
+    """The IANA names of the tz database (`available_timezones` also lists a few files of its
+    directory that are not zones; see NOT_IANA)."""
+    names = {n for n in available_timezones() if n not in NOT_IANA and not n.startswith(("posix/", "right/"))}
+    return frozenset(names) | {"UTC"}
 
 
 def _zone(name: str) -> tuple[tzinfo | None, Problem | None]:
@@ -161,8 +212,12 @@ def _zone(name: str) -> tuple[tzinfo | None, Problem | None]:
         return UTC, None  # no DST: cronsim iterates plainly
     if name in _zones():
         return ZoneInfo(name), None
+    shown = name.replace("\x00", "\\u0000")
+    if name in NOT_IANA:
+        why = "this machine's local zone, which replicas may not share" if name == "localtime" else "not a place's zone"
+        message = f"timezone '{shown}' is {why}; give an IANA time zone name (e.g. 'Europe/Paris', 'UTC')"
+        return None, Problem("unknown_timezone", message, {"field": "timezone", "nearest": []})
     nearest = difflib.get_close_matches(name, sorted(_zones()), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(nearest)}?" if nearest else ""
-    shown = name.replace("\x00", "\\u0000")
     message = f"timezone '{shown}' is not an IANA time zone name (e.g. 'Europe/Paris', 'America/New_York', 'UTC'){hint}"
     return None, Problem("unknown_timezone", message, {"field": "timezone", "nearest": nearest})

@@ -7,6 +7,10 @@ leader fires it again and makes its task then; a crash after it finds the tick r
 on. Either way there is one task per tick. The task also carries the tick's Idempotency-Key
 (`domain.schedule.tick_key`), so a tick fired a second time for any reason finds the task it made.
 
+The cron arithmetic of a tick (the ticks due, the next one) runs on a worker thread
+(`cron_worker.off_loop`): a rare expression walks the calendar, and the engine shares its loop with
+every request and device socket of the replica.
+
 Schedules change only through this book (create, pause, resume, delete arrive as
 `ChangeSchedule` inputs through the cluster), so the leader's memory and the store agree, and the
 rules for ticks (`domain.schedule`) see every schedule as it is.
@@ -21,16 +25,19 @@ from datetime import datetime
 
 from orchestrator.config import Settings
 from orchestrator.domain import cron as crons
+from orchestrator.domain.cron import Cron
 from orchestrator.domain.run import TaskRun
 from orchestrator.domain.schedule import (
     SCHEDULE_LABEL,
     TICK_LABEL,
+    Backlog,
     Overlap,
     TickOutcome,
     backlog,
     on_due,
     tick_key,
 )
+from orchestrator.engine.cron_worker import off_loop
 from orchestrator.engine.intake import Admission, Submission
 from orchestrator.engine.llm_work import LlmWork
 from orchestrator.engine.schedule_records import (
@@ -98,6 +105,7 @@ class ScheduleBook:
         # store holds rows in memory, brings its own).
         self.load_rows: Callable[[Store], Awaitable[stored.Loaded]] = stored.load
         self.prune_rows: Callable[[Store, str, int], Awaitable[int]] = stored.prune_ticks
+        self.compute = off_loop  # where a tick's cron arithmetic runs
 
     # ---------------------------------------------------------------- recovery
 
@@ -259,11 +267,12 @@ class ScheduleBook:
         first = entry.next_at
         if first is not None and entry.last_tick is not None and first <= entry.last_tick:
             log.error("schedule %s: its next tick was not after its last recorded one; moving on", entry.id)
-            first = entry.cron.after(entry.last_tick)  # a tick is recorded once: never one already done
+            first = await self.compute(entry.cron.after, entry.last_tick)  # a tick is recorded once
         if first is None or first > now:
+            await self.compute(entry.cron.after, max(now, entry.last_tick or now))  # remembered for `_advance`
             self._advance(entry, now)
             return
-        due = backlog(entry.cron, first, now, entry.deadline_s)
+        due = await self.compute(_reckon, entry.cron, first, now, entry.deadline_s, entry.last_tick)
         if due.unlisted_from is not None:
             more = "+" if due.more else ""
             until = f" before {iso(due.missed[0])}" if due.missed else ""
@@ -396,6 +405,14 @@ class ScheduleBook:
             entry = self.entries.get(schedule_id)
             if entry is not None:
                 entry.ticks = max(0, entry.ticks - removed)
+
+
+def _reckon(cron: Cron, first: float, now: float, deadline_s: float, last_tick: float | None) -> Backlog:
+    """The ticks due from `first` up to `now`; and the tick `_advance` asks for after them (the
+    ones recorded are all at most `now`), found here so the cron remembers it (`domain.cron._after`)."""
+    due = backlog(cron, first, now, deadline_s)
+    cron.after(max(now, last_tick or now))
+    return due
 
 
 def _ts(value: datetime | None) -> float | None:

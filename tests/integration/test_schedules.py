@@ -3,15 +3,23 @@ tick; bad schedules are refused with stable codes (never a 500); the CLI drives 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 
-from tests.support import Fleet, run_cli, shell, wait_until
+from orchestrator.app import create_app
+from orchestrator.config import Settings
+from orchestrator.domain.cron import Cron
+from orchestrator.engine import schedules as engine_schedules
+from tests.support import Fleet, free_port, run_cli, shell, wait_until
 
 EVERY_2S = "*/2 * * * * *"  # a sixth field in front: seconds (every 2 s keeps the test short)
 
@@ -130,6 +138,10 @@ BAD = [
     (body(cron="@reboot"), "invalid_cron", "cron"),
     (body(timezone="Europe/Pari"), "unknown_timezone", "timezone"),
     (body(timezone="../../../etc/passwd"), "unknown_timezone", "timezone"),
+    (body(timezone="localtime"), "unknown_timezone", "timezone"),  # this machine's zone: replicas may differ
+    (body(timezone="Factory"), "unknown_timezone", "timezone"),
+    (body(cron="0 0 30 2 SUN#5"), "cron_too_rare", "cron"),  # a 5th Sunday of February: every 28 years
+    (body(cron="0 0 */31 2 MON#5"), "invalid_cron", "cron"),  # a February 1st that is its 5th Monday: never
     (
         body(task={"dag": {"nodes": [{"id": "a", "commands": [shell(["ls"])]}], "edges": [{"from": "a", "to": "a"}]}}),
         "dag_cycle",
@@ -325,3 +337,102 @@ def test_the_cli_says_what_is_wrong_in_one_line_and_exits_non_zero(fleet: Fleet,
     assert missing.returncode == 2 and "needs name and cron" in missing.stderr
     unknown = run_cli(fleet, "schedules", "show", "no-such-schedule")
     assert unknown.returncode == 1 and "not_found" in unknown.stderr
+
+
+# ---------------------------------------------------------------- cron arithmetic off the event loop
+
+
+@contextlib.contextmanager
+def in_process(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A real server (uvicorn on loopback) in a thread of this process, so a test can hold its cron
+    arithmetic on an event; yields its URL and admin key."""
+    settings = Settings(data_dir=tmp_path / "data", heartbeat_interval_s=30)
+    settings.data_dir.mkdir()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_config=None))
+    thread = threading.Thread(target=server.run, name="in-process-server")
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), 60, "the server to start")
+        assert server.started, "the server stopped while starting"
+        yield f"http://127.0.0.1:{port}", (settings.data_dir / "admin.key").read_text().strip()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+class Held:
+    """A computation held on an event: `entered` once it runs, `ended` once it returned. The hold
+    is bounded (a loop it blocks must not stay blocked if the test fails)."""
+
+    def __init__(self) -> None:
+        self.entered, self.release, self.ended = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(self) -> None:
+        self.entered.set()
+        self.release.wait(8)
+        self.ended.set()
+
+
+def test_next_runs_are_computed_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one request's next runs are being computed (held here), the same server answers others."""
+    held = Held()
+    upcoming = Cron.upcoming
+
+    def slow_upcoming(self: Cron, instant: float, count: int) -> list[float]:
+        if self.expression == "0 3 * * *":
+            held.hold()
+        return upcoming(self, instant, count)
+
+    with in_process(tmp_path) as (url, key):
+        auth = {"Authorization": f"Bearer {key}"}
+        made = httpx.post(f"{url}/v1/schedules", json=body(name="held", cron="0 3 * * *"), headers=auth, timeout=30)
+        assert made.status_code == 201, made.text
+        monkeypatch.setattr(Cron, "upcoming", slow_upcoming)
+        shown: list[httpx.Response] = []
+        viewer = threading.Thread(
+            target=lambda: shown.append(httpx.get(f"{url}/v1/schedules/held?next=50", headers=auth, timeout=30))
+        )
+        viewer.start()
+        try:
+            assert held.entered.wait(30), "the next runs were never computed"
+            devices = httpx.get(f"{url}/v1/devices", headers=auth, timeout=30)
+            answered_while_held = not held.ended.is_set()
+            assert devices.status_code == 200, devices.text
+            assert answered_while_held, "GET /v1/devices waited for another request's cron arithmetic"
+        finally:
+            held.release.set()
+            viewer.join(30)
+        assert shown[0].status_code == 200 and len(shown[0].json()["next_runs"]) == 50
+
+
+def test_the_engines_schedule_tick_runs_its_cron_arithmetic_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine leader shares its loop with the API: a tick being reckoned (held here) leaves it free."""
+    held = Held()
+    reckon = engine_schedules.backlog
+
+    def slow_backlog(cron: Cron, first: float, now: float, deadline_s: float) -> Any:
+        if cron.expression == "* * * * * *":
+            held.hold()
+        return reckon(cron, first, now, deadline_s)
+
+    monkeypatch.setattr(engine_schedules, "backlog", slow_backlog)
+    with in_process(tmp_path) as (url, key):
+        auth = {"Authorization": f"Bearer {key}"}
+        made = httpx.post(f"{url}/v1/schedules", json=body(name="every-second", cron="* * * * * *"), headers=auth)
+        assert made.status_code == 201, made.text
+        try:
+            assert held.entered.wait(30), "the schedule never ticked"
+            devices = httpx.get(f"{url}/v1/devices", headers=auth, timeout=30)
+            answered_while_held = not held.ended.is_set()
+            assert devices.status_code == 200, devices.text
+            assert answered_while_held, "GET /v1/devices waited for the engine's cron arithmetic"
+        finally:
+            held.release.set()
+        wait_until(held.ended.is_set, 30, "the held tick to end")
+        ticks = httpx.get(f"{url}/v1/schedules/every-second/ticks", headers=auth, timeout=30)
+        assert ticks.status_code == 200
+        deleted = httpx.delete(f"{url}/v1/schedules/every-second", headers=auth, timeout=30)
+        assert deleted.status_code == 200, deleted.text

@@ -1,6 +1,8 @@
 """Browser fixtures for the dashboard tests: one headless Chromium per module (Playwright
 driving the system's /usr/bin/chromium; no browser download), and a page per test that fails
-on uncaught script errors and on the API key showing up in a URL or the console."""
+on uncaught script errors, on any Content-Security-Policy violation (the browser's
+`securitypolicyviolation` events and its console) and on the API key showing up in a URL or the
+console."""
 
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ class Watched:
     urls: list[str] = field(default_factory=list)
     console: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)  # Content-Security-Policy violations
     event_auth: list[str | None] = field(default_factory=list)
 
 
@@ -93,9 +96,14 @@ def watching(browser: Any, fleet: Fleet) -> Iterator[Watched]:
     context = browser.new_context(
         viewport=VIEWPORT, device_scale_factor=1, locale="en-GB", timezone_id="UTC", reduced_motion="reduce"
     )
-    page = context.new_page()
+    w = Watched(context.new_page())
+    # Every document of the context reports what its Content-Security-Policy blocked (an init
+    # script runs before the page's own scripts, in every frame, whatever the page's policy).
+    # (a lambda: Playwright tags the callable it is given, which a bound builtin cannot take)
+    context.expose_function("__orreryCspViolation", lambda line: w.violations.append(line))  # noqa: PLW0108
+    context.add_init_script(CSP_WATCH)
+    page = w.page
     page.set_default_timeout(20_000)
-    w = Watched(page)
     page.on("request", lambda r: _record_request(w, r))
     page.on("console", lambda m: w.console.append(m.text))
     page.on("pageerror", lambda e: w.errors.append(str(e)))
@@ -107,7 +115,16 @@ def watching(browser: Any, fleet: Fleet) -> Iterator[Watched]:
         assert not any(secret in u for u in w.urls), "an API key appeared in a request URL"
         assert not any(secret in c for c in w.console), "an API key appeared in the console"
     assert not w.errors, f"uncaught script errors: {w.errors}"
+    assert not w.violations, f"Content-Security-Policy violations: {w.violations}"
     assert not [c for c in w.console if "Content Security Policy" in c], w.console
+
+
+CSP_WATCH = """
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__orreryCspViolation(`${e.effectiveDirective} blocked ${e.blockedURI || "inline"} in ${e.documentURI}` +
+    (e.sample ? ` (${e.sample})` : ""));
+}, true);
+"""
 
 
 @pytest.fixture

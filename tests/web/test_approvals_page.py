@@ -239,6 +239,11 @@ def test_a_gui_actions_screenshot_is_fetched_with_the_key_and_shown(tmp_path: Pa
         assert img.get_attribute("src").startswith("blob:")  # an <img src> could not send the key
         width = page.wait_for_function("sel => document.querySelector(sel)?.naturalWidth", arg=selector).json_value()
         assert width > 100, width
+        with fleet.server.client() as c:
+            image = c.get(approval["screenshot_url"])
+        assert image.headers["content-type"] == "image/png" and image.headers["x-content-type-options"] == "nosniff"
+        assert "sandbox" in image.headers["content-security-policy"].split("; "), image.headers
+        assert image.headers["x-frame-options"] == "DENY"
         page.wait_for_timeout(3500)  # a poll or two later, the screenshot was still fetched once
         assert sum(u.endswith(approval["screenshot_url"]) for u in w.urls) == 1
         page.click(f"{card(approval['id'])} button[data-decide=deny]")

@@ -9,6 +9,8 @@ import hashlib
 import os
 from pathlib import Path
 
+import httpx
+
 from tests.support import Fleet
 from tests.web.conftest import Watched, shot
 from tests.web.test_dashboard import api_key, sign_in
@@ -82,3 +84,12 @@ def test_the_task_page_lists_artifacts_live_and_downloads_one_through_a_signed_l
     assert viewer["key"] not in download.url and web_fleet.server.api_key not in download.url
     assert any(u.endswith("/artifacts/site-report.tar/link?version=1") for u in watched.urls)
     assert hashlib.sha256((beta.workspace / "in" / "site-report.tar").read_bytes()).hexdigest() == digest
+    # Neither way to the bytes lets a browser render them on this origin: downloaded, never sniffed.
+    with web_fleet.server.client(viewer["key"]) as c:
+        by_key = c.get(f"/v1/tasks/{task['id']}/artifacts/site-report.tar/content", headers={"Range": "bytes=0-15"})
+    by_link = httpx.get(download.url, headers={"Range": "bytes=0-15"}, timeout=10)
+    for r in (by_key, by_link):
+        assert r.status_code == 206 and r.headers["content-type"] == "application/octet-stream", r.headers
+        assert r.headers["content-disposition"].startswith("attachment"), r.headers
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert "sandbox" in r.headers["content-security-policy"].split("; ")

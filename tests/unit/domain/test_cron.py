@@ -135,3 +135,73 @@ def test_southern_hemisphere_zones_change_the_other_way_round() -> None:
     """Australia/Sydney springs forward on 2026-10-04 at 02:00 (to 03:00, +11:00)."""
     at = datetime(2026, 10, 2, 12, 0, tzinfo=UTC)
     assert ticks("30 2 * * *", "Australia/Sydney", at, 2) == ["2026-10-03T02:30:00+10:00", "2026-10-04T03:00:00+11:00"]
+
+
+# ---------------------------------------------------------------- what it costs
+
+
+def too_rare(expression: str, zone: str = "UTC") -> list[tuple[str, str]]:
+    with pytest.raises(CronError) as caught:
+        cron.regular(cron.parse(expression, zone, NOW), NOW)
+    return [(p.code, p.extra["field"]) for p in caught.value.problems]
+
+
+def test_a_cron_that_fires_less_than_once_a_year_is_refused_as_too_rare() -> None:
+    # Feb 30th or a 5th Sunday of February (day fields restricted both: either day runs): every 28 years.
+    assert too_rare("0 0 30 2 SUN#5") == [("cron_too_rare", "cron")]
+    assert too_rare("0 0 29 2 *", "Europe/Paris") == [("cron_too_rare", "cron")]  # leap days: every 4 years
+    # Every second of one day, then nothing for 28 years: the gap after that day is found too.
+    assert too_rare("* * * 2 MON#5") == [("cron_too_rare", "cron")]
+    with pytest.raises(CronError) as caught:
+        cron.regular(cron.parse("0 0 30 2 SUN#5", "UTC", NOW), NOW)
+    message = caught.value.problems[0].message
+    assert "less than once a year" in message and "2032-02-29T00:00:00+00:00" in message
+    # Once a year (a leap year's 366 days, a zone's offset change) and more often pass.
+    for expression, zone in [
+        ("@yearly", "UTC"),
+        ("0 0 1 1 *", "Europe/Paris"),
+        ("0 0 31 12 *", "Australia/Sydney"),
+        ("0 9 * * MON#1", "Asia/Tokyo"),
+        ("30 2 * * *", "America/New_York"),
+        ("*/10 * * * * *", "UTC"),
+    ]:
+        cron.regular(cron.parse(expression, zone, NOW), NOW)
+
+
+def test_a_cron_that_never_fires_is_refused() -> None:
+    assert refused("0 0 30 2 *") == [("invalid_cron", "cron")]  # no February has a 30th
+    assert refused("0 0 */31 2 MON#5") == [("invalid_cron", "cron")]  # a February 1st that is its 5th Monday
+
+
+def test_next_runs_are_capped_and_a_rare_cron_shown_again_walks_the_calendar_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = cron.parse("0 0 30 2 SUN#5", "Europe/Paris", NOW)  # stored before the rule: it still shows
+    walks: list[datetime] = []
+
+    class Counted(cron.CronSim):
+        def __init__(self, expr: str, dt: datetime) -> None:
+            walks.append(dt)
+            super().__init__(expr, dt)
+
+    monkeypatch.setattr(cron, "CronSim", Counted)
+    first = c.upcoming(NOW + 0.25, 1000)
+    assert len(first) == cron.MAX_NEXT == 50
+    assert len(walks) <= cron.MAX_NEXT + 1
+    walks.clear()
+    # Polled again a little later: only the walk from "now" to the first tick is new.
+    assert c.upcoming(NOW + 60.5, 50) == first
+    assert len(walks) == 1
+
+
+# ---------------------------------------------------------------- zones replicas agree on
+
+
+def test_localtime_factory_and_other_non_iana_names_are_not_time_zones() -> None:
+    for name in ("localtime", "Factory", "posixrules", "posix/Europe/Paris", "right/UTC"):
+        assert refused("0 2 * * *", name) == [("unknown_timezone", "timezone")], name
+    with pytest.raises(CronError) as caught:
+        cron.parse("0 2 * * *", "localtime", NOW)
+    assert "replicas" in caught.value.problems[0].message
+    for name in ("Etc/GMT+5", "Etc/UTC", "Europe/Paris", "America/Argentina/Buenos_Aires", "UTC", "GMT"):
+        assert cron.parse("0 2 * * *", name, NOW).timezone == name
