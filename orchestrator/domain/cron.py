@@ -20,7 +20,7 @@ Ticks are instants, as epoch seconds (the engine's clock); `local` shows one in 
 
 What it costs: finding a tick walks the calendar (cronsim gives up after 50 years), so a rare
 expression (`0 0 30 2 SUN#5`: 5th Sundays of February, every 28 years) costs a calendar walk per
-tick. A new schedule must fire at least once a year (`regular`: `cron_too_rare` otherwise), the
+tick. A new schedule must fire at least every 8 years, as a leap day does (`regular`: `cron_too_rare` otherwise), the
 next runs shown are at most `MAX_NEXT`, and each tick found is remembered (`_after`), so showing a
 schedule again walks only to its first tick. The callers run all of it off the event loop.
 """
@@ -53,7 +53,7 @@ _FORMAT = (
     + ", ".join(sorted(MACROS))
 )
 MAX_NEXT = 50  # next runs shown at most
-MAX_GAP_S = 367 * 86400.0  # a schedule fires at least once a year (a leap year, and an hour's offset change)
+MAX_GAP_S = 2924 * 86400.0  # a schedule fires at least every 8 years: a leap day does (2096, then 2104)
 # A new schedule is checked for a gap longer than a year from instants this far apart, over the
 # calendar's whole cycle of weekdays and leap years (28 years, within a century).
 _CHECK_STEP_S = 30 * 86400.0
@@ -128,10 +128,10 @@ def _after(fields: str, zone: tzinfo, instant: float) -> float | None:
 
 
 def regular(cron: Cron, now: float) -> None:
-    """Refuse (`cron_too_rare`) a cron that goes more than a year without a tick, anywhere in the
-    calendar's 28-year cycle from `now`: each of its ticks would cost a long calendar walk, and a
-    schedule that rare is more likely a mistake (`0 0 30 2 SUN#5` reads as February 30th) than a
-    plan. About 340 lookups for a cron that passes, ~10 ms."""
+    """Refuse (`cron_too_rare`) a cron that goes more than 8 years without a tick (a leap day's
+    longest gap), anywhere in the calendar's 28-year cycle from `now`: each of its ticks would cost
+    a long calendar walk, and a schedule that rare is more likely a mistake (`0 0 30 2 SUN#5` reads
+    as February 30th) than a plan. About 340 lookups for a cron that passes, ~10 ms."""
     at = now
     while at < now + _CHECK_SPAN_S:
         tick = cron.after(at)
@@ -142,8 +142,8 @@ def regular(cron: Cron, now: float) -> None:
                 [
                     Problem(
                         "cron_too_rare",
-                        f"cron '{cron.expression}' fires less than once a year ({when}); a schedule must fire "
-                        f"at least once every {MAX_GAP_S / 86400:.0f} days: {_FORMAT}",
+                        f"cron '{cron.expression}' fires less often than every 8 years ({when}); a schedule must "
+                        f"fire at least once every {MAX_GAP_S / 86400:.0f} days (a leap day does): {_FORMAT}",
                         {"field": "cron"},
                     )
                 ]

@@ -146,18 +146,19 @@ def too_rare(expression: str, zone: str = "UTC") -> list[tuple[str, str]]:
     return [(p.code, p.extra["field"]) for p in caught.value.problems]
 
 
-def test_a_cron_that_fires_less_than_once_a_year_is_refused_as_too_rare() -> None:
+def test_a_cron_that_fires_less_often_than_a_leap_day_is_refused_as_too_rare() -> None:
     # Feb 30th or a 5th Sunday of February (day fields restricted both: either day runs): every 28 years.
     assert too_rare("0 0 30 2 SUN#5") == [("cron_too_rare", "cron")]
-    assert too_rare("0 0 29 2 *", "Europe/Paris") == [("cron_too_rare", "cron")]  # leap days: every 4 years
     # Every second of one day, then nothing for 28 years: the gap after that day is found too.
     assert too_rare("* * * 2 MON#5") == [("cron_too_rare", "cron")]
     with pytest.raises(CronError) as caught:
         cron.regular(cron.parse("0 0 30 2 SUN#5", "UTC", NOW), NOW)
     message = caught.value.problems[0].message
-    assert "less than once a year" in message and "2032-02-29T00:00:00+00:00" in message
-    # Once a year (a leap year's 366 days, a zone's offset change) and more often pass.
+    assert "less often than every 8 years" in message and "2060-02-29T00:00:00+00:00" in message
+    # A leap day (every 4 years, 8 across 2100), once a year (a zone's offset change) and more often pass.
     for expression, zone in [
+        ("0 0 29 2 *", "Europe/Paris"),
+        ("0 12 29 2 *", "UTC"),
         ("@yearly", "UTC"),
         ("0 0 1 1 *", "Europe/Paris"),
         ("0 0 31 12 *", "Australia/Sydney"),
