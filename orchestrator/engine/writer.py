@@ -96,6 +96,7 @@ class StepWriter:
         self._journal_soft: list[tuple[Any, ...]] = []
         self._event_sources: list[int | None] = []
         self._effect_sources: list[int | None] = []
+        self.refused_parts: dict[int, ChangeSet] = {}  # of the last commit: what each refused input wrote
 
     # ---------------------------------------------------------------- recording
 
@@ -171,6 +172,7 @@ class StepWriter:
             merged.absorb(changes)  # the later, hard changes win on the same row
             changes = merged
         refused: dict[int, BaseException] = {}
+        self.refused_parts = {}
         if changes or events:
             changes.guard = self.lease_guard
             changes.events.extend(events)
@@ -238,4 +240,5 @@ class StepWriter:
                     log.error("the store refused informational updates; they are dropped: %s", exc)
                     continue
                 refused[src] = exc
+                self.refused_parts[src] = part  # what it touched: the engine isolates that
         return refused

@@ -33,6 +33,26 @@ def ask(dev: str, batch: CommandBatch, approval_id: str, reason: str) -> FrameIn
     return FrameIn(dev, message)
 
 
+async def memory_and_store(h: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the engine's memory holds, and what the store holds, of unfinished tasks' nodes, open
+    attempts, approvals waiting and devices' fences and current batches (what a restart rebuilds)."""
+    e = h.engine
+    memory = {
+        "tasks": {t: {u: r.state.value for u, r in run.units()} for t, run in e.tasks.items() if not run.terminal},
+        "attempts": sorted(e.attempts.open),
+        "approvals": sorted(e.approvals.waiting),
+        "devices": {d: (dev.fence, dev.current_batch) for d, dev in e.devices.items()},
+    }
+    snap = await h.store.load_runtime()
+    stored = {
+        "tasks": {b.task.id: {n.id: n.state for n in b.nodes} for b in snap.tasks},
+        "attempts": sorted(a.batch_id for b in snap.tasks for a in b.attempts if a.ended_at is None),
+        "approvals": sorted(a.id for a in await h.store.approvals_to_restore() if a.state == "pending"),
+        "devices": {d.id: (d.fence, d.current_batch_id) for d in snap.devices},
+    }
+    return memory, stored
+
+
 async def step(h: Harness, *items: Input) -> list[asyncio.Future[Any]]:
     """One step; the futures of its inputs (settled, with a result or an exception)."""
     loop = asyncio.get_running_loop()
@@ -69,6 +89,9 @@ async def test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_c
     assert await stored.get(h.store, "apr_bad") is None  # the refused part left no row
     assert not [e for e in published if e["type"] == "approval.requested"]  # nor an event said of it
     assert any(e["task_id"] == good_task for e in published)
+    memory, truth = await memory_and_store(h)
+    assert memory == truth  # memory keeps nothing of the refused input
+    assert "apr_bad" not in h.engine.approvals.waiting
 
     # The engine goes on: new work for the honest device is placed, run and recorded.
     task = await h.submit(one_node(placement={"labels": {"who": "good"}}))
@@ -78,9 +101,15 @@ async def test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_c
     await h.step(results(good, batch))
     assert (await h.task(task))["state"] == "succeeded"
     assert h.fatal == []
-    # What the store holds is whole: a restart finds the refused device's node still running.
+    # The refused device's work on its task ended with a clear code, in a following commit, and
+    # memory agrees with the store (no node waiting for an approval nobody stored).
+    row = await h.task(bad_task)
+    assert (row["state"], row["nodes"], row["errors"]) == ("failed", {"n": "failed"}, {"n": "input_refused"})
+    assert row["attempts"] == [("n", bad, "failed", "input_refused")]
+    memory, truth = await memory_and_store(h)
+    assert memory == truth
     await h.restart()
-    assert (await h.task(bad_task))["nodes"] == {"n": "running"}
+    assert await memory_and_store(h) == (truth, truth)
 
 
 async def test_a_store_out_of_reach_still_fails_the_step_after_its_retries(h: Harness) -> None:
