@@ -25,6 +25,8 @@ from orchestrator.engine.llm_work import LlmWork
 from orchestrator.engine.queues import Queues
 from orchestrator.engine.records import AttemptKind, FrameIn, Input
 from orchestrator.engine.runs import Runs
+from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTimeout, Wake
+from orchestrator.engine.writer import STEP_WORK
 from orchestrator.metrics import Metrics
 from orchestrator.store.models import Attempt, Device, Node, NodeChild, Task
 from orchestrator.store.repo import ChangeSet, Store
@@ -88,7 +90,12 @@ class Isolation:
         self, items: list[Input], refused: dict[int, BaseException], parts: dict[int, ChangeSet], now: float
     ) -> None:
         """Each refused input: logged once, what it touched reloaded, its device's work on it ended."""
-        for index in sorted(refused):
+        step_work = parts.get(STEP_WORK)
+        if step_work is not None:  # the step's own work, left out: what it touched is reloaded
+            task_ids, device_ids = touched(step_work, self.attempts)
+            log.warning("the step's own work was left out with it; reloading tasks %s", sorted(task_ids))
+            await self._reload(task_ids, device_ids, now)
+        for index in sorted(i for i in refused if i >= 0):
             item, exc = items[index], refused[index]
             what = getattr(getattr(item, "message", None), "type", "")
             who = getattr(item, "device_id", None) or getattr(item, "task_id", None) or "-"
@@ -103,15 +110,19 @@ class Isolation:
                 exc,
             )
             self.metrics.errors.labels("input_refused").inc()
-            for device_id in sorted(device_ids):
-                await self.reload_device(device_id)
-            for task_id in sorted(task_ids):
-                await self.reload_task(task_id, now)
+            await self._reload(task_ids, device_ids, now)
             if isinstance(item, FrameIn):
-                self._end_work(item.device_id, task_ids, str(exc), now)
+                self._end_work(item.device_id, task_ids, type(exc).__name__, now)
+
+    async def _reload(self, task_ids: set[str], device_ids: set[str], now: float) -> None:
+        for device_id in sorted(device_ids):
+            await self.reload_device(device_id)
+        for task_id in sorted(task_ids):
+            await self.reload_task(task_id, now)
 
     def _end_work(self, device_id: str, task_ids: set[str], why: str, now: float) -> None:
-        message = f"the store refused what device {device_id} reported about this work ({why[:300]}); it ends here"
+        # Only the refusal's kind is stored: its text may quote what could not be stored.
+        message = f"the store refused what device {device_id} reported about this work ({why}); it ends here"
         dev = self.fleet.devices.get(device_id)
         for att in self.attempts.on_device(device_id):
             if att.task_id not in task_ids or self.attempts.get(att.batch_id) is None:
@@ -163,9 +174,17 @@ class Isolation:
                 parent.step = att.batch_id
         self.llm.adopt(run)
         self.tasks[task_id] = run
-        for unit, rec in run.units():
+        timers, settings = self.runs.timers, self.runs.settings
+        for att in found:  # timers fired in a step left out are armed again (stale ones are ignored)
+            if att.deadline and att.kind is not AttemptKind.STEP:
+                timers.add(att.deadline, AttemptDeadline(att.batch_id))
+            if att.kind is not AttemptKind.AGENT and not att.accepted:
+                timers.add(now + settings.batch_accept_timeout_s, AcceptDeadline(att.batch_id))
+        for unit, rec in list(run.units()):  # as `Engine._settle` does after a restart
             key = (task_id, unit)
-            if rec.state is NodeState.READY and not (rec.spec.for_each is not None and unit in run.nodes):
+            if rec.state is NodeState.READY and rec.spec.for_each is not None and unit in run.nodes:
+                self.runs.apply(run, self.runs.fanouts.expand(run, unit, now), now)
+            elif rec.state is NodeState.READY:
                 self.queues.make_ready(key)
             elif rec.state is NodeState.QUEUED:
                 holder = self.fleet.devices.get(rec.queued_on or "")
@@ -173,8 +192,14 @@ class Isolation:
                     self.queues.enqueue(key, holder)
                 else:
                     self.runs.apply(run, run.unqueue(unit), now)
+            if rec.state in (NodeState.READY, NodeState.QUEUED) and rec.ready_since:
+                limit = rec.spec.queue_timeout_s or settings.queue_timeout_s
+                timers.add(rec.ready_since + limit, QueueTimeout(key, rec.ready_since))
+            if rec.not_before:
+                timers.add(rec.not_before, Wake())
         rows: list[Any] = [r for r in await self.store.approvals_to_restore() if r.task_id == task_id]
         self.approvals.restore(rows, now)
         for unit, data in restore.verifications(bundle):
             if run.has(unit) and run.record(unit).state is NodeState.VERIFYING:
                 self.runs.verify.restore(run, unit, data, now)
+        self.runs.apply(run, run.start(now), now)
