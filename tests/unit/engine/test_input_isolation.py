@@ -9,6 +9,8 @@ protocol's own check of device text (`protocol.text`), which is what this layer 
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from orchestrator.engine.records import FrameIn, Input
 from orchestrator.engine.writer import COMMIT_ATTEMPTS, refused_data
 from orchestrator.store import approvals as stored
 from orchestrator.store.repo import ChangeSet, LeaseLost
-from protocol.messages import ApprovalRequest, CommandBatch
+from protocol.messages import ApprovalRequest, CommandBatch, Result, ResultBatch
 from tests.unit.engine.harness import Harness, accepted, one_node, results
 
 POISON = "a lone surrogate: \ud800"
@@ -110,6 +112,49 @@ async def test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_c
     assert memory == truth
     await h.restart()
     assert await memory_and_store(h) == (truth, truth)
+
+
+async def test_the_steps_own_work_decided_on_a_refused_input_is_left_out_and_redone_from_the_store(h: Harness) -> None:
+    """Results the store refuses made the next node ready in memory; the step's own scheduling
+    would place it. That placement is left out with them (never stored, never sent): the first
+    node ends input_refused, the second is skipped as its edge says, and memory agrees.
+
+    SQLite stores JSON escaped, so here the store refuses results carrying a NUL as Postgres does
+    (jsonb holds no \\u0000): a thin wrapper raising the driver's own data error."""
+    dev = await h.enroll("solo")
+    await h.connect(dev)
+    dag = {
+        "nodes": [{"id": "a", "commands": [{"tool": "sim.act"}]}, {"id": "b", "commands": [{"tool": "sim.act"}]}],
+        "edges": [{"from": "a", "to": "b"}],
+    }
+    task = await h.submit(dag)
+    (batch,) = h.batches(dev)
+    await h.step(accepted(dev, batch))
+    real = h.engine.writer.store
+
+    async def like_postgres(changes: ChangeSet) -> list[int]:
+        if "\\u0000" in json.dumps([list(u.values()) for u in changes.updates.values()], default=str):
+            raise sqlite3.DataError("unsupported Unicode escape sequence: \\u0000 cannot be converted to text")
+        return await real.write(changes)
+
+    h.engine.writer.store = type("Jsonb", (), {"write": staticmethod(like_postgres)})()
+    poisoned = Result.model_construct(call_id=batch.commands[0].call_id, status="success", result={"note": "\x00"})
+    frame = FrameIn(dev, ResultBatch.model_construct(batch_id=batch.batch_id, fence=batch.fence, results=[poisoned]))
+
+    (refused_results,) = await step(h, frame)
+
+    assert refused_data(refused_results.exception())
+    assert h.fatal == []
+    row = await h.task(task)
+    assert (row["state"], row["nodes"], row["errors"]["a"]) == (
+        "failed",
+        {"a": "failed", "b": "skipped"},
+        "input_refused",
+    )
+    assert [a[0] for a in row["attempts"]] == ["a"]  # b was never placed
+    assert [b.node_id for b in h.batches(dev)] == ["a"]  # nor sent
+    memory, truth = await memory_and_store(h)
+    assert memory == truth
 
 
 async def test_a_store_out_of_reach_still_fails_the_step_after_its_retries(h: Harness) -> None:
