@@ -74,6 +74,7 @@ _NEVER_RETRY_REASONS = {
 _NEVER_RETRY_REASONS["budget_exceeded"] = "the device refused it: one of its owner's safety budgets was breached"
 _NEVER_RETRY_REASONS["verification_failed"] = "its commands ran and its verify commands showed they did not take effect"
 _NEVER_RETRY_REASONS["no_matching_device"] = "no device matched its for_each when it became ready"
+_NEVER_RETRY_REASONS["input_refused"] = "the store refused what its device reported, and would again"
 _NEVER_RETRY_REASONS["prompt_error"] = "a prompt template failed to render, and would again until it is fixed"
 
 

@@ -327,6 +327,17 @@ class ApprovalBook:
 
     # ---------------------------------------------------------------- recovery
 
+    def forget_task(self, task_id: str) -> None:
+        """Drop every entry of `task_id` (its task is about to be reloaded from the store)."""
+        for approval_id in [a for a, e in self.waiting.items() if e.task_id == task_id]:
+            e = self.waiting.pop(approval_id)
+            for index, key in ((self._by_batch, e.batch_id), (self._by_device, e.device_id)):
+                ids = index.get(key)
+                if ids is not None:
+                    ids.discard(approval_id)
+                    if not ids:
+                        del index[key]
+
     def restore(self, rows: list[Approval], now: float) -> None:
         """The approvals of open attempts, decided or not, and every undecided one, from the
         store after a start or a failover. An undecided one waits again, its expiry re-armed, and

@@ -39,6 +39,7 @@ from orchestrator.engine.attempts import Applied, Attempts, Duplicate
 from orchestrator.engine.fleet import Fleet
 from orchestrator.engine.inbox import Inbox
 from orchestrator.engine.intake import Admission
+from orchestrator.engine.isolation import Isolation
 from orchestrator.engine.llm_work import LlmWork, PlannerHooks
 from orchestrator.engine.outbox import DeviceLinks, Outbox
 from orchestrator.engine.queues import Queues
@@ -160,6 +161,9 @@ class Engine:
         self.runs.on_approval_expiry = self.approvals.expire
         self.runs.on_attempt_end = self.approvals.attempt_ended
         self.admissions = Admissions(store, self.writer)
+        self.isolation = Isolation(
+            store, self.tasks, self.attempts, self.approvals, self.queues, self.fleet, self.runs, self.llm, self.metrics
+        )
         self.schedules = ScheduleBook(
             settings, store, self.writer, self.timers, ids, self.tasks, self.llm, self.metrics
         )
@@ -290,7 +294,8 @@ class Engine:
         """One engine step: apply `items`, fire due timers, schedule, commit, then act and reply.
 
         A failing input is refused (its caller gets the exception) and the step goes on; so is one
-        whose changes the store refuses for their data (`StepWriter.commit` leaves them out). Any
+        whose changes the store refuses for their data (`StepWriter.commit` leaves them out, and
+        `Isolation` reloads what it touched and ends its device's work on it). Any
         other failing commit propagates, and the caller stops the engine: the store refused what
         memory now believes, and only a restart from the store is trustworthy again."""
         now = self.clock()
@@ -318,22 +323,15 @@ class Engine:
             await self._reconcile_if_due(now)  # most steps have nothing to reconcile: no coroutine made
         self._schedule(now)
         refused = await writer.commit()
-        if refused:
-            self._refused(items, refused)
+        if refused:  # memory made to agree with the store again, then what that wrote committed
+            await self.isolation.refused(items, refused, writer.refused_parts, now)
+            await writer.commit()
         for index, fut, value in replies:
             if not fut.done():
                 if index in refused:
                     fut.set_exception(refused[index])
                 else:
                     fut.set_result(value)
-
-    def _refused(self, items: list[Input], refused: dict[int, BaseException]) -> None:
-        """Log each input the store refused (callers get the refusal); its memory-only effects stay."""
-        for index, exc in refused.items():
-            item, what = items[index], getattr(getattr(items[index], "message", None), "type", "")
-            who = getattr(item, "device_id", None) or getattr(item, "task_id", None) or "-"
-            log.error("engine input %s %s (%s) refused by the store, left out: %s", type(item).__name__, what, who, exc)
-            self.metrics.errors.labels("input_refused").inc()
 
     async def _next_inputs(self) -> list[Input]:
         """Everything queued (at most 2,000), waiting for the first input or the next timer,

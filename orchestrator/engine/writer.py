@@ -51,6 +51,10 @@ def refused_data(exc: BaseException) -> bool:
 
 
 _SOFT = -1  # the source of soft changes (written on their own if they are refused)
+# The step's own work (timers, scheduling), as `commit` reports it left out: once an input is
+# refused, that work was decided on memory holding the refused input's changes, so it is not
+# written (nor its effects run); the engine reloads what it touched, and the next step redoes it.
+STEP_WORK = -2
 _INSERT, _MERGE, _DELETE = 0, 1, 2
 
 
@@ -96,6 +100,7 @@ class StepWriter:
         self._journal_soft: list[tuple[Any, ...]] = []
         self._event_sources: list[int | None] = []
         self._effect_sources: list[int | None] = []
+        self.refused_parts: dict[int, ChangeSet] = {}  # of the last commit: what each refused input wrote
 
     # ---------------------------------------------------------------- recording
 
@@ -171,6 +176,7 @@ class StepWriter:
             merged.absorb(changes)  # the later, hard changes win on the same row
             changes = merged
         refused: dict[int, BaseException] = {}
+        self.refused_parts = {}
         if changes or events:
             changes.guard = self.lease_guard
             changes.events.extend(events)
@@ -181,12 +187,12 @@ class StepWriter:
                     raise
                 log.warning("the store refused a step's changes for their data; writing them input by input: %s", exc)
                 refused = await self._write_apart(journal, events, event_sources)
-                events = [ev for ev, src in zip(events, event_sources, strict=True) if src not in refused]
+                events = [ev for ev, src in zip(events, event_sources, strict=True) if _key(src) not in refused]
             else:
                 for ev, event_id in zip(events, ids, strict=True):
                     ev["id"] = event_id
         for effect, src in zip(effects, effect_sources, strict=True):
-            if src in refused:
+            if _key(src) in refused:
                 continue  # what it would say about was not stored
             try:
                 effect()
@@ -204,8 +210,9 @@ class StepWriter:
     ) -> dict[int, BaseException]:
         """The step's changes again, one transaction per input in the order they came (the
         soft changes first, the step's own work last), leaving out each part the store refuses
-        for its data. The step's own part, refused, is a broken invariant: that propagates, as
-        does any failure of the store itself (a restart recovers from what was committed, each
+        for its data, and then the step's own part too (`STEP_WORK`). The step's own part
+        refused when no input was is a broken invariant: that propagates, as does any failure of
+        the store itself (a restart recovers from what was committed, each
         input's part whole or not at all)."""
         parts: dict[int | None, ChangeSet] = {}
         for op in journal:
@@ -227,6 +234,10 @@ class StepWriter:
             parts[None] = parts.pop(None)
         refused: dict[int, BaseException] = {}
         for src, part in parts.items():
+            if src is None and refused:
+                refused[STEP_WORK] = next(iter(refused.values()))
+                self.refused_parts[STEP_WORK] = part
+                continue
             part.guard = self.lease_guard
             try:
                 for ev, event_id in zip(part.events, await self._write(part), strict=True):
@@ -238,4 +249,9 @@ class StepWriter:
                     log.error("the store refused informational updates; they are dropped: %s", exc)
                     continue
                 refused[src] = exc
+                self.refused_parts[src] = part  # what it touched: the engine isolates that
         return refused
+
+
+def _key(src: int | None) -> int:
+    return STEP_WORK if src is None else src

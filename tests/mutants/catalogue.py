@@ -367,4 +367,21 @@ MUTANTS: list[Mutant] = [
             "test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_commits",
         ),
     ),
+    Mutant(
+        id="refused-input-leaves-task-running",
+        rule=(
+            "A device input the store refuses ends that device's work on the tasks it touched "
+            "(input_refused), so memory and the store agree and the task goes on."
+        ),
+        file="orchestrator/engine/isolation.py",
+        original="            if isinstance(item, FrameIn):\n                self._end_work(",
+        replacement=(
+            "            if isinstance(item, FrameIn) and item.device_id in device_ids:\n"
+            "                self._end_work("
+        ),
+        caught_by=(
+            "tests/unit/engine/test_input_isolation.py::"
+            "test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_commits",
+        ),
+    ),
 ]

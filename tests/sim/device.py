@@ -51,6 +51,7 @@ from protocol.messages import (
     Welcome,
 )
 from protocol.session import Channel, Session
+from tests.sim.memstore import POISON
 
 if TYPE_CHECKING:
     from tests.sim.world import World
@@ -521,6 +522,8 @@ class SimDevice:
             if failed
             else Result(call_id=cmd.call_id, status="success", result={"ok": True})
         )
+        if not failed and self.world.poisoned_output():  # text the store cannot hold
+            result = Result(call_id=cmd.call_id, status="success", result={"ok": True, "note": POISON})
         self.running = Running(batch, i, results, token)
 
         def finished() -> None:

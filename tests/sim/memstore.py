@@ -10,6 +10,7 @@ store never share a mutable object (sharing would make "store and memory agree" 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,6 +43,10 @@ from orchestrator.store.repo import (
     WriteConflict,
 )
 from orchestrator.store.schedules import Loaded
+
+# Device text the protocol lets through but the database cannot hold (as Postgres refuses NUL in
+# text): a write carrying it in an attempt's row is refused for its data (SQLSTATE class 22).
+POISON = "unstorable text"
 
 
 class StoreDown(Exception):
@@ -109,6 +114,8 @@ class MemStore:
     writes: int = 0
     read_only: bool = False  # a probe's view: writes are accepted and dropped
     on_write: Callable[[ChangeSet], None] | None = None  # checks on every applied change set
+    poison: bool = False  # refuse writes carrying POISON (a seed's fault)
+    refused: set[str] = field(default_factory=set)  # batches whose results were refused for POISON
     _seq: int = 0
 
     def fork(self) -> MemStore:
@@ -151,6 +158,8 @@ class MemStore:
             lease = self.leases.get(name)
             if lease is None or lease.holder != holder or lease.fence != fence or lease.expires <= self.clock():
                 raise LeaseLost(f"lease '{name}' (fence {fence}) is no longer held by {holder}")
+        if self.poison:
+            self._refuse_poison(changes)
         built: list[tuple[type[Base], tuple[Any, ...], Any]] = []
         seen: set[tuple[type[Base], tuple[Any, ...]]] = set()
         for model in _INSERT_ORDER:
@@ -180,6 +189,17 @@ class MemStore:
         for key, obj in events:
             self.table(Event)[key] = obj
         return [int(obj.id) for _, obj in events]
+
+    def _refuse_poison(self, changes: ChangeSet) -> None:
+        """POISON in any row or event is refused, as a database refuses text it cannot hold;
+        the batches whose results carried it are noted for the checks."""
+        rows = [list(changes.inserts.values()), [list(u.values()) for u in changes.updates.values()], changes.events]
+        if POISON not in json.dumps(rows, default=str):
+            return
+        for key, values in changes.updates.get(Attempt, {}).items():
+            if POISON in json.dumps(values, default=str):
+                self.refused.add(key[0])
+        raise sqlite3.DataError(f"the store cannot hold this text: {POISON}")
 
     async def add(self, model: type[Base], row: dict[str, Any]) -> None:
         changes = ChangeSet()
@@ -333,4 +353,4 @@ class MemStore:
         return row  # type: ignore[no-any-return]
 
 
-__all__ = ["DagEdit", "Lease", "MemStore", "StoreDown", "utc"]
+__all__ = ["POISON", "DagEdit", "Lease", "MemStore", "StoreDown", "utc"]

@@ -106,8 +106,9 @@ def test_the_runs_reach_every_person_and_control_path() -> None:
     approvals decided every way by the owner at the device and by the orchestrator (an
     operator, the expiry, a cancel), the device's own decision holding against a request that
     came second, emergency stops applied and lifted by a resume, safety budgets tripped, the
-    kill switch refusing work, commands outliving a crashed agent and killed by its restart, and
-    schedule ticks making their tasks."""
+    kill switch refusing work, commands outliving a crashed agent and killed by its restart,
+    schedule ticks making their tasks, and results the store refused isolated (their attempt
+    ended `input_refused`, memory agreeing with the store)."""
     seen = _coverage()
     wanted = [
         "approval approved by owner",
@@ -124,6 +125,7 @@ def test_the_runs_reach_every_person_and_control_path() -> None:
         "orphan",
         "orphan killed",
         "schedule tick's task",
+        "input refused by the store",
     ]
     missing = [w for w in wanted if not seen[w]]
     assert not missing, f"not reached: {missing}; reached: {dict(seen)}"

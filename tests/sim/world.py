@@ -50,6 +50,7 @@ from orchestrator.engine.records import (
 )
 from orchestrator.engine.schedule_records import ChangeSchedule, ScheduleAction
 from orchestrator.engine.times import utc
+from orchestrator.engine.writer import refused_data
 from orchestrator.store.models import Approval, Attempt, Device, Edge, Node, NodeChild, Task
 from orchestrator.store.repo import ChangeSet, WriteConflict
 from protocol.codec import encode
@@ -69,7 +70,7 @@ from protocol.messages import (
 from protocol.session import AckPolicy, Channel, Role, Session, negotiate_version
 from tests.sim import outcomes, view
 from tests.sim.device import CRASH_POINTS, NEEDS_APPROVAL, TOOLS, Conn, LApproval, SimDevice, harmless, read_only
-from tests.sim.memstore import MemStore
+from tests.sim.memstore import POISON, MemStore
 
 T0 = 1_800_000_000.0
 LEASE = "engine"
@@ -536,6 +537,12 @@ class World:
         self.settings = _settings()
         self.store = MemStore(lambda: self.now)
         self.store.on_write = self._check_write
+        # Results whose text the store cannot hold: their own generator, so seeds without this
+        # fault run as before. In a storm, always on.
+        self.poison_rng = Random(seed + 0x5EED)
+        storm = seed >= STORM_SEEDS
+        self.poison_rate = self.poison_rng.uniform(0.03, 0.1) if storm else self.poison_rng.choice((0.0, 0.0, 0.05))
+        self.store.poison = self.poison_rate > 0
         self.events: list[tuple[float, int, Callable[[], None], str]] = []
         self.seq = itertools.count()
         self.ids = itertools.count(1)
@@ -683,8 +690,15 @@ class World:
         for gw in self.gateways.values():  # the cluster re-announces links to a new leader
             gw.watch()
 
+    def poisoned_output(self) -> bool:
+        """Whether a command's output carries text the store cannot hold (a seed's fault)."""
+        return bool(self.poison_rate) and not self.healing and self.poison_rng.random() < self.poison_rate
+
     def _engine_died(self, engine: Engine, exc: BaseException) -> None:
         self.log("engine", f"FATAL {type(exc).__name__}: {exc}")
+        self.store.refused.clear()
+        if refused_data(exc) and not isinstance(exc, WriteConflict):
+            self.fail(f"the engine stopped on an input the store refused for its data: {exc!r}")
         if isinstance(exc, WriteConflict):  # not a fault the simulation injects: a row written twice
             self.fail(f"the engine wrote a row that exists: {exc}")
         self._engine_gone(engine)
@@ -753,6 +767,7 @@ class World:
                 reply(True, fut.result())
             else:
                 reply(False, None)
+        self.check_refused()
         self.check_step(engine)
 
     def _run(self, coro: Any) -> Any:
@@ -1239,6 +1254,24 @@ class World:
             floor = max(stored, self.attempt_fence_floor.get(device_id, 0))
             if fence < floor:
                 self.fail(f"engine fence of {device_id} is {fence}, below the store's {floor}")
+
+    def check_refused(self) -> None:
+        """Results the store refused for their data, in a step the engine survived: their attempt
+        ended `input_refused` in that step (memory agreeing with the store is checked next)."""
+        refused, self.store.refused = sorted(self.store.refused), set()
+        for batch_id in refused:
+            row = self.store.table(Attempt).get((batch_id,))
+            code = (row.error or {}).get("code") if row is not None else None
+            if row is None or row.ended_at is None or code != "input_refused":
+                self.fail(
+                    f"the store refused the results of {batch_id}, but its attempt is {row and row.status} {code}"
+                )
+            self.log("refused", f"results of {batch_id}: attempt ended input_refused")
+            self.seen["input refused by the store"] += 1
+        # The engine's one error log of each refusal is expected; any other error is not.
+        self.engine_errors = [e for e in self.engine_errors if not ("refused by the store" in e and POISON in e)]
+        if refused:
+            self.check_restart_agrees()
 
     def check_step(self, engine: Engine) -> None:
         self.check_fences(engine)

@@ -9,6 +9,8 @@ protocol's own check of device text (`protocol.text`), which is what this layer 
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from orchestrator.engine.records import FrameIn, Input
 from orchestrator.engine.writer import COMMIT_ATTEMPTS, refused_data
 from orchestrator.store import approvals as stored
 from orchestrator.store.repo import ChangeSet, LeaseLost
-from protocol.messages import ApprovalRequest, CommandBatch
+from protocol.messages import ApprovalRequest, CommandBatch, Result, ResultBatch
 from tests.unit.engine.harness import Harness, accepted, one_node, results
 
 POISON = "a lone surrogate: \ud800"
@@ -31,6 +33,26 @@ def ask(dev: str, batch: CommandBatch, approval_id: str, reason: str) -> FrameIn
         approval_id=approval_id, batch_id=batch.batch_id, call_id=cmd.call_id, tool=cmd.tool, reason=reason
     )
     return FrameIn(dev, message)
+
+
+async def memory_and_store(h: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the engine's memory holds, and what the store holds, of unfinished tasks' nodes, open
+    attempts, approvals waiting and devices' fences and current batches (what a restart rebuilds)."""
+    e = h.engine
+    memory = {
+        "tasks": {t: {u: r.state.value for u, r in run.units()} for t, run in e.tasks.items() if not run.terminal},
+        "attempts": sorted(e.attempts.open),
+        "approvals": sorted(e.approvals.waiting),
+        "devices": {d: (dev.fence, dev.current_batch) for d, dev in e.devices.items()},
+    }
+    snap = await h.store.load_runtime()
+    stored = {
+        "tasks": {b.task.id: {n.id: n.state for n in b.nodes} for b in snap.tasks},
+        "attempts": sorted(a.batch_id for b in snap.tasks for a in b.attempts if a.ended_at is None),
+        "approvals": sorted(a.id for a in await h.store.approvals_to_restore() if a.state == "pending"),
+        "devices": {d.id: (d.fence, d.current_batch_id) for d in snap.devices},
+    }
+    return memory, stored
 
 
 async def step(h: Harness, *items: Input) -> list[asyncio.Future[Any]]:
@@ -69,6 +91,9 @@ async def test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_c
     assert await stored.get(h.store, "apr_bad") is None  # the refused part left no row
     assert not [e for e in published if e["type"] == "approval.requested"]  # nor an event said of it
     assert any(e["task_id"] == good_task for e in published)
+    memory, truth = await memory_and_store(h)
+    assert memory == truth  # memory keeps nothing of the refused input
+    assert "apr_bad" not in h.engine.approvals.waiting
 
     # The engine goes on: new work for the honest device is placed, run and recorded.
     task = await h.submit(one_node(placement={"labels": {"who": "good"}}))
@@ -78,9 +103,58 @@ async def test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_c
     await h.step(results(good, batch))
     assert (await h.task(task))["state"] == "succeeded"
     assert h.fatal == []
-    # What the store holds is whole: a restart finds the refused device's node still running.
+    # The refused device's work on its task ended with a clear code, in a following commit, and
+    # memory agrees with the store (no node waiting for an approval nobody stored).
+    row = await h.task(bad_task)
+    assert (row["state"], row["nodes"], row["errors"]) == ("failed", {"n": "failed"}, {"n": "input_refused"})
+    assert row["attempts"] == [("n", bad, "failed", "input_refused")]
+    memory, truth = await memory_and_store(h)
+    assert memory == truth
     await h.restart()
-    assert (await h.task(bad_task))["nodes"] == {"n": "running"}
+    assert await memory_and_store(h) == (truth, truth)
+
+
+async def test_the_steps_own_work_decided_on_a_refused_input_is_left_out_and_redone_from_the_store(h: Harness) -> None:
+    """Results the store refuses made the next node ready in memory; the step's own scheduling
+    would place it. That placement is left out with them (never stored, never sent): the first
+    node ends input_refused, the second is skipped as its edge says, and memory agrees.
+
+    SQLite stores JSON escaped, so here the store refuses results carrying a NUL as Postgres does
+    (jsonb holds no \\u0000): a thin wrapper raising the driver's own data error."""
+    dev = await h.enroll("solo")
+    await h.connect(dev)
+    dag = {
+        "nodes": [{"id": "a", "commands": [{"tool": "sim.act"}]}, {"id": "b", "commands": [{"tool": "sim.act"}]}],
+        "edges": [{"from": "a", "to": "b"}],
+    }
+    task = await h.submit(dag)
+    (batch,) = h.batches(dev)
+    await h.step(accepted(dev, batch))
+    real = h.engine.writer.store
+
+    async def like_postgres(changes: ChangeSet) -> list[int]:
+        if "\\u0000" in json.dumps([list(u.values()) for u in changes.updates.values()], default=str):
+            raise sqlite3.DataError("unsupported Unicode escape sequence: \\u0000 cannot be converted to text")
+        return await real.write(changes)
+
+    h.engine.writer.store = type("Jsonb", (), {"write": staticmethod(like_postgres)})()
+    poisoned = Result.model_construct(call_id=batch.commands[0].call_id, status="success", result={"note": "\x00"})
+    frame = FrameIn(dev, ResultBatch.model_construct(batch_id=batch.batch_id, fence=batch.fence, results=[poisoned]))
+
+    (refused_results,) = await step(h, frame)
+
+    assert refused_data(refused_results.exception())
+    assert h.fatal == []
+    row = await h.task(task)
+    assert (row["state"], row["nodes"], row["errors"]["a"]) == (
+        "failed",
+        {"a": "failed", "b": "skipped"},
+        "input_refused",
+    )
+    assert [a[0] for a in row["attempts"]] == ["a"]  # b was never placed
+    assert [b.node_id for b in h.batches(dev)] == ["a"]  # nor sent
+    memory, truth = await memory_and_store(h)
+    assert memory == truth
 
 
 async def test_a_store_out_of_reach_still_fails_the_step_after_its_retries(h: Harness) -> None:
