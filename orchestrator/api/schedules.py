@@ -40,7 +40,8 @@ from orchestrator.store.models import Schedule, ScheduleTick
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"], responses={**COMMON, **problems(404, 409)})
 
 _CREATE_422 = (
-    "`invalid_cron` (`field: cron`), `cron_too_rare` (`field: cron`: it must fire at least every 8 years, as a leap day does), "
+    "`invalid_cron` (`field: cron`), "
+    "`cron_too_rare` (`field: cron`: it must fire at least every 8 years, as a leap day does), "
     "`unknown_timezone` (`field: timezone`, an IANA name: not `localtime` or `Factory`; with the `nearest` names), "
     "`validation_error`, `planner_unavailable`, or a DAG problem of the task as `POST /v1/tasks` reports it "
     "(`dag_cycle`, `unknown_node`, ...); `problems` lists every one. What depends on the devices enrolled now "
