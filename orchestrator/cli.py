@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ app = typer.Typer(
 )
 devices_app = typer.Typer(no_args_is_help=True, help="Enroll and manage devices.")
 tasks_app = typer.Typer(no_args_is_help=True, help="List, inspect, watch and cancel tasks.")
-keys_app = typer.Typer(no_args_is_help=True, help="Create and revoke API keys.")
+keys_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API keys.")
 approvals_app = typer.Typer(no_args_is_help=True, help="Commands waiting for a person's approval: list, approve, deny.")
 schedules_app = typer.Typer(no_args_is_help=True, help="Cron schedules that submit a task at every tick.")
 artifacts_app = typer.Typer(no_args_is_help=True, help="Files a task's commands published: list, get.")
@@ -154,7 +155,7 @@ def serve(**options: Any) -> None:
 
     from orchestrator.app import create_app
     from orchestrator.gateway.websocket import websocket_options
-    from orchestrator.server import server_options
+    from orchestrator.server import StartRefused, check_port, claim_store, server_options
 
     no_migrate = bool(options.pop("no_migrate", False))
     try:
@@ -167,6 +168,11 @@ def serve(**options: Any) -> None:
         logging.getLogger("orrery").warning(
             "serving on %s without TLS: API keys and device tokens cross the network in clear", settings.host
         )
+    try:  # before anything starts: the engine must not run on a store another server is using
+        claim_store(settings)
+        check_port(settings.host, settings.port)
+    except StartRefused as exc:
+        _fail(str(exc))
     uvicorn.run(
         create_app(settings, migrate=not no_migrate),
         host=settings.host,
@@ -203,6 +209,9 @@ def migrate(
 # ---------------------------------------------------------------- devices
 
 
+DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # as the server's enrollment checks it
+
+
 @devices_app.command("enroll")
 def devices_enroll(
     name: str,
@@ -212,6 +221,12 @@ def devices_enroll(
     api_key: KeyOpt = None,
 ) -> None:
     """Enroll a device; prints its id and token (shown once)."""
+    if not DEVICE_NAME.fullmatch(name):
+        _fail(
+            f"a device name may hold only letters, digits, '_', '.' and '-', starting with a letter or digit "
+            f"(at most 100 characters); got {name!r}",
+            2,
+        )
     with _api(server, api_key) as c:
         result = c.enroll(name, parse_labels(label))
     if json_out:
@@ -375,11 +390,24 @@ def _dag_body(file: Path, name: str | None) -> dict[str, Any]:
     try:
         data = load_dag_file(file)
     except DagFileError as exc:
-        _fail(str(exc), 2)
+        _fail(str(exc) + _schedule_hint(file), 2)
     body: dict[str, Any] = {"dag": {"nodes": data["nodes"], "edges": data.get("edges", [])}}
     if name or data.get("name"):
         body["name"] = name or data.get("name")
     return body
+
+
+def _schedule_hint(file: Path) -> str:
+    """For a schedule file given where a DAG is wanted: the command that takes it."""
+    from orchestrator.dagfile import parse_dag_text
+
+    try:
+        data = parse_dag_text(file.read_text(encoding="utf-8"), str(file), as_json=file.suffix.lower() == ".json")
+    except (OSError, UnicodeDecodeError, DagFileError):
+        return ""
+    if isinstance(data, dict) and ("cron" in data or "task" in data):
+        return f"; it looks like a schedule (it has cron/task): create it with 'orrery schedules create {file}'"
+    return ""
 
 
 def _print_warnings(answer: dict[str, Any]) -> None:
@@ -647,6 +675,28 @@ def keys_create(
         console.print(f"id:   {result['id']}\nrole: {result['role']}\nkey:  {result['key']}")
 
 
+@keys_app.command("list")
+def keys_list(
+    revoked: Annotated[bool, typer.Option("--revoked", help="include revoked keys")] = False,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """List API keys: id, role, name, created (never the key itself; it is shown once). Admin only."""
+    with _api(server, api_key) as c:
+        items = c.api_keys(revoked)
+    if json_out:
+        _print_json(items)
+        return
+    if not items:
+        console.print("no API keys")
+        return
+    for k in items:
+        gone = f"  revoked {k['revoked_at'][:19]}" if k.get("revoked_at") else ""
+        line = f"{k['id']}  {k['role']:8} {k['created_at'][:19]}  {k['name'] or '-'}{gone}"
+        console.print(line, markup=False, highlight=False)
+
+
 @keys_app.command("revoke")
 def keys_revoke(key_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
     """Revoke an API key."""
@@ -671,6 +721,7 @@ def approvals_list(
     """Approvals, oldest first: by default the ones waiting for a decision."""
     with _api(server, api_key) as c:
         page = c.approvals(None if state == "all" else state)
+        names = {} if json_out else _device_names(c, {a["device_id"] for a in page["items"]})
     if json_out:
         _print_json(page)
         return
@@ -679,10 +730,20 @@ def approvals_list(
         return
     for a in page["items"]:
         args = json.dumps(a["arguments"], ensure_ascii=False)
-        where = f"task {a['task_id']} node {a['node_id']} device {a['device_id']}"
+        device = f"{names[a['device_id']]} ({a['device_id']})" if names.get(a["device_id"]) else a["device_id"]
+        where = f"task {a['task_id']} node {a['node_id']} device {device}"
         local = " (decided only at the device)" if a["local_only"] else ""
         line = f"{a['id']}  {a['state']:9} {a['tool']} {args[:160]}\n    {where}{local}: {a['reason']}"
         console.print(line, markup=False, highlight=False)
+
+
+def _device_names(c: Client, device_ids: set[str]) -> dict[str, str]:
+    """Each device's name, for a listing that holds ids (a device that cannot be read keeps its id)."""
+    names: dict[str, str] = {}
+    for device_id in sorted(device_ids):
+        with contextlib.suppress(ClientError):
+            names[device_id] = str(c.device(device_id).get("name") or "")
+    return names
 
 
 def _decide_cli(
@@ -707,9 +768,12 @@ def _decide_cli(
 ReasonOpt = Annotated[str, typer.Option(help="why (recorded with the decision)")]
 
 
+ApprovalArg = Annotated[str, typer.Argument(help="an approval id or a unique id prefix (see 'orrery approvals list')")]
+
+
 @approvals_app.command("approve")
 def approvals_approve(
-    approval_id: str,
+    approval_id: ApprovalArg,
     reason: ReasonOpt = "",
     json_out: JsonOpt = False,
     server: ServerOpt = None,
@@ -721,7 +785,7 @@ def approvals_approve(
 
 @approvals_app.command("deny")
 def approvals_deny(
-    approval_id: str,
+    approval_id: ApprovalArg,
     reason: ReasonOpt = "",
     json_out: JsonOpt = False,
     server: ServerOpt = None,

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -32,6 +33,15 @@ def default_server() -> str:
     return f"http://{host}:{os.environ.get('ORRERY_PORT', '8765')}"
 
 
+def server_url(server: str) -> str:
+    """`--server` as the agent takes it: a bare `host:port` is `http://host:port`, and a ws(s)
+    URL (or one ending in `/v1/agent`, as given to an agent) names the same server over http(s)."""
+    parts = urlsplit(server if "://" in server else f"http://{server}")
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    path = parts.path.rstrip("/").removesuffix("/v1/agent")
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
 def default_api_key(data_dir: Path | None = None) -> str | None:
     if os.environ.get("ORRERY_API_KEY"):
         return os.environ["ORRERY_API_KEY"]
@@ -45,7 +55,7 @@ def default_api_key(data_dir: Path | None = None) -> str | None:
 
 class Client:
     def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 30.0) -> None:
-        self.server = (server or default_server()).rstrip("/")
+        self.server = server_url(server or default_server())
         self.api_key = api_key or default_api_key()
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
@@ -169,6 +179,18 @@ class Client:
     def revoke_api_key(self, key_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request("DELETE", f"/v1/api-keys/{key_id}")
         return result
+
+    def api_keys(self, revoked: bool = False) -> list[dict[str, Any]]:
+        """Every API key (never its secret), page after page."""
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": 500, "revoked": revoked, **({"cursor": cursor} if cursor else {})}
+            page = self.request("GET", "/v1/api-keys", params=params)
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return items
 
     def approvals(self, state: str | None = "pending", limit: int = 100) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}

@@ -41,7 +41,11 @@ def schedule_body(file: Path | None, request: str | None, **flags: Any) -> dict[
     body.update({k: v for k, v in flags.items() if v is not None})
     missing = [k for k in ("name", "cron", "task") if k not in body]
     if missing:
-        raise DagFileError(f"the schedule needs {' and '.join(missing)}: give them in the file or as --{missing[0]}")
+        # each missing field by the way to give it (a flag, or a task: FILE or --request)
+        ways = [f"--{k}" if k != "task" else "a FILE or --request" for k in missing]
+        raise DagFileError(
+            f"the schedule needs {' and '.join(missing)}: give them in the file or as {' and '.join(ways)}"
+        )
     return body
 
 

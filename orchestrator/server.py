@@ -1,4 +1,10 @@
-"""How `orrery serve` runs uvicorn: the slow-client limits (README, "Slow clients").
+"""How `orrery serve` runs uvicorn: the checks before it starts, and the slow-client limits
+(README, "Slow clients").
+
+Before anything starts (the engine included), `claim_store` takes an exclusive lock on a SQLite
+store, so a second server on the same data dir refuses at once instead of running its engine on
+the live store, and `check_port` refuses a port already in use. A Postgres store takes no lock:
+its replicas share it by design.
 
 uvicorn on its own waits forever for a request head: a client that opens a connection and sends
 nothing, or sends its headers one byte at a time (slowloris), holds the connection as long as it
@@ -11,8 +17,12 @@ or the app's (body size and read time: orchestrator/app.py, `BodyLimit`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
 import re
+import socket
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -145,3 +155,68 @@ def server_options(settings: Settings) -> dict[str, Any]:
         "limit_concurrency": settings.max_connections,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
     }
+
+
+class StartRefused(Exception):
+    """`orrery serve` must not start; the message is the one line to show."""
+
+
+_held: list[int] = []  # the store lock's fd, open for the life of the process (its close frees it)
+
+
+def store_lock_path(settings: Settings) -> Path | None:
+    """The lock file of a SQLite store (in the data dir for the default store, else beside the
+    database file); None for Postgres or an in-memory database."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(settings.resolved_database_url)
+    if not url.get_backend_name().startswith("sqlite") or not url.database or url.database == ":memory:":
+        return None
+    if settings.database_url is None:
+        return settings.data_dir / "serve.lock"
+    return Path(url.database).with_name(Path(url.database).name + ".lock")
+
+
+def claim_store(settings: Settings) -> None:
+    """Hold an exclusive lock on the SQLite store for as long as this process runs (the kernel
+    frees it when the process ends, however it ends). StartRefused if another server holds it."""
+    path = store_lock_path(settings)
+    if path is None:
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock on this platform: start as before
+        return
+    where = settings.data_dir if settings.database_url is None else path.with_suffix("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise StartRefused(f"another orrery serve is using {where} (pid {holder}); stop it first") from None
+        raise StartRefused(f"cannot lock {path}: {exc.strerror or exc}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held.append(fd)
+
+
+def check_port(host: str, port: int) -> None:
+    """StartRefused if `host:port` cannot be listened on (in use, say). Bound as uvicorn binds it
+    (SO_REUSEADDR, so a port left in TIME_WAIT passes), then released for uvicorn."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.errno == errno.EADDRINUSE:
+                raise StartRefused(
+                    f"port {port} is in use: {reason} on {host} (another orrery serve?); pass --port"
+                ) from None
+            raise StartRefused(f"cannot listen on {host}:{port}: {reason}; check --host and --port") from None

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.api.deps import Comp, Operator, Principal, Viewer
 from orchestrator.api.errors import COMMON, ApiError, problems
-from orchestrator.api.lookup import check_ref
+from orchestrator.api.lookup import check_ref, find_approval
 from orchestrator.api.schemas import Page
 from orchestrator.engine.records import DecideApproval
 from orchestrator.store import approvals as stored
@@ -112,14 +112,14 @@ async def list_approvals(
 
 
 async def _find(comp: Comp, approval_id: str) -> Approval:
-    check_ref("approval", approval_id)
-    row = await stored.get(comp.store, approval_id)
-    if row is None:
-        raise ApiError(404, "not_found", f"no approval '{approval_id}'; list them with GET /v1/approvals")
-    return row
+    """The approval a path names: its id or a unique id prefix (as tasks and devices)."""
+    return await find_approval(comp.store, approval_id)
 
 
-@router.get("/{approval_id}", response_model=ApprovalOut)
+_ONE = problems(409, s409="`ambiguous_id`: the id prefix matches more than one approval (they are named)")
+
+
+@router.get("/{approval_id}", response_model=ApprovalOut, responses=_ONE)
 async def get_approval(approval_id: str, comp: Comp, _p: Viewer) -> ApprovalOut:
     return approval_out(await _find(comp, approval_id))
 
@@ -127,16 +127,19 @@ async def get_approval(approval_id: str, comp: Comp, _p: Viewer) -> ApprovalOut:
 @router.get(
     "/{approval_id}/screenshot",
     response_class=Response,
-    responses={200: {"content": {"image/png": {}}, "description": "the screenshot the GUI action was planned on"}},
+    responses={
+        **_ONE,
+        200: {"content": {"image/png": {}}, "description": "the screenshot the GUI action was planned on"},
+    },
 )
 async def screenshot(approval_id: str, comp: Comp, _p: Viewer) -> Response:
     row = await _find(comp, approval_id)
     if not row.screenshot:
-        raise ApiError(404, "not_found", f"approval '{approval_id}' has no screenshot (only GUI actions carry one)")
+        raise ApiError(404, "not_found", f"approval '{row.id}' has no screenshot (only GUI actions carry one)")
     try:
         png = base64.b64decode(row.screenshot, validate=True)
     except (binascii.Error, ValueError):
-        raise ApiError(404, "not_found", f"approval '{approval_id}' has no readable screenshot") from None
+        raise ApiError(404, "not_found", f"approval '{row.id}' has no readable screenshot") from None
     return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
 
 
@@ -152,16 +155,14 @@ async def _decide(
             f"'orrery agent approve {row.id}' or 'orrery agent deny {row.id}'",
         )
     if row.state != "pending":
-        raise ApiError(409, "conflict", f"approval '{approval_id}' is already {row.state} (by {row.decided_by or '?'})")
+        raise ApiError(409, "conflict", f"approval '{row.id}' is already {row.state} (by {row.decided_by or '?'})")
     who = f"api key {principal.key_id}" if principal.key_id else f"role {principal.role.value}"
     reply = await comp.cluster.submit(DecideApproval(row.id, state, who, body.reason if body else ""))
     if not reply.get("ok"):
-        now = await _find(comp, approval_id)
+        now = await _find(comp, row.id)
         code = str(reply.get("code") or "conflict")
         if now.state != "pending":
-            raise ApiError(
-                409, "conflict", f"approval '{approval_id}' is already {now.state} (by {now.decided_by or '?'})"
-            )
+            raise ApiError(409, "conflict", f"approval '{row.id}' is already {now.state} (by {now.decided_by or '?'})")
         raise ApiError(403 if code == "approval_local_only" else 409, code, str(reply.get("detail") or ""))
     # A device known to be away cannot confirm now: say at once that it was asked.
     wait_s = comp.settings.approval_confirm_s if reply.get("online", True) else 0.0
@@ -172,7 +173,7 @@ async def _decide(
         raise ApiError(
             409,
             "conflict",
-            f"approval '{approval_id}' was {final.state} by {final.decided_by or 'someone'} before your decision "
+            f"approval '{row.id}' was {final.state} by {final.decided_by or 'someone'} before your decision "
             f"reached the device; that decision holds ({final.decision_reason or 'no reason given'})",
         )
     response.status_code = 202  # asked of the device; it has not confirmed yet
@@ -197,8 +198,8 @@ _DECIDE = {
         409,
         422,
         s403="`forbidden` (a viewer) or `approval_local_only`: only the device's owner may",
-        s409="`conflict`: decided already (the decision that holds is named), its attempt ended, or another "
-        "decision is on its way to the device",
+        s409="`ambiguous_id` (the id prefix matches more than one), or `conflict`: decided already (the "
+        "decision that holds is named), its attempt ended, or another decision is on its way to the device",
     ),
     202: {
         "model": ApprovalOut,

@@ -14,7 +14,7 @@ export function mountSignIn(root, { message = "", onSignedIn }) {
     type: "password",
     autocomplete: "off",
     spellcheck: "false",
-    placeholder: "orr_…",
+    placeholder: "orrk_…",
     required: true,
     "aria-describedby": "signin-error signin-hint",
   });
