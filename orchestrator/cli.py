@@ -22,7 +22,7 @@ from rich.text import Text
 
 from orchestrator.client import Client, ClientError
 from orchestrator.config import Settings
-from orchestrator.dagfile import DagFileError, load_dag_file
+from orchestrator.dagfile import DagFileError, load_dag_file, locate
 from orrery.exits import guarded
 from orrery.logs import setup_logging
 from orrery.options import parse_labels
@@ -568,7 +568,7 @@ def validate(
                 raise
             answer = {
                 "valid": False,
-                "problems": exc.body.get("problems") or [{"code": exc.code, "message": exc.detail}],
+                "problems": _placed(file, exc.body.get("problems") or [{"code": exc.code, "message": exc.detail}]),
             }
             answer.update(warnings=[], nodes=[])
     if not isinstance(answer, dict) or "valid" not in answer:
@@ -579,6 +579,15 @@ def validate(
         _print_validation(answer)
     if not answer["valid"]:
         raise typer.Exit(1)
+
+
+def _placed(file: Path, problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Problems whose `loc` is in the DAG body, with the file:line:column it came from first."""
+    for p in problems:
+        loc = p.get("loc") if isinstance(p, dict) else None
+        if isinstance(loc, list) and loc[:2] == ["body", "dag"] and (at := locate(file, loc[2:])):
+            p.update(position=at, message=f"{at}: {p.get('message')}")
+    return problems
 
 
 def _print_validation(answer: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +64,28 @@ def load_dag_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or "nodes" not in data:
         raise DagFileError(f"{path}: must hold an object with 'nodes' (and optionally 'edges', 'name')")
     return data
+
+
+def locate(path: Path, loc: Sequence[str | int]) -> str | None:
+    """`file:line:column` of the key or item at `loc` (keys and list indexes from the top of the
+    file, as a validation problem's `loc` names them after `body.dag`), or None when the file is
+    not YAML (JSON is YAML too) or holds nothing there."""
+    try:
+        node: yaml.Node | None = yaml.compose(path.read_text(encoding="utf-8"), Loader=DagLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    mark = node.start_mark if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next(
+                ((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None
+            )
+            if found is None:
+                return None
+            mark, node = found[0].start_mark, found[1]
+        elif isinstance(node, yaml.SequenceNode) and str(part).isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            mark = node.start_mark
+        else:
+            return None
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else None

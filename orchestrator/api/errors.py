@@ -15,6 +15,7 @@ from starlette.routing import Match
 
 from orchestrator.artifacts.errors import ArtifactError
 from orchestrator.cluster import ClusterUnavailable
+from orchestrator.domain.model import unknown_field
 from orchestrator.domain.problems import DomainError
 from orchestrator.store.repo import BadCursor
 
@@ -172,7 +173,7 @@ def install(app: FastAPI) -> None:
         problems = [
             {
                 "code": "validation_error",
-                "message": f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}",
+                "message": f"{'.'.join(str(p) for p in e.get('loc', ()))}: {_said(req, e)}",
                 "loc": [str(p) for p in e.get("loc", ())],
             }
             for e in exc.errors()[:50]
@@ -214,6 +215,17 @@ def install(app: FastAPI) -> None:
         _count(req, "internal_error")
         log.exception("unhandled error on %s %s", req.method, req.url.path)
         return problem_response(500, "internal_error", "the server failed to handle this request; see its log")
+
+
+def _said(req: Request, error: Any) -> Any:
+    """A request validation error's message; a key the body's model does not have names the
+    nearest field (`unknown field 'placment'; did you mean 'placement'?`) at any depth."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") != "extra_forbidden" or loc[:1] != ("body",):
+        return error.get("msg")
+    body = getattr(req.scope.get("route"), "body_field", None)
+    root = getattr(getattr(body, "field_info", None), "annotation", None)
+    return (unknown_field(root, loc[1:]) if root is not None else None) or error.get("msg")
 
 
 # Postgres's connection-exception class (08xxx) and an operator shutting it down or starting it

@@ -86,19 +86,22 @@ def validate(spec: DagSpec, known_tools: Collection[str], limits: Limits = Limit
         )
         if len(spec.nodes) > 10 * limits.max_nodes:
             return problems  # far too big to be worth examining further
-    structural = _check_ids_and_edges(spec)
-    if structural:
-        return problems + structural
-    graph = Graph.build([n.id for n in spec.nodes], spec.edges)
-    cycle = find_cycle(spec)
+    problems += _check_ids_and_edges(spec)
+    # Every independent problem in one round: an edge to an unknown node is left out of the
+    # cycle and ancestor checks (which need both its ends), and nothing else waits on it.
+    ids = {n.id for n in spec.nodes}
+    edges = [e for e in spec.edges if e.source in ids and e.target in ids]
+    known = spec if len(edges) == len(spec.edges) else spec.model_copy(update={"edges": edges})
+    graph = Graph.build([n.id for n in spec.nodes], edges)
+    cycle = find_cycle(known)
     if cycle:
-        return [
+        problems.append(
             Problem(
                 "dag_cycle",
                 "the edges form a cycle: " + " -> ".join([*cycle, cycle[0]]),
                 {"cycle": cycle},
             )
-        ]
+        )
     problems += _check_sizes(spec, limits)
     problems += _check_references(spec, graph)
     problems += _check_tools(spec, known_tools)
@@ -239,12 +242,14 @@ def _check_references(spec: DagSpec, graph: Graph) -> list[Problem]:
         args = [c.arguments for c in n.commands] + [c.arguments for c in n.verify]
         problems += _fan_out_references(n.id, args, fanned)
         for bad in templates.malformed(args):
+            meant = templates.suggestion(bad)
+            hint = f"; did you mean {meant}?" if meant else ""
             problems.append(
                 Problem(
                     "invalid_reference",
-                    f"node '{n.id}': '{bad}' is not a valid reference; write ${{nodes.<id>.output}} or "
-                    "${nodes.<id>.results[<i>].result}, optionally followed by .key or [index]",
-                    {"node": n.id, "reference": bad},
+                    f"node '{n.id}': '{bad}' is not a valid reference{hint} (write ${{nodes.<id>.output}} or "
+                    "${nodes.<id>.results[<i>].result}, optionally followed by .key or [index])",
+                    {"node": n.id, "reference": bad, **({"suggestion": meant} if meant else {})},
                 )
             )
         refs = templates.references(args)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Annotated, Any, Literal, NewType
+from types import UnionType
+from typing import Annotated, Any, Literal, NewType, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -214,3 +217,55 @@ class EdgeSpec(_Spec):
 class DagSpec(_Spec):
     nodes: list[NodeSpec] = Field(min_length=1)
     edges: list[EdgeSpec] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- validation messages
+
+
+def unknown_field(root: Any, loc: Sequence[str | int]) -> str | None:
+    """What to say of the key `loc[-1]` that the model at `loc[:-1]` (from `root`, a model type)
+    does not have: `unknown field 'placment'; did you mean 'placement'?` (or the fields it takes).
+    None when `loc` does not lead to a model."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    current: Any = root
+    for part in loc[:-1]:
+        current = _child(current, part)
+        if current is None:
+            return None
+    model = next((t for t in _alternatives(current) if _is_model(t)), None)
+    if model is None:
+        return None
+    names = [f.alias or name for name, f in model.model_fields.items()]
+    key = loc[-1]
+    nearest = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    if nearest:
+        return f"unknown field '{key}'; did you mean '{nearest[0]}'?"
+    return f"unknown field '{key}' (allowed: {', '.join(names)})"
+
+
+def _child(tp: Any, part: str | int) -> Any:
+    for t in _alternatives(tp):
+        origin, args = get_origin(t), get_args(t)
+        if _is_model(t) and isinstance(part, str):
+            for name, f in t.model_fields.items():
+                if part in (name, f.alias):
+                    return f.annotation
+        elif origin in (list, tuple) and isinstance(part, int) and args:
+            return args[0]
+        elif origin is dict and isinstance(part, str) and len(args) == 2:
+            return args[1]
+    return None
+
+
+def _alternatives(tp: Any) -> list[Any]:
+    """`tp` without `Annotated` and with each member of a union (`X | None`) on its own."""
+    if get_origin(tp) is Annotated:
+        return _alternatives(get_args(tp)[0])
+    if get_origin(tp) in (Union, UnionType):
+        return [t for arg in get_args(tp) for t in _alternatives(arg)]
+    return [tp]
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)

@@ -11,6 +11,7 @@ one is, so `${nodes.x.output.web-1.example.com.stdout}` works as `["web-1.exampl
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -22,6 +23,10 @@ _REF = re.compile(
     r"(?P<path>(?:\.[A-Za-z0-9_-]+|\[\d+\]|\[\"[^\"\\\]}]+\"\])*)\}"
 )
 _LOOSE = re.compile(r"\$\{nodes\.[^}]*\}")
+# `${<word>.<anything>}` where the word may be a misspelt `nodes` (`${node.a.output}`). `${` with
+# no dot after a word (`${HOME}`, `${1}`) is shell text and passes through; so does a word not
+# like `nodes` (`${foo.bar}`), which no shell expands either.
+_NEAR = re.compile(r"\$\{\s*(?P<head>[A-Za-z_][A-Za-z0-9_]*)\s*\.(?P<rest>[^}]*)\}")
 _STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[\"([^\"\\\]}]+)\"\]")
 
 
@@ -60,13 +65,40 @@ def whole_output(value: Any, node_ids: Collection[str]) -> str | None:
 
 
 def malformed(value: Any) -> list[str]:
-    """`${nodes...}` snippets that look like references but do not parse."""
+    """`${nodes...}` snippets that look like references but do not parse, and `${<word>....}`
+    where the word is a misspelt `nodes` (`${node.a.output}`, `${Nodes.a.output}`)."""
     bad = []
     for text in _strings(value):
         for m in _LOOSE.finditer(text):
             if not _REF.fullmatch(m.group(0)):
                 bad.append(m.group(0))
+        for m in _NEAR.finditer(text):
+            if m.group("head") != "nodes" and _like(m.group("head"), "nodes"):
+                bad.append(m.group(0))
     return bad
+
+
+def suggestion(bad: str) -> str | None:
+    """A valid reference that `bad` (one of `malformed`'s) was probably meant to be, or None."""
+    m = _NEAR.fullmatch(bad)
+    if m is None:
+        return None
+    node, _, tail = m.group("rest").strip().partition(".")
+    root, sep, path = tail.partition(".")
+    step, bracket, index = root.partition("[")
+    if _like(step, "output"):
+        root = "output" + bracket + index
+    elif _like(step, "results"):
+        root = "results" + bracket + index
+    fixed = "${nodes." + node + "." + root + sep + path + "}"
+    if _REF.fullmatch(fixed) is None and not tail:  # `${node.a}`: the whole output was probably meant
+        fixed = "${nodes." + node + ".output}"
+    return fixed if _REF.fullmatch(fixed) and fixed != bad else None
+
+
+def _like(word: str, meant: str) -> bool:
+    """`word` is `meant` with a typo: another case, a letter missing, added, swapped or wrong."""
+    return difflib.SequenceMatcher(None, word.lower(), meant).ratio() >= 0.75
 
 
 Lookup = Callable[[str], Mapping[str, Any] | None]

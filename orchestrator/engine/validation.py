@@ -30,17 +30,32 @@ def catalogued(devices: Iterable[DeviceRun], policies: Mapping[str, Any] | None 
     return out
 
 
+# A node's own problems that its fleet checks depend on: its tools must exist, and its arguments
+# must be within the size limit before they are judged against a schema.
+_HOLDS_NODE = frozenset({"unknown_tool", "limit_exceeded"})
+
+
 def validate_against(
     spec: DagSpec, devices: list[DeviceRun], limits: dag.Limits, policies: Mapping[str, Any] | None = None
 ) -> list[Problem]:
     """SPEC section 3, validation at submission: unique ids, edges, no cycles, references to
     ancestors, known tools (with the nearest names), sizes; then a capable device for each node,
     and arguments that fit the input schema of each tool on one of the node's capable devices.
+    Every independent problem is reported at once; a node's fleet checks are left out only when
+    its own structural problems make them moot.
     `policies` (device id to reported `info.policy`) lets the checks see what a device asks
     approval for."""
     problems = dag.validate(spec, known_tools(devices), limits)
-    if problems:
-        return problems
+    if len(spec.nodes) > limits.max_nodes:
+        return problems  # too big to judge node by node against the fleet
+    # All in one round: a node's fleet checks wait only on its own problems (a tool no device
+    # offers makes "no capable device" and argument checks moot), not on other nodes' or edges'.
+    held = {p.extra.get("node") for p in problems if p.code in _HOLDS_NODE}
+    if held:
+        kept = [n for n in spec.nodes if n.id not in held]
+        if not kept:
+            return problems
+        spec = spec.model_copy(update={"nodes": kept})
     fleet = checks.Catalog(catalogued(devices, policies))
     views = [d.view for d in fleet.devices]
     runnable: dict[Hashable, bool] = {}  # by placement signature: alike nodes fit alike devices

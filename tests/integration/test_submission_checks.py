@@ -276,3 +276,64 @@ async def _hello(fleet: Fleet, dev: RawDevice, tools: list[dict[str, Any]], poli
             info={"platform": "linux", "policy": policy},
         )
         await dev.recv("welcome")
+
+
+# ---------------------------------------------------------------- every problem in one round
+
+
+def _placed(node_id: str, command: dict[str, Any]) -> dict[str, Any]:
+    return {"id": node_id, "placement": PLACED, "commands": [command]}
+
+
+def test_a_refused_submission_names_every_independent_problem_in_one_422(fleet: Fleet) -> None:
+    dag = {
+        "nodes": [
+            _placed("a", shell(["echo", "${node.c.output.stdout}"])),
+            _placed("b", {"tool": "shell.rnu", "arguments": {"argv": ["ls"]}}),
+            _placed("c", {"tool": "shell.run", "arguments": {"argv": "not-a-list"}}),
+            _placed("d", {"tool": "files.read", "arguments": {}}),
+        ],
+        "edges": [{"from": "a", "to": "c"}, {"from": "c", "to": "a"}, {"from": "d", "to": "ee"}],
+    }
+    before = task_count(fleet)
+    r = post(fleet, {"dag": dag})
+    assert r.status_code == 422, r.text
+    problems = r.json()["problems"]
+    found = sorted((p["code"], p.get("node", "")) for p in problems)
+    assert found == [
+        ("dag_cycle", ""),
+        ("invalid_arguments", "c"),
+        ("invalid_arguments", "d"),
+        ("invalid_reference", "a"),
+        ("unknown_node", "ee"),
+        ("unknown_tool", "b"),
+    ], problems
+    bad_ref = next(p for p in problems if p["code"] == "invalid_reference")
+    assert bad_ref["suggestion"] == "${nodes.c.output.stdout}"
+    assert "did you mean ${nodes.c.output.stdout}?" in bad_ref["message"]
+    dry = post(fleet, {"dag": dag}, params={"dry_run": "true"}).json()
+    assert sorted(p["code"] for p in dry["problems"]) == sorted(code for code, _ in found)
+    assert task_count(fleet) == before
+
+
+def test_a_misspelt_key_in_a_body_names_the_field_meant_at_every_level(fleet: Fleet) -> None:
+    node = {
+        "id": "a",
+        "for_each": {"lables": ROLE},
+        "retry": {"max_attempts": 2, "backof_s": 1},
+        "commands": [{"tool": "shell.run", "argumnets": {"argv": ["ls"]}}],
+        "verfy": [],
+    }
+    r = post(fleet, {"dag": {"nodes": [node], "edges": [{"from": "a", "to": "a", "onn": "success"}]}, "nmae": "x"})
+    assert r.status_code == 422 and r.json()["code"] == "validation_error"
+    messages = {p["message"] for p in r.json()["problems"]}
+    assert {
+        "body.nmae: unknown field 'nmae'; did you mean 'name'?",
+        "body.dag.nodes.0.for_each.lables: unknown field 'lables'; did you mean 'labels'?",
+        "body.dag.nodes.0.retry.backof_s: unknown field 'backof_s'; did you mean 'backoff_s'?",
+        "body.dag.nodes.0.commands.0.argumnets: unknown field 'argumnets'; did you mean 'arguments'?",
+        "body.dag.nodes.0.verfy: unknown field 'verfy'; did you mean 'verify'?",
+        "body.dag.edges.0.onn: unknown field 'onn'; did you mean 'on'?",
+    } <= messages, messages
+    far = post(fleet, {"dag": {"nodes": [{**node, "zzz": 1}]}}).json()["problems"]
+    assert any(p["message"].startswith("body.dag.nodes.0.zzz: unknown field 'zzz' (allowed: id, kind,") for p in far)
