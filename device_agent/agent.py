@@ -187,9 +187,13 @@ class Agent:
             what = "the batch executor" if ended is executor else "the connection loop"
             reason = f"{type(failure).__name__}: {failure}" if failure else "it returned"
             raise AgentFailed(f"{what} stopped unexpectedly ({reason})") from failure
-        finally:
-            # Decided before anything is cancelled (a cancelled executor forgets its batch).
+        except asyncio.CancelledError:
+            # Stopped (a signal), not failed: a failed agent is restarted by its supervisor and
+            # reports what it was running, so the server's timers decide for it. Decided before
+            # anything is cancelled (a cancelled executor forgets its batch).
             self.leaving_idle = self._idle()
+            raise
+        finally:
             for task in (executor, connector):
                 task.cancel()
             for task in (executor, connector):
