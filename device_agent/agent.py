@@ -34,7 +34,7 @@ from device_agent.ledger import (
 from device_agent.orphans import end_orphans
 from device_agent.reconnect import Backoff
 from device_agent.router import CallLimit, Router
-from device_agent.transport import Closed, Refused, Transport
+from device_agent.transport import Closed, NotTls, Refused, Transport
 from protocol.codec import encode, utf8_len
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
@@ -70,6 +70,7 @@ STOP_GRACE_S = 2.0  # after an emergency stop, a command gets this long to retur
 # treats results as acceptance, and this is far below its accept deadline (30 s by default).
 ACCEPT_AFTER_S = 0.05
 STABLE_SESSION_S = 10.0  # a session this long resets the backoff
+GOODBYE_TIMEOUT_S = 2.0  # a stopping agent waits this long for its close to be answered
 
 
 # A refusal of the token itself: an HTTP status on the upgrade, or a close code after it.
@@ -140,6 +141,7 @@ class Agent:
         self.connected = asyncio.Event()
         self.sessions_opened = 0
         self._lock = asyncio.Lock()
+        self.leaving_idle = False  # stopping with nothing running or unacknowledged: say goodbye
         self._announcing: set[asyncio.Task[None]] = set()
         router.on_tools_changed = self._on_tools_changed
         screenshots = config.resolved_data_dir / SCREENSHOTS_NAME
@@ -185,6 +187,12 @@ class Agent:
             what = "the batch executor" if ended is executor else "the connection loop"
             reason = f"{type(failure).__name__}: {failure}" if failure else "it returned"
             raise AgentFailed(f"{what} stopped unexpectedly ({reason})") from failure
+        except asyncio.CancelledError:
+            # Stopped (a signal), not failed: a failed agent is restarted by its supervisor and
+            # reports what it was running, so the server's timers decide for it. Decided before
+            # anything is cancelled (a cancelled executor forgets its batch).
+            self.leaving_idle = self._idle()
+            raise
         finally:
             for task in (executor, connector):
                 task.cancel()
@@ -209,6 +217,7 @@ class Agent:
         backoff = Backoff()
         turn = 0
         refusals = 0
+        explained = False  # the server not speaking TLS was logged
         while True:
             url = urls[turn % len(urls)]
             turn += 1
@@ -237,11 +246,20 @@ class Agent:
                         REFUSALS_TO_GIVE_UP,
                         delay,
                     )
+                elif isinstance(exc, NotTls):
+                    # Said once, as an error: every retry would fail the same way until someone
+                    # fixes the URL or the server (which may be reconfigured, so keep trying).
+                    if not explained:
+                        log.error("%s; retrying with backoff until it does", exc)
+                        explained = True
+                    else:
+                        log.debug("still no TLS at %s; retrying in %.1fs", url, delay)
                 else:
                     _log_retry(exc, delay)
                 await asyncio.sleep(delay)
             else:
                 refusals = 0
+                explained = False
                 backoff.reset()
 
     # ================================================================ one connection
@@ -284,6 +302,10 @@ class Agent:
             beat = asyncio.create_task(self._heartbeats(t, url), name="agent-heartbeat")
             try:
                 await self._read(t, channel)
+            except asyncio.CancelledError:
+                if self.leaving_idle:
+                    await self._goodbye(t)
+                raise
             except Closed as exc:
                 if time.monotonic() - opened < STABLE_SESSION_S or exc.code in PERMANENT_CLOSE:
                     raise
@@ -295,6 +317,23 @@ class Agent:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
+
+    def _idle(self) -> bool:
+        """Nothing running, queued, or sent and not yet acknowledged by the server."""
+        return (
+            self.current is None
+            and self.work.empty()
+            and not self.queued
+            and not self.pending_acks
+            and not self.pending_reports
+        )
+
+    async def _goodbye(self, t: Transport) -> None:
+        """Tell the server this agent is stopping (close 1001, going away), so it shows the device
+        offline at once instead of idle until the heartbeat timeout. Only when idle: with work in
+        flight the server's timers decide, and an agent restarted at once resumes it."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(t.close(CloseCode.GOING_AWAY, "agent stopping"), GOODBYE_TIMEOUT_S)
 
     def _hello(self) -> Hello:
         resume = self.session.resume_point() if self.session is not None else None
@@ -367,7 +406,8 @@ class Agent:
             await asyncio.sleep(self.heartbeat_interval_s)
             if time.monotonic() - self.last_server_frame > self.heartbeat_timeout_s:
                 log.warning("no frame from the server for %.0fs; reconnecting", self.heartbeat_timeout_s)
-                await t.close(1001, "server silent")
+                # Normal closure, not 1001: "going away" tells the server this agent is stopping.
+                await t.close(CloseCode.NORMAL, "server silent")
                 return
             self._healthy(url)
             await self._heartbeat()

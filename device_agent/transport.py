@@ -44,6 +44,29 @@ def problem_detail(body: str) -> str:
     return text[:200] or "no reason given"
 
 
+# What OpenSSL says when the server answered a TLS hello with something that is not TLS (most
+# often a plain-HTTP server's error page): the server is there, it just does not speak TLS.
+NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"})
+
+
+class NotTls(Exception):
+    """A `wss://` (https) connection reached a server that answered without TLS."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(
+            f"the server at {url} answered, but not with TLS: it serves plain http. Use an http:// "
+            "(ws://) --server URL, or start the server with --tls-cert and --tls-key"
+        )
+
+
+def not_tls(exc: BaseException) -> bool:
+    """`exc` is OpenSSL's complaint that the peer's answer to a TLS hello was not TLS."""
+    return isinstance(exc, ssl.SSLError) and (
+        getattr(exc, "reason", None) in NOT_TLS_REASONS or any(r in str(exc) for r in NOT_TLS_REASONS)
+    )
+
+
 class Closed(Exception):
     def __init__(self, code: int | None, reason: str) -> None:
         super().__init__(f"connection closed ({code}): {reason}")
@@ -103,6 +126,10 @@ class Transport:
         except InvalidStatus as exc:
             body = exc.response.body.decode("utf-8", "replace") if exc.response.body else ""
             raise Refused(exc.response.status_code, body) from None
+        except ssl.SSLError as exc:
+            if not_tls(exc):
+                raise NotTls(self.url) from None
+            raise
         return self
 
     async def __aexit__(

@@ -84,7 +84,14 @@ class Client:
             ) from None
 
     def _unreachable(self, exc: httpx.HTTPError) -> ClientError:
-        if isinstance(exc, httpx.ConnectError):
+        if isinstance(exc, httpx.ConnectError) and any(
+            r in str(exc) for r in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG")
+        ):  # OpenSSL's words for an answer to a TLS hello that was not TLS
+            detail = (
+                f"the orchestrator at {self.server} answered, but not with TLS: it serves plain http. "
+                "Use an http:// URL, or start the server with --tls-cert and --tls-key"
+            )
+        elif isinstance(exc, httpx.ConnectError):
             detail = f"cannot reach the orchestrator at {self.server}: is `orrery serve` running?"
         elif isinstance(exc, httpx.TimeoutException):
             detail = f"the orchestrator at {self.server} did not answer in time"

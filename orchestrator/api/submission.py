@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator.api.errors import ApiError
@@ -14,11 +15,12 @@ from orchestrator.api.render import NewTask
 from orchestrator.api.schemas import TaskCreate
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
-from orchestrator.domain.model import DagSpec, NodeKind
+from orchestrator.domain import placement
+from orchestrator.domain.model import AdminState, DagSpec, Liveness, NodeKind, NodeSpec
 from orchestrator.domain.problems import DomainError, Problem
 from orchestrator.engine import validation
 from orchestrator.engine.intake import Admission, KeptNode, Submission
-from orchestrator.engine.records import SubmitTask
+from orchestrator.engine.records import DeviceRun, SubmitTask
 from orchestrator.engine.validation import validate_against, warnings_against
 from orchestrator.ids import new_id
 from orchestrator.store.repo import Store
@@ -73,7 +75,7 @@ async def create_task(
         existing = await store.find_task_by_idempotency_key(idempotency_key)
         if existing is not None:
             found = _same_or_conflict(existing.id, existing.body_hash, digest)
-            await _warn(cluster, body, warnings)
+            await _warn(store, cluster, settings, body, warnings)
             return found
     llm = settings.llm_configured
     spec = body.dag
@@ -96,9 +98,10 @@ async def create_task(
         policies = await device_policies(store) if any(n.verify for n in spec.nodes) else None
         problems = validate_against(spec, devices, settings.dag_limits, policies)
         if problems:
-            raise DomainError(problems)
+            raise DomainError(never_connected_hints(problems, spec, devices))
         if warnings is not None:
             warnings += [w.as_dict() for w in warnings_against(spec, devices)]
+            warnings += await waiting_warnings(store, spec, devices, settings.queue_timeout_s)
     task_id = new_id("task")
     sub = Submission(
         task_id=task_id,
@@ -121,9 +124,106 @@ async def create_task(
     return task_id, NewTask(sub.task_row(), nodes, edges)
 
 
-async def _warn(cluster: Cluster, body: TaskCreate, warnings: list[dict[str, str]] | None) -> None:
+async def _warn(
+    store: Store, cluster: Cluster, settings: Settings, body: TaskCreate, warnings: list[dict[str, str]] | None
+) -> None:
     if warnings is not None and body.dag is not None:
-        warnings += [w.as_dict() for w in warnings_against(body.dag, await cluster.devices())]
+        devices = await cluster.devices()
+        warnings += [w.as_dict() for w in warnings_against(body.dag, devices)]
+        warnings += await waiting_warnings(store, body.dag, devices, settings.queue_timeout_s)
+
+
+def never_connected_hints(problems: list[Problem], spec: DagSpec, devices: list[DeviceRun]) -> list[Problem]:
+    """`unknown_tool` for a node that a device whose agent never connected may run: the tool may
+    well be there, the server just cannot know yet; say so, and how to start the agent."""
+    if not any(p.code == "unknown_tool" for p in problems):
+        return problems
+    nodes = {n.id: n for n in spec.nodes}
+    views = [d.view() for d in devices]
+    return [_hinted(p, nodes, views) for p in problems]
+
+
+def _hinted(problem: Problem, nodes: dict[str, NodeSpec], views: list[placement.DeviceView]) -> Problem:
+    node = nodes.get(str(problem.extra.get("node", problem.extra.get("node_id", ""))))
+    silent = placement.never_connected_matching(node, views) if problem.code == "unknown_tool" and node else []
+    if not silent:
+        return problem
+    return Problem(problem.code, f"{problem.message}. {placement.start_agent_advice(silent)}", dict(problem.extra))
+
+
+MAX_WAITING_SHOWN = 5
+
+
+async def waiting_warnings(
+    store: Store, spec: DagSpec, devices: list[DeviceRun], queue_timeout_s: float
+) -> list[dict[str, str]]:
+    """`no_device_available`: a node some devices can run, none of which takes work now (offline,
+    suspect, stopped, cordoned, draining). It is accepted and waits in the queue, up to its
+    `queue_timeout_s`, for one to come back; the warning names each device's state so the
+    submitter knows what to fix. The store is read (for when an offline device was last seen)
+    only when some node needs it."""
+    out: list[tuple[NodeSpec, list[DeviceRun]]] = []
+    by_signature: dict[Hashable, list[DeviceRun] | None] = {}
+    for node in spec.nodes:
+        if node.for_each is not None:
+            continue  # a fan-out lists the devices it leaves out (`left_out`)
+        key = placement.signature(node)
+        if key not in by_signature:
+            able = sorted(
+                (d for d in devices if d.admin is not AdminState.REVOKED and placement.capable(node, d.view())),
+                key=lambda d: d.name or d.id,
+            )
+            by_signature[key] = able if able and not any(d.view().takes_work for d in able) else None
+        held = by_signature[key]
+        if held:
+            out.append((node, held))
+    if not out:
+        return []
+    seen = {row.id: row.last_seen for row in await store.list_devices()}
+    warnings = []
+    for node, held in out:
+        states = "; ".join(
+            f"{d.name or d.id} is {device_condition(d, seen.get(d.id))}" for d in held[:MAX_WAITING_SHOWN]
+        )
+        more = len(held) - MAX_WAITING_SHOWN
+        limit = node.queue_timeout_s or queue_timeout_s
+        warnings.append(
+            {
+                "code": "no_device_available",
+                "node_id": node.id,
+                "message": f"node '{node.id}' may run only on devices that take no work now: {states}"
+                + (f"; and {more} more" if more > 0 else "")
+                + f". It will wait up to queue_timeout_s={limit:g} for one to come back, then fail with "
+                "queue_timeout; start the device's agent, or uncordon or resume it",
+            }
+        )
+    return warnings
+
+
+def _said(state: str, reason: str | None) -> str:
+    """The state with its recorded reason (which often already starts with the state's words)."""
+    if not reason:
+        return state
+    return reason if reason.startswith(state.split(maxsplit=1)[0]) else f"{state} ({reason})"
+
+
+def device_condition(device: DeviceRun, last_seen: datetime | None) -> str:
+    """Why a device takes no work now, in words: its operator's state, then its liveness."""
+    parts = []
+    if device.admin is AdminState.STOPPED:
+        parts.append(_said("stopped by an operator", device.stop_reason))
+    elif device.admin is AdminState.CORDONED:
+        parts.append(_said("cordoned", device.cordon_reason))
+    elif device.admin is AdminState.DRAINING:
+        parts.append("draining (it finishes its work and takes no new work)")
+    if device.liveness is Liveness.OFFLINE:
+        since = f" since {last_seen.astimezone(UTC).isoformat(timespec='seconds')}" if last_seen else ""
+        parts.append(f"offline{since} (its agent is not connected)")
+    elif device.liveness is Liveness.SUSPECT:
+        parts.append("suspect (its heartbeats stopped; it goes offline at the heartbeat timeout)")
+    elif device.liveness is Liveness.ENROLLED:
+        parts.append("never connected")
+    return " and ".join(parts) or "not taking work"
 
 
 async def device_policies(store: Store) -> dict[str, Any]:
@@ -144,6 +244,11 @@ async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: Task
     devices = await cluster.devices()
     policies = await device_policies(store)
     answer = validation.dry_run(spec, devices, settings.dag_limits, policies)
+    answer["warnings"] += await waiting_warnings(store, spec, devices, settings.queue_timeout_s)
+    listed = [Problem(p["code"], p["message"], p) for p in answer["problems"]]
+    hinted = never_connected_hints(listed, spec, devices)
+    for problem, out in zip(hinted, answer["problems"], strict=True):
+        out["message"] = problem.message
     if not llm and any(n.kind is NodeKind.AGENT for n in spec.nodes):
         answer["problems"].insert(0, _no_llm("agent nodes need an LLM and this server has none configured"))
         answer["valid"] = False

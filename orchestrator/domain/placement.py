@@ -92,7 +92,9 @@ def refusals(node: NodeSpec, device: DeviceView) -> list[str]:
         have = device.labels.get(k)
         if have != v:
             why.append(f"no label {k}" if have is None else f"{k}={have}, not {v}")
-    if node.kind is NodeKind.AGENT and not device.tools:
+    if never_connected(device):
+        why.append("never connected, so its tools are unknown")  # not "no tool X": it has not said yet
+    elif node.kind is NodeKind.AGENT and not device.tools:
         why.append("no tools")
     else:
         missing = sorted({t for t in node.tools() if t not in device.tools})
@@ -133,14 +135,51 @@ def no_capable_device(node: NodeSpec, devices: Iterable[DeviceView]) -> Problem:
     shown = [f"{name}: {', '.join(why)}" for why, name in misses[:MAX_REFUSALS_SHOWN]]
     more = len(misses) - len(shown)
     counts = {"enrolled": len(fleet), "online": online, "with_tools": with_tools, "matching_placement": placed}
+    silent = never_connected_matching(node, fleet)
+    extra: dict[str, object] = {"node": node.id, "devices": counts}
+    if silent:
+        extra["never_connected"] = silent[:MAX_REFUSALS_SHOWN]
     return Problem(
         "no_capable_device",
         f"{head}, and none of the {len(fleet)} enrolled devices ({online} online) matches: "
         f"{with_tools} have the tools, {placed} match the placement. Nearest: "
         + "; ".join(shown)
         + (f"; and {more} more" if more else "")
-        + ". Enroll or label a device that fits, or change the node's placement or tools.",
-        {"node": node.id, "devices": counts},
+        + ". "
+        + (start_agent_advice(silent) if silent else ADVICE_NO_FIT),
+        extra,
+    )
+
+
+ADVICE_NO_FIT = "Enroll or label a device that fits, or change the node's placement or tools."
+
+
+def never_connected(device: DeviceView) -> bool:
+    """Enrolled, but its agent never connected: its tools are not known yet."""
+    return device.liveness is Liveness.ENROLLED and not device.tools
+
+
+def never_connected_matching(node: NodeSpec, devices: Iterable[DeviceView]) -> list[str]:
+    """Names of the non-revoked devices the node's placement means whose agent never connected."""
+    return sorted(
+        d.name or d.id
+        for d in devices
+        if d.admin is not AdminState.REVOKED and never_connected(d) and _matches_placement(node, d)
+    )
+
+
+def start_agent_advice(names: list[str]) -> str:
+    """What to do about devices that match a node's placement but whose agent never connected."""
+    shown = ", ".join(names[:MAX_REFUSALS_SHOWN]) + (
+        f" and {len(names) - MAX_REFUSALS_SHOWN} more" if len(names) > MAX_REFUSALS_SHOWN else ""
+    )
+    them = "its agent" if len(names) == 1 else "their agents"
+    return (
+        f"{shown} {'has' if len(names) == 1 else 'have'} never connected, so the server does not know "
+        f"{'its' if len(names) == 1 else 'their'} tools yet: start {them} "
+        f"on {'that machine' if len(names) == 1 else 'those machines'} "
+        "(ORRERY_AGENT_TOKEN=<the token from enrollment> orrery agent --server <this server's URL>), "
+        "then submit again."
     )
 
 

@@ -73,6 +73,9 @@ class Connection:
     # Writes a frame to the socket now if it takes it without waiting (`FrameFlow.write_text`);
     # used only while nothing is queued before it, so frames keep their order.
     direct: Callable[[str], bool] | None = None
+    # The close code the connection ended with, first reported: the agent's when it closed first
+    # (1001 from an agent that is stopping cleanly: the device is gone now, see `Gateway.serve`).
+    ended_with: int | None = None
 
     def push(self, text: str) -> None:
         if not self.closed:
@@ -304,6 +307,11 @@ class Gateway:
             link = self.links.get(device.id)
             if link is not None and link.conn is conn:
                 link.conn = None
+                if conn.ended_with == CloseCode.GOING_AWAY and link.batch_id is None and not link.waiting:
+                    # The agent said goodbye (it is stopping, with no batch running): offline now,
+                    # not after the heartbeat timeout. With a batch running the timers decide, so
+                    # an agent restarted at once still resumes and keeps its batch (SPEC section 4).
+                    self._go_offline(link, "its agent stopped")
 
     async def _handshake(self, conn: Connection, device_id: str, control: ControlState) -> Hello | None:
         """Take the hello, answer the welcome (it carries the device's controls as the store has
@@ -370,7 +378,7 @@ class Gateway:
     async def _read(self, conn: Connection, device_id: str) -> None:
         """Frames through ASGI `receive()`, for a server without the `orrery.frames` extension."""
         while not conn.closed:
-            data = await _receive(conn.ws)
+            data = await _receive(conn.ws, conn)
             if data is None:
                 return
             step = self.take_frame(conn, device_id, data)
@@ -497,13 +505,17 @@ class Gateway:
                     link.liveness = Liveness.SUSPECT
                     self._liveness(link)
 
-    def _go_offline(self, link: Link) -> None:
+    def _go_offline(self, link: Link, why: str | None = None) -> None:
         """The session ends with the device: a later hello starts afresh and is fenced."""
         if self.links.get(link.device_id) is link:
             del self.links[link.device_id]
         if link.conn:
             link.conn.close(CloseCode.GOING_AWAY, "heartbeat timeout")
-        log.warning("device %s is offline (no frame for %.1fs)", link.device_id, time.monotonic() - link.last_frame)
+        if why is not None:
+            log.info("device %s is offline (%s)", link.device_id, why)
+        else:
+            silent = time.monotonic() - link.last_frame
+            log.warning("device %s is offline (no frame for %.1fs)", link.device_id, silent)
         link.liveness = Liveness.OFFLINE
         self.cluster.device_gone(link.device_id, link.epoch)
         self._liveness(link)
@@ -557,7 +569,9 @@ class _Pump(FrameSink):
                 self.flow.hold()
             self.busy = asyncio.get_running_loop().create_task(self._finish(step))
 
-    def gone(self) -> None:
+    def gone(self, code: int | None = None) -> None:
+        if self.conn.ended_with is None and not self.conn.closed:  # the agent closed first
+            self.conn.ended_with = code
         if self.backlog is not None:
             self.backlog.append(None)  # after the frames read before it
         else:
@@ -597,10 +611,12 @@ class _Pump(FrameSink):
                 self.ended.set_exception(exc)
 
 
-async def _receive(ws: WebSocket) -> str | bytes | None:
-    """One data frame, or None when the peer went away."""
+async def _receive(ws: WebSocket, conn: Connection | None = None) -> str | bytes | None:
+    """One data frame, or None when the peer went away (its close code kept on `conn`)."""
     msg = await ws.receive()
     if msg["type"] == "websocket.disconnect":
+        if conn is not None and conn.ended_with is None and not conn.closed:  # the agent closed first
+            conn.ended_with = msg.get("code")
         return None
     if msg.get("text") is not None:
         return str(msg["text"])

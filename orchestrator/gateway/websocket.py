@@ -38,8 +38,9 @@ class FrameSink(Protocol):
     def frame(self, data: str | bytes) -> None:
         """One whole data frame from the device."""
 
-    def gone(self) -> None:
-        """The connection ended (either side closed it, or it broke); no frame follows."""
+    def gone(self, code: int | None = None) -> None:
+        """The connection ended (either side closed it, or it broke; `code` is the close code
+        uvicorn reports, the peer's when it closed first); no frame follows."""
 
 
 class FrameFlow(Protocol):
@@ -75,7 +76,7 @@ class _Inbox(asyncio.Queue[Any]):
     def put_nowait(self, item: Any) -> None:
         if self.sink is not None:
             if item["type"] == "websocket.disconnect":
-                self.sink.gone()
+                self.sink.gone(item.get("code"))
             return
         super().put_nowait(item)
 
