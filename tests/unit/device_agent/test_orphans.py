@@ -138,6 +138,8 @@ def test_a_leaderless_group_is_killed_only_if_one_of_its_processes_carries_the_m
         with reaping() as started:
             started.append(leader := spawn(["sh", "-c", f"sleep 600 & echo $! > {pids.name}"], tmp_path, mark))
             (child,) = pids_in(pids, 1)
+            # `$!` is known as soon as sh forks; the fork is named sleep only once it has exec'd
+            wait_until(lambda pid=child: stat_of(pid).name == "sleep", 10, "the background child to exec sleep")
             with reaping(child):
                 start = start_of(leader.pid)
                 assert leader.wait(10) == 0  # the leader is gone (reaped); its child keeps the group
