@@ -1,4 +1,4 @@
-"""A fan-out over many simulated devices (issue 20): one node, `for_each` over every device with a
+"""A fan-out over many simulated devices: one node, `for_each` over every device with a
 label, with canaries, a parallelism cap and verify commands, against a real `orrery serve` with
 its durable SQLite store. Each device is a real protocol client over a WebSocket (all of them in
 this process, tests/simdevice.py). Reported: time from the POST to the finished task, the time

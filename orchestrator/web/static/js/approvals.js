@@ -1,5 +1,5 @@
 // approvals.js: what the approvals view and the task page share. An approval is a command a
-// device will not run until a person decides (issue 18): its card shows the command (tool and
+// device will not run until a person decides: its card shows the command (tool and
 // arguments), the reason, the task/node and device, its times, the screenshot a GUI action was
 // planned on, and, while pending, Approve / Deny with an optional reason (operators and admins
 // only; a local-only approval is decided at the device with `orrery agent approve ID`).

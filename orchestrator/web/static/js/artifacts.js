@@ -1,4 +1,4 @@
-// artifacts.js: the task page's artifacts (issue 20): what the task's commands published with
+// artifacts.js: the task page's artifacts: what the task's commands published with
 // files.publish_artifact, newest first, each with its size, sha256, node, device, time and a
 // Download button. The API key stays in the tab: a download asks the server for a short-lived
 // link signed for that one artifact version (POST .../link) and lets the browser follow it, so

@@ -284,7 +284,7 @@ export function placed(node, deviceName = (id) => id) {
   return { device: "", attempts: 0, text: "" };
 }
 
-/** A fan-out node's progress (issue 20): "3/12 done · 1 failed" (or how many devices it waits for). */
+/** A fan-out node's progress: "3/12 done · 1 failed" (or how many devices it waits for). */
 function fanned(node) {
   const kids = node.children || [];
   const count = (st) => kids.filter((c) => c.state === st).length;

@@ -1,4 +1,4 @@
-// views/children.js: a fan-out node's children in its side panel (issue 20): a filter by state
+// views/children.js: a fan-out node's children in its side panel: a filter by state
 // (with counts), then one row per child (state, device, attempts, error), the most telling first
 // (failed, verifying, running, then the rest in rollout order), at most SHOWN until "show all".
 // A row opens to its attempts (the panel's attempt cards), verification and output. Also the

@@ -227,7 +227,7 @@ export function mountDevice(root, deviceId) {
         h("dd", { id: "device-current" }, currentBatch(d)),
         h("dt", {}, "Connection"),
         h("dd", {}, `${d.connected ? "connected" : "not connected"} · ${d.liveness || "—"}${d.admin_state && d.admin_state !== "active" ? ` · ${d.admin_state}` : ""}`),
-        // issue 18: why it is cordoned (an operator, or a safety budget its agent breached)
+        // Why it is cordoned (an operator, or a safety budget its agent breached)
         d.cordon_reason ? [h("dt", {}, "Cordoned"), h("dd", { id: "device-cordon-reason", class: "warn strong" }, d.cordon_reason)] : null,
       ),
       policy && typeof policy === "object" ? drawPolicy(policy) : null,

@@ -1,4 +1,4 @@
-// views/schedules.js: cron schedules (issue 20). The list (#/schedules): each schedule's cron in
+// views/schedules.js: cron schedules. The list (#/schedules): each schedule's cron in
 // words, its next runs in its own time zone, its last run's task (linked, with its state), its
 // overlap policy and state, and Pause / Resume for operators. One schedule (#/schedules/<id>):
 // the same facts, what waits in its queue, the task it submits, and its ticks with what happened

@@ -298,7 +298,7 @@ export function mountTask(root, taskId, params = new URLSearchParams()) {
     } else if (type === "approval.requested" || type === "approval.decided") {
       loadApprovals();
     } else if (type === "node.child") {
-      // A fan-out child (issue 20): its state on the node at once, the rest with the re-fetch.
+      // A fan-out child: its state on the node at once, the rest with the re-fetch.
       const child = (findNode(data.node_id)?.children || []).find((c) => c.device_id === data.device_id);
       if (child) {
         child.state = data.state;
