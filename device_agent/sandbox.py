@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +137,7 @@ class Sandbox:
         data dir) and its own network setting. No per-command resource limits: a server runs as
         long as the agent does (the CPU limit would end it), and Chromium reserves more memory
         than a command's limit. A fresh `/dev/shm` for Chromium's shared memory."""
+        readable = [*readable, *_installed_under_tmp(argv)]
         binds = [(path, ["--ro-bind", str(path), str(path)]) for path in readable]
         binds += [(path, ["--bind", str(path), str(path)]) for path in writable]
         options = self.bwrap_options(workdir, network=network, binds=binds, shm=True)
@@ -225,3 +227,19 @@ class Sandbox:
 def signal_exit(code: int) -> int | None:
     """The signal number behind a sandboxed exit status (bwrap reports a signal N as 128 + N)."""
     return code - 128 if 128 < code < 128 + 65 else None
+
+
+def _installed_under_tmp(argv: Sequence[str]) -> list[Path]:
+    """The top directories under /tmp that hold what a server needs to start: its program (and a
+    wrapped program after `--`), the agent's interpreter and the agent's own code. The sandbox's
+    private /tmp would hide them when the agent or the server is installed there (read-only)."""
+    programs = [argv[0], *(argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--")]
+    found: set[Path] = set()
+    for raw in (*programs, sys.prefix, sys.executable, __file__):
+        path = Path(raw)
+        if not path.is_absolute():
+            continue
+        for candidate in (path, path.resolve()):
+            if candidate.is_relative_to("/tmp") and len(candidate.parts) > 2:
+                found.add(Path("/tmp", candidate.parts[2]))
+    return sorted(found)

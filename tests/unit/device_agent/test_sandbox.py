@@ -86,3 +86,14 @@ def test_sandbox_settings_come_from_toml_env_and_flags(tmp_path: Path, monkeypat
         "limits": {"memory_mb": 512, "cpu_s": 30, "max_processes": 256, "file_size_mb": None},
     }
     assert AgentConfig().policy_report()["sandbox"] == {"kind": "none"}
+
+
+def test_a_server_installed_under_tmp_is_bound_read_only_over_the_private_tmp() -> None:
+    """The sandbox's /tmp is private: a server program (or one it wraps after `--`) installed
+    there is bound read-only, so it can start; other paths add nothing for the programs."""
+    from device_agent.sandbox import _installed_under_tmp
+
+    found = _installed_under_tmp(["/tmp/agent-x/.venv/bin/python", "-I", "w.py", "--", "/tmp/npm-y/bin/mcp", "--flag"])
+    assert Path("/tmp/agent-x") in found and Path("/tmp/npm-y") in found
+    assert Path("/tmp/w.py") not in found and all(p.parent == Path("/tmp") for p in found)
+    assert not {Path("/tmp/agent-x"), Path("/tmp/npm-y")} & set(_installed_under_tmp(["/usr/bin/npx", "--yes"]))
