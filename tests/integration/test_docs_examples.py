@@ -11,16 +11,18 @@ Schedule examples (blocks with a top-level ``cron`` key) are created as written 
 ``orrery schedules create FILE`` (no warning against that fleet), and the task each tick would
 submit is submitted once with ``orrery submit``; it must succeed.
 
-Shell examples (``sh`` blocks) run line by line in a fresh directory, one session per block, with
-the venv's ``orrery`` first on PATH. Lines starting with ``orrery`` (after ``VAR=value``
-prefixes) run for real: ``orrery serve`` and ``orrery agent`` stay in the background (waited on
-until the server answers ``/readyz`` and the device is ``idle``), every other command must exit 0;
+Shell examples (``sh`` blocks) run line by line in a fresh directory, with the venv's ``orrery``
+first on PATH: a page's blocks in order, as one session (a reader's shell; a block that starts a
+second ``orrery serve`` begins a new session, in a fresh directory). Lines starting with
+``orrery`` (after ``VAR=value`` prefixes) run for real: ``orrery serve`` and ``orrery agent`` stay
+in the background (waited on until the server answers ``/readyz`` and the device is ``idle``),
+every other command must exit 0;
 ``kill %N`` stops the N-th background job (a line ending in ``&``) and waits for it to exit 0.
 The only changes the test makes, all deliberate and minimal:
 
 - the session serves on a free port (``ORRERY_PORT``): ``127.0.0.1:8765`` in a line becomes
   ``127.0.0.1:<port>``, and the CLI finds the server through ``ORRERY_URL``;
-- a block that names ``https://`` or ``--ca-file`` gets HTTPS with a throwaway CA
+- a session whose blocks name ``https://`` or ``--ca-file`` gets HTTPS with a throwaway CA
   (``ORRERY_TLS_CERT``/``ORRERY_TLS_KEY``); that CA is written to ``ca.pem`` in the directory, so
   ``--ca-file ca.pem`` is used as written, and the CLI trusts it through ``SSL_CERT_FILE``;
   ``https://orchestrator:8765`` becomes ``https://localhost:<port>`` (no DNS name here);
@@ -445,22 +447,63 @@ def uses_tls(block: Block) -> bool:
     return "https://" in block.text or "--ca-file" in block.text
 
 
-@pytest.mark.parametrize("block", shell_examples(), ids=lambda b: b.where)
-def test_a_shell_example_runs_as_written(block: Block, tmp_path: Path, llm: FakeLLM) -> None:
-    lines = runnable_lines(block)
-    if not lines:
-        pytest.skip(f"{block.where}: every line is in NOT_RUN ({'; '.join(sorted(set(NOT_RUN.values())))})")
-    write_named_files(code_blocks(), tmp_path)
-    session = Session(tmp_path, llm, tls=uses_tls(block), where=block.where)
+def starts_a_server(block: Block) -> bool:
+    return any(re.search(r"(^|\s)orrery serve\b", line.split("#", 1)[0]) for line in runnable_lines(block))
+
+
+def shell_sessions(blocks: list[Block]) -> list[list[Block]]:
+    """A page's sh blocks, in order, grouped into sessions: a block that starts `orrery serve` while
+    its session already has one begins a new session; any other block goes on in the current one
+    (it may use the server, devices and files the blocks above it left, as a reader's shell would)."""
+    sessions: list[list[Block]] = []
+    for block in [b for b in blocks if runnable_lines(b)]:
+        if not sessions or (starts_a_server(block) and any(starts_a_server(b) for b in sessions[-1])):
+            sessions.append([])
+        sessions[-1].append(block)
+    return sessions
+
+
+def test_a_pages_blocks_share_a_session_until_one_starts_a_second_server() -> None:
+    page = ROOT / "docs" / "page.md"
+    serve, use, again = (
+        Block(page, 1, "sh", "orrery serve &\norrery devices enroll web-1\n"),
+        Block(page, 5, "sh", "orrery devices list\n"),
+        Block(page, 9, "sh", "# a second server\norrery serve --port 9000 &\n"),
+    )
+    quiet = Block(page, 12, "sh", "# nothing to run\n")
+    assert shell_sessions([use, serve, quiet, use, again, use]) == [[use, serve, use], [again, use]]
+    assert shell_sessions([quiet]) == []
+
+
+def pages_with_shell_examples() -> list[Path]:
+    return sorted({b.path for b in shell_examples()}, key=DOCS.index)
+
+
+@pytest.mark.parametrize("page", pages_with_shell_examples(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_pages_shell_examples_run_as_written(page: Path, tmp_path: Path, llm: FakeLLM) -> None:
+    """One session per page (a new one only where a block starts a second server), so a page pays
+    for the servers its blocks start and no more."""
+    sessions = shell_sessions([b for b in shell_examples() if b.path == page])
+    if not sessions:
+        pytest.skip(f"{page.name}: every line is in NOT_RUN ({'; '.join(sorted(set(NOT_RUN.values())))})")
     failures = []
-    try:
-        for line in lines:  # every line is tried, so one run names every broken one
-            try:
-                session.run(line)
-            except AssertionError as exc:
-                failures.append(f"{block.where}: {line}\n    {str(exc).strip()}")
-    finally:
-        session.stop()
+    for n, blocks in enumerate(sessions):
+        cwd = tmp_path / f"session-{n}"
+        cwd.mkdir()
+        write_named_files(code_blocks(), cwd)
+        session = Session(cwd, llm, tls=any(uses_tls(b) for b in blocks))
+        try:
+            for block in blocks:
+                session.where = block.where
+                for line in runnable_lines(block):  # every line is tried, so one run names every broken one
+                    try:
+                        session.run(line)
+                    except AssertionError as exc:
+                        failures.append(f"{block.where}: {line}\n    {str(exc).strip()}")
+        finally:
+            session.stop()
+        if failures:
+            break  # a later session would only repeat the setup that failed here
     assert not failures, "\n\n".join(failures) + "\n\nbackground logs:\n" + session.logs()
 
 
