@@ -1,4 +1,4 @@
-"""Every example in README.md and docs/*.md runs, as written, against a real server and real agents.
+"""Every example in README.md and docs/**/*.md runs, as written, against a real server and real agents.
 
 DAG examples (``yaml``/``yml``/``json`` blocks holding a ``nodes`` key) are written to a file
 exactly as they stand and submitted with ``orrery submit FILE --watch`` in a subprocess; the task
@@ -7,25 +7,33 @@ with ``role=web``, ``analysis`` with ``role=analysis``, as in the demo) and an L
 OpenAI-compatible model of tests/fakellm.py, which answers every ``kind: agent`` step with a
 ``finish`` call, so agent nodes really run their step loop (no dry run).
 
-Schedule examples (blocks with a top-level ``cron`` key, issue 20) are created as written with
+Schedule examples (blocks with a top-level ``cron`` key) are created as written with
 ``orrery schedules create FILE`` (no warning against that fleet), and the task each tick would
 submit is submitted once with ``orrery submit``; it must succeed.
 
-Shell examples (``sh`` blocks) run line by line in a fresh directory, one session per block, with
-the venv's ``orrery`` first on PATH. Lines starting with ``orrery`` (after ``VAR=value``
-prefixes) run for real: ``orrery serve`` and ``orrery agent`` stay in the background (waited on
-until the server answers ``/readyz`` and the device is ``idle``), every other command must exit 0.
+Shell examples (``sh`` blocks) run line by line in a fresh directory, with the venv's ``orrery``
+first on PATH: a page's blocks in order, as one session (a reader's shell; a block that starts a
+second ``orrery serve`` begins a new session, in a fresh directory). Lines starting with
+``orrery`` (after ``VAR=value`` prefixes) run for real: ``orrery serve`` and ``orrery agent`` stay
+in the background (waited on until the server answers ``/readyz`` and the device is ``idle``),
+every other command must exit 0;
+``kill %N`` stops the N-th background job (a line ending in ``&``) and waits for it to exit 0.
 The only changes the test makes, all deliberate and minimal:
 
-- the session serves HTTPS with a throwaway CA (``ORRERY_TLS_CERT``/``ORRERY_TLS_KEY``) on a free
-  port (``ORRERY_PORT``); that CA is written to ``ca.pem`` in the directory, so ``--ca-file
-  ca.pem`` is used as written; the CLI finds the server through ``ORRERY_URL`` and trusts the CA
-  through ``SSL_CERT_FILE``;
-- ``https://orchestrator:8765`` becomes ``https://localhost:<port>`` (no DNS name here);
-- the n-th ``orrd_...`` of a block becomes the token printed by the block's n-th
-  ``orrery devices enroll``;
+- the session serves on a free port (``ORRERY_PORT``): ``127.0.0.1:8765`` in a line becomes
+  ``127.0.0.1:<port>``, and the CLI finds the server through ``ORRERY_URL``;
+- a session whose blocks name ``https://`` or ``--ca-file`` gets HTTPS with a throwaway CA
+  (``ORRERY_TLS_CERT``/``ORRERY_TLS_KEY``); that CA is written to ``ca.pem`` in the directory, so
+  ``--ca-file ca.pem`` is used as written, and the CLI trusts it through ``SSL_CERT_FILE``;
+  ``https://orchestrator:8765`` becomes ``https://localhost:<port>`` (no DNS name here);
+- the n-th ``orrd_...`` of a session becomes the token printed by its n-th
+  ``orrery devices enroll``, and ``apr_...`` the id of the oldest pending approval (waited for,
+  as a person would wait for it to show in ``orrery approvals list``);
 - a code block whose first line is a comment naming a file (``# dag.yaml — ...``) is written to
   that file in the session's directory first.
+
+docs/tutorial.md is not run block by block here: tests/integration/test_tutorial.py runs it as
+one session, in order, with this module's ``Session``.
 
 Lines that cannot run here are listed in ``NOT_RUN`` with the reason; any other line fails.
 """
@@ -53,7 +61,17 @@ import trustme
 from tests.fakellm import FakeLLM, call
 from tests.support import ROOT, Fleet, child_env, free_port, wait_until
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+def doc_pages() -> list[Path]:
+    """README.md and every page of the docs site (docs/**/*.md; docs/hooks is the site's code)."""
+    docs = ROOT / "docs"
+    pages = sorted(p for p in docs.rglob("*.md") if p.relative_to(docs).parts[0] != "hooks")
+    return [ROOT / "README.md", *pages]
+
+
+DOCS = doc_pages()
+# Run in order as one session by tests/integration/test_tutorial.py, not block by block.
+TUTORIAL = ROOT / "docs" / "tutorial.md"
 
 # Lines of sh blocks the test does not run, with the reason (exact text, comments removed).
 NOT_RUN = {
@@ -81,8 +99,17 @@ NOT_RUN = {
     ),
     "orrery agent approve apr_1f3c...": "approvals: a placeholder id, run at the device (as above)",
 }
+# The tutorial's own (tests/integration/test_tutorial.py); NOT_RUN above does not apply to it.
+TUTORIAL_NOT_RUN = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[server]'": (
+        "tutorial: creating a venv and installing needs the network; the test's venv is installed so"
+    ),
+}
 SERVER_PLACEHOLDER = "https://orchestrator:8765"
+LOCAL_SERVER = "127.0.0.1:8765"
 TOKEN_PLACEHOLDER = "orrd_..."
+APPROVAL_PLACEHOLDER = "apr_..."
+SHELL = ("sh", "bash", "shell", "console")
 DEVICES = {"web-1": {"role": "web"}, "web-2": {"role": "web"}, "analysis": {"role": "analysis"}}
 
 
@@ -105,9 +132,10 @@ class Block:
         return m.group(1) if m else None
 
 
-def code_blocks() -> list[Block]:
+def code_blocks(paths: list[Path] | None = None) -> list[Block]:
+    """The fenced blocks of `paths` (default: every page but the tutorial, which runs as a whole)."""
     blocks = []
-    for path in DOCS:
+    for path in [p for p in DOCS if p != TUTORIAL] if paths is None else paths:
         text = path.read_text()
         for m in re.finditer(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.M | re.S):
             blocks.append(Block(path, text.count("\n", 0, m.start()) + 1, m.group(1).lower(), m.group(2)))
@@ -125,16 +153,16 @@ def dag_examples() -> list[Block]:
 
 
 def schedule_examples() -> list[Block]:
-    """Schedule files (issue 20): a top-level `cron:` key, their task's DAG inside."""
+    """Schedule files: a top-level `cron:` key, their task's DAG inside."""
     return [b for b in code_blocks() if b.lang in ("yaml", "yml", "json") and re.search(r'^"?cron"?\s*:', b.text, re.M)]
 
 
 def shell_examples() -> list[Block]:
-    return [b for b in code_blocks() if b.lang in ("sh", "bash", "shell", "console")]
+    return [b for b in code_blocks() if b.lang in SHELL]
 
 
 def test_the_docs_have_the_examples_this_test_expects() -> None:
-    """The extraction itself: the README's DAG and its `Running it` block are found."""
+    """The extraction itself: the README's DAG and its tour's block are found."""
     assert any(b.file_name == "dag.yaml" for b in dag_examples())
     assert any(b.file_name == "nightly.yaml" for b in schedule_examples())
     commands = [line for b in shell_examples() for line in b.text.splitlines()]
@@ -205,7 +233,8 @@ def test_a_dag_example_is_accepted_and_runs_to_success(block: Block, docs_fleet:
         assert (analysis.workspace / "uname.txt").read_text() == stdout
         assert nodes["save"]["output"]["path"] == "uname.txt"
         assert nodes["save"]["output"]["size"] == len(stdout.encode())
-        assert nodes["tidy"]["state"] == "succeeded"
+        assert nodes["check"]["state"] == "succeeded"
+        assert "uname.txt" in json.dumps(nodes["check"]["output"]), nodes["check"]["output"]
 
 
 @pytest.mark.parametrize("block", schedule_examples(), ids=lambda b: b.where)
@@ -253,30 +282,33 @@ def test_the_readme_dag_reads_on_as_an_edge_condition(tmp_path: Path) -> None:
 
 
 class Session:
-    """One sh block run by a user in an empty directory; background processes stopped at the end."""
+    """A user's shell in an empty directory: one sh block (or the whole tutorial), run line by line;
+    background processes stopped at the end."""
 
-    def __init__(self, block: Block, cwd: Path, llm: FakeLLM) -> None:
-        self.block = block
+    def __init__(self, cwd: Path, llm: FakeLLM, *, tls: bool, where: str = "") -> None:
+        self.where = where  # the block being run, for messages
         self.cwd = cwd
         self.port = free_port()
-        self.url = f"https://localhost:{self.port}"
-        ca = trustme.CA()
-        cert = ca.issue_cert("localhost", "127.0.0.1")
-        cert.cert_chain_pems[0].write_to_path(str(cwd / "server-cert.pem"))
-        cert.private_key_pem.write_to_path(str(cwd / "server-key.pem"))
-        ca.cert_pem.write_to_path(str(cwd / "ca.pem"))
-        self.env = orrery_env(
-            ORRERY_PORT=str(self.port),
-            ORRERY_TLS_CERT=str(cwd / "server-cert.pem"),
-            ORRERY_TLS_KEY=str(cwd / "server-key.pem"),
-            ORRERY_URL=self.url,
-            SSL_CERT_FILE=str(cwd / "ca.pem"),
-            **{f"ORRERY_{k.upper()}": v for k, v in llm.env().items()},
-        )
-        self.tls = ssl.create_default_context(cafile=str(cwd / "ca.pem"))
+        self.url = f"https://localhost:{self.port}" if tls else f"http://127.0.0.1:{self.port}"
+        env = {f"ORRERY_{k.upper()}": v for k, v in llm.env().items()}
+        self.tls: ssl.SSLContext | bool = True
+        if tls:
+            ca = trustme.CA()
+            cert = ca.issue_cert("localhost", "127.0.0.1")
+            cert.cert_chain_pems[0].write_to_path(str(cwd / "server-cert.pem"))
+            cert.private_key_pem.write_to_path(str(cwd / "server-key.pem"))
+            ca.cert_pem.write_to_path(str(cwd / "ca.pem"))
+            env |= {
+                "ORRERY_TLS_CERT": str(cwd / "server-cert.pem"),
+                "ORRERY_TLS_KEY": str(cwd / "server-key.pem"),
+                "SSL_CERT_FILE": str(cwd / "ca.pem"),
+            }
+            self.tls = ssl.create_default_context(cafile=str(cwd / "ca.pem"))
+        self.env = orrery_env(ORRERY_PORT=str(self.port), ORRERY_URL=self.url, **env)
         self.tokens: list[str] = []
         self.used_tokens = 0
         self.background: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+        self.jobs: list[subprocess.Popen[bytes]] = []  # started with a trailing `&`, as `kill %N` counts
         self.transcript: list[str] = []
 
     def http(self) -> httpx.Client:
@@ -284,12 +316,22 @@ class Session:
         return httpx.Client(base_url=self.url, verify=self.tls, headers={"Authorization": f"Bearer {key}"}, timeout=10)
 
     def substitute(self, line: str) -> str:
-        line = line.replace(SERVER_PLACEHOLDER, self.url)
+        line = line.replace(SERVER_PLACEHOLDER, self.url).replace(LOCAL_SERVER, f"127.0.0.1:{self.port}")
         while TOKEN_PLACEHOLDER in line:
-            assert self.used_tokens < len(self.tokens), f"{self.block.where}: `{TOKEN_PLACEHOLDER}` before an enroll"
+            assert self.used_tokens < len(self.tokens), f"{self.where}: `{TOKEN_PLACEHOLDER}` before an enroll"
             line = line.replace(TOKEN_PLACEHOLDER, self.tokens[self.used_tokens], 1)
             self.used_tokens += 1
+        if APPROVAL_PLACEHOLDER in line:
+            line = line.replace(APPROVAL_PLACEHOLDER, self.pending_approval())
         return line
+
+    def pending_approval(self) -> str:
+        def oldest() -> str | None:
+            with self.http() as c:
+                items = c.get("/v1/approvals", params={"state": "pending"}).json()["items"]
+            return str(items[0]["id"]) if items else None
+
+        return wait_until(oldest, 60, f"{self.where}: an approval to be pending for `{APPROVAL_PLACEHOLDER}`")
 
     def run(self, line: str) -> None:
         words = shlex.split(self.substitute(line), comments=True)
@@ -297,27 +339,31 @@ class Session:
         while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
             key, _, value = words.pop(0).partition("=")
             env[key] = value
-        if words and words[-1] == "&":
+        job = bool(words) and words[-1] == "&"
+        if job:
             words.pop()
-        assert words and words[0] == "orrery", f"{self.block.where}: not an orrery command: {line!r}"
+        if words and words[0] == "kill" and all(re.fullmatch(r"%\d+", w) for w in words[1:]):
+            self.kill([int(w[1:]) for w in words[1:]])
+            return
+        assert words and words[0] == "orrery", f"{self.where}: not an orrery command: {line!r}"
         if words[1:2] in (["serve"], ["agent"]):
-            self.start(words, env)
+            self.start(words, env, job)
         else:
             self.call(words, env)
 
-    def start(self, words: list[str], env: dict[str, str]) -> None:
+    def start(self, words: list[str], env: dict[str, str], job: bool) -> None:
         log = self.cwd / f"{words[1]}-{len(self.background)}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 words, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.background.append((" ".join(words), proc, log))
+        if job:
+            self.jobs.append(proc)
 
         def alive() -> None:
             if proc.poll() is not None:
-                raise AssertionError(
-                    f"{self.block.where}: `{' '.join(words)}` exited {proc.returncode}:\n{log.read_text()}"
-                )
+                raise AssertionError(f"{self.where}: `{' '.join(words)}` exited {proc.returncode}:\n{log.read_text()}")
 
         if words[1] == "serve":
 
@@ -342,15 +388,30 @@ class Session:
         wait_until(idle, 60, f"device {device_id} of `{' '.join(words)}` to be idle")
         self.transcript.append(f"$ {' '.join(words)}  (background, device {device_id} idle)")
 
-    def call(self, words: list[str], env: dict[str, str]) -> None:
+    def kill(self, numbers: list[int]) -> None:
+        """`kill %N ...`: SIGTERM to those jobs; each must end cleanly (exit 0) within a bound."""
+        for n in numbers:
+            assert 1 <= n <= len(self.jobs), f"{self.where}: `kill %{n}` with {len(self.jobs)} background jobs"
+            os.killpg(self.jobs[n - 1].pid, signal.SIGTERM)
+        for n in numbers:
+            proc = self.jobs[n - 1]
+            code = proc.wait(timeout=30)
+            assert code == 0, f"{self.where}: job %{n} (`{proc.args}`) exited {code} on SIGTERM"
+        self.transcript.append(f"$ kill {' '.join(f'%{n}' for n in numbers)}")
+
+    def call(self, words: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(words, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=180, check=False)
         self.transcript.append(f"$ {' '.join(words)}\n{result.stdout}{result.stderr}")
         if result.returncode != 0:
             raise AssertionError(f"exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
         if words[1:3] == ["devices", "enroll"]:
             tokens = re.findall(r"orrd_[\w-]+\.[\w-]+", result.stdout)
-            assert tokens, f"{self.block.where}: no token in the output of `{' '.join(words)}`:\n{result.stdout}"
+            assert tokens, f"{self.where}: no token in the output of `{' '.join(words)}`:\n{result.stdout}"
             self.tokens.append(tokens[0])
+        return result
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {cmd}\n{log.read_text()[-2000:]}" for cmd, _p, log in self.background)
 
     def stop(self) -> None:
         for _cmd, proc, _log in reversed(self.background):
@@ -363,45 +424,102 @@ class Session:
                     proc.wait(timeout=10)
 
 
-def runnable_lines(block: Block) -> list[str]:
+def runnable_lines(block: Block, not_run: dict[str, str] = NOT_RUN) -> list[str]:
     lines = []
     for raw in block.text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if re.sub(r"(^|\s)#.*$", "", line).strip() in NOT_RUN:
+        if re.sub(r"(^|\s)#.*$", "", line).strip() in not_run:
             continue
         lines.append(line)
     return lines
 
 
-@pytest.mark.parametrize("block", shell_examples(), ids=lambda b: b.where)
-def test_a_shell_example_runs_as_written(block: Block, tmp_path: Path, llm: FakeLLM) -> None:
-    lines = runnable_lines(block)
-    if not lines:
-        pytest.skip(f"{block.where}: every line is in NOT_RUN ({'; '.join(sorted(set(NOT_RUN.values())))})")
-    for other in code_blocks():
-        if other.file_name:
-            (tmp_path / other.file_name).write_text(other.text)
-    session = Session(block, tmp_path, llm)
+def write_named_files(blocks: list[Block], directory: Path) -> None:
+    """Blocks opening with `# NAME.yaml — ...` are files the reader saves before using them."""
+    for block in blocks:
+        if block.file_name:
+            (directory / block.file_name).write_text(block.text)
+
+
+def uses_tls(block: Block) -> bool:
+    return "https://" in block.text or "--ca-file" in block.text
+
+
+def starts_a_server(block: Block) -> bool:
+    return any(re.search(r"(^|\s)orrery serve\b", line.split("#", 1)[0]) for line in runnable_lines(block))
+
+
+def shell_sessions(blocks: list[Block]) -> list[list[Block]]:
+    """A page's sh blocks, in order, grouped into sessions: a block that starts `orrery serve` while
+    its session already has one begins a new session; any other block goes on in the current one
+    (it may use the server, devices and files the blocks above it left, as a reader's shell would)."""
+    sessions: list[list[Block]] = []
+    for block in [b for b in blocks if runnable_lines(b)]:
+        if not sessions or (starts_a_server(block) and any(starts_a_server(b) for b in sessions[-1])):
+            sessions.append([])
+        sessions[-1].append(block)
+    return sessions
+
+
+def test_a_pages_blocks_share_a_session_until_one_starts_a_second_server() -> None:
+    page = ROOT / "docs" / "page.md"
+    serve, use, again = (
+        Block(page, 1, "sh", "orrery serve &\norrery devices enroll web-1\n"),
+        Block(page, 5, "sh", "orrery devices list\n"),
+        Block(page, 9, "sh", "# a second server\norrery serve --port 9000 &\n"),
+    )
+    quiet = Block(page, 12, "sh", "# nothing to run\n")
+    assert shell_sessions([use, serve, quiet, use, again, use]) == [[use, serve, use], [again, use]]
+    assert shell_sessions([quiet]) == []
+
+
+def pages_with_shell_examples() -> list[Path]:
+    return sorted({b.path for b in shell_examples()}, key=DOCS.index)
+
+
+@pytest.mark.parametrize("page", pages_with_shell_examples(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_pages_shell_examples_run_as_written(page: Path, tmp_path: Path, llm: FakeLLM) -> None:
+    """One session per page (a new one only where a block starts a second server), so a page pays
+    for the servers its blocks start and no more."""
+    sessions = shell_sessions([b for b in shell_examples() if b.path == page])
+    if not sessions:
+        pytest.skip(f"{page.name}: every line is in NOT_RUN ({'; '.join(sorted(set(NOT_RUN.values())))})")
     failures = []
-    try:
-        for line in lines:  # every line is tried, so one run names every broken one
-            try:
-                session.run(line)
-            except AssertionError as exc:
-                failures.append(f"{block.where}: {line}\n    {str(exc).strip()}")
-    finally:
-        session.stop()
-    logs = "\n".join(f"--- {cmd}\n{log.read_text()[-2000:]}" for cmd, _p, log in session.background)
-    assert not failures, "\n\n".join(failures) + "\n\nbackground logs:\n" + logs
+    for n, blocks in enumerate(sessions):
+        cwd = tmp_path / f"session-{n}"
+        cwd.mkdir()
+        write_named_files(code_blocks(), cwd)
+        session = Session(cwd, llm, tls=any(uses_tls(b) for b in blocks))
+        try:
+            for block in blocks:
+                session.where = block.where
+                for line in runnable_lines(block):  # every line is tried, so one run names every broken one
+                    try:
+                        session.run(line)
+                    except AssertionError as exc:
+                        failures.append(f"{block.where}: {line}\n    {str(exc).strip()}")
+        finally:
+            session.stop()
+        if failures:
+            break  # a later session would only repeat the setup that failed here
+    assert not failures, "\n\n".join(failures) + "\n\nbackground logs:\n" + session.logs()
 
 
 def test_every_line_not_run_is_still_in_the_docs() -> None:
-    """The allowlist cannot keep excusing a line that was edited or removed."""
-    text = "\n".join(p.read_text() for p in DOCS)
+    """The allowlists cannot keep excusing a line that was edited or removed."""
+    text = "\n".join(p.read_text() for p in DOCS if p != TUTORIAL)
     for line in NOT_RUN:
         assert line in text, line
+    for line in TUTORIAL_NOT_RUN:
+        assert line in TUTORIAL.read_text(), line
+
+
+def test_the_docs_pages_are_read_recursively_but_not_the_sites_hooks() -> None:
+    pages = {p.relative_to(ROOT).as_posix() for p in DOCS}
+    assert {"README.md", "docs/index.md", "docs/tutorial.md", "docs/how-to/fan-out.md"} <= pages, pages
+    assert not any(p.startswith("docs/hooks/") for p in pages), pages
 
 
 # ---------------------------------------------------------------- orrery demo

@@ -98,19 +98,23 @@ def test_ci_installs_the_pinned_server() -> None:
     assert BROWSER_PACKAGE in (ROOT / ".ci" / "run").read_text()
 
 
-def readme_toml(heading: str) -> list[dict[str, object]]:
-    """The TOML blocks of one README section, parsed."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(f"### {heading}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    return [tomllib.loads(block) for block in re.findall(r"^```toml\n(.*?)^```", section, re.M | re.S)]
+def doc_pages() -> list[Path]:
+    """README.md and the docs site's pages (the browser and other-platform guides live there)."""
+    return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "hooks" not in p.parts)]
+
+
+def docs_toml(*markers: str) -> list[dict[str, object]]:
+    """The TOML blocks of the docs holding every one of `markers`, parsed."""
+    blocks = [b for p in doc_pages() for b in re.findall(r"^```toml\n(.*?)^```", p.read_text(), re.M | re.S)]
+    return [tomllib.loads(block) for block in blocks if all(m in block for m in markers)]
 
 
 def test_the_readme_configs_are_valid_agent_settings(tmp_path: Path) -> None:
-    [browser] = readme_toml("Browser devices")
+    [browser] = docs_toml("[agent.browser]", "defaults shown")
     cfg = config(tmp_path, **browser["agent"])  # type: ignore[arg-type]
     assert cfg.browser == config(tmp_path).browser  # "defaults shown" is true
-    assert BROWSER_PACKAGE in (ROOT / "README.md").read_text()
-    [android] = readme_toml("Other platforms (Windows, macOS, Android)")
+    assert any(BROWSER_PACKAGE in p.read_text() for p in doc_pages())
+    [android] = docs_toml('namespace = "android"')
     cfg = config(tmp_path, **android["agent"])  # type: ignore[arg-type]
     [server] = cfg.all_mcp_servers()
     assert server.namespace == "android" and server.command == "npx" and server.roots == []
