@@ -10,6 +10,7 @@ nothing but define functions: the product is imported only when a page asks for 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import re
@@ -58,10 +59,11 @@ def fill(markdown: str, where: str = "?") -> str:
 
 def plain(text: str) -> str:
     """`text` with `<`, `>` and `&` escaped outside code spans, so `<data dir>` shows as text and
-    not as an HTML tag; code spans stay as they are (Markdown shows them literally)."""
+    not as an HTML tag, and `{` so that `{nodes, edges}` is not read as an attribute list; code
+    spans stay as they are (Markdown shows them literally)."""
     parts = re.split(r"(`[^`\n]*`)", text)
     return "".join(
-        part if i % 2 else part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        part if i % 2 else part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("{", "\\{")
         for i, part in enumerate(parts)
     )
 
@@ -291,12 +293,19 @@ def _param_default(p: Any) -> str:
 # ---------------------------------------------------------------- REST (OpenAPI)
 
 
-def openapi() -> dict[str, Any]:
-    """The orchestrator's OpenAPI document, built as `orrery serve` builds its app (nothing starts)."""
+@functools.cache
+def orchestrator_app() -> Any:
+    """The orchestrator's app as `orrery serve` builds it (nothing starts: no store, no server),
+    with default settings whatever `ORRERY_*` variables the build runs with."""
     from orchestrator.app import create_app
     from orchestrator.config import Settings
 
-    document: dict[str, Any] = create_app(Settings(), migrate=False).openapi()
+    return create_app(Settings.model_construct(), migrate=False)
+
+
+def openapi() -> dict[str, Any]:
+    """The orchestrator's OpenAPI document (what `/openapi.json` serves)."""
+    document: dict[str, Any] = orchestrator_app().openapi()
     return document
 
 
@@ -304,8 +313,6 @@ def route_roles() -> dict[tuple[str, str], str]:
     """(METHOD, path) -> the least API key role a route admits, read from its dependencies."""
     from fastapi.routing import APIRoute
 
-    from orchestrator.app import create_app
-    from orchestrator.config import Settings
     from orchestrator.domain.model import Role
 
     roles: dict[tuple[str, str], str] = {}
@@ -329,10 +336,10 @@ def route_roles() -> dict[tuple[str, str], str]:
                 walk(included.routes)
             elif isinstance(route, APIRoute) and route.include_in_schema:
                 role = needed(route.dependant)
-                for method in route.methods:
+                for method in route.methods or ():
                     roles[(method.upper(), route.path)] = role.value if role else "none"
 
-    walk(create_app(Settings(), migrate=False).routes)
+    walk(orchestrator_app().routes)
     return roles
 
 

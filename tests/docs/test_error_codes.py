@@ -88,27 +88,27 @@ def scan(source: str, where: str) -> dict[str, set[str]]:
                     add(_literal(value), node)
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            value = node.value
-            if value is None:
+            if node.value is None:
                 continue
+            assigned: ast.expr = node.value
             for target in targets:
                 name = _name(target)
                 if name == "code":
-                    add(_literal(value), node)
+                    add(_literal(assigned), node)
                 elif name.endswith("_CODES"):
                     # a set of codes, or a table whose values are codes (status -> code)
-                    parts = value.values if isinstance(value, ast.Dict) else [value]
+                    parts = assigned.values if isinstance(assigned, ast.Dict) else [assigned]
                     for part in parts:
                         for code in _strings(part):
                             add(code, node)
                 elif name.endswith("_REASONS"):  # code -> why it is never retried
                     if isinstance(target, ast.Subscript):
                         add(_literal(target.slice), node)
-                    elif isinstance(value, ast.Dict):
-                        for key in value.keys:
+                    elif isinstance(assigned, ast.Dict):
+                        for key in assigned.keys:
                             add(_literal(key), node)
-                elif name.isupper() and "_" in (_literal(value) or ""):
-                    add(_literal(value), node)
+                elif name.isupper() and "_" in (_literal(assigned) or ""):
+                    add(_literal(assigned), node)
     return found
 
 
