@@ -253,15 +253,13 @@ def _command_section(cmd: Any, path: str, level: int) -> str:
                 [
                     " ".join(code(o) for o in [*p.opts, *p.secondary_opts])
                     if p.param_type_name == "option"
-                    else code(p.name.upper()),
-                    p.param_type_name,
+                    else code(p.name.upper()) + " (argument)",
                     _param_type(p),
                     _param_default(p),
-                    code(p.envvar) if p.envvar else "",
-                    esc(p.help or ""),
+                    esc(p.help or "") + (f" (env {code(p.envvar)})" if p.envvar else ""),
                 ]
             )
-        lines.append(table(["name", "kind", "type", "default", "env", "meaning"], rows))
+        lines.append(table(["name", "type", "default", "meaning"], rows))
     sub = getattr(cmd, "commands", None)
     if sub:
         lines.append("Commands: " + ", ".join(code(f"{path} {n}") for n in sub) + ".\n")
@@ -389,8 +387,8 @@ def _anchor(name: str) -> str:
 
 def _operation(method: str, path: str, op: dict[str, Any], role: str) -> str:
     lines = [f"### `{method} {path}`", ""]
-    if op.get("summary"):
-        lines += [f"**{esc(op['summary'])}**. Role: {code(role) if role != 'none' else 'none (no API key)'}.", ""]
+    summary = f"**{esc(op['summary'])}**. " if op.get("summary") else ""
+    lines += [f"{summary}Role: {code(role) if role != 'none' else 'none (no API key)'}.", ""]
     if op.get("description"):
         lines += [prose(op["description"]), ""]
     params = op.get("parameters", [])
@@ -446,14 +444,13 @@ def server_settings_markdown() -> str:
     for name, field in Settings.model_fields.items():
         rows.append(
             [
-                code(f"ORRERY_{name.upper()}"),
-                code(f"--{name.replace('_', '-')}"),
+                code(f"ORRERY_{name.upper()}") + "<br>" + code(f"--{name.replace('_', '-')}"),
                 esc(type_name(field.annotation)) + (f" ({esc(constraints(field.metadata))})" if field.metadata else ""),
                 default_of(field, name),
                 esc(field.description or ""),
             ]
         )
-    return table(["variable", "flag on `orrery serve`", "type", "default", "meaning"], rows)
+    return table(["variable and `orrery serve` flag", "type", "default", "meaning"], rows)
 
 
 # ---------------------------------------------------------------- agent configuration
@@ -491,9 +488,9 @@ def agent_config_markdown() -> str:
     for name, field in AgentConfig.model_fields.items():
         rows.append(
             [
-                code(name),
-                code(flags[name]) if name in flags else "",
-                code(f"ORRERY_AGENT_{name.upper()}"),
+                "<br>".join(
+                    [code(name), *([code(flags[name])] if name in flags else []), code(f"ORRERY_AGENT_{name.upper()}")]
+                ),
                 esc(type_name(field.annotation)) + (f" ({esc(constraints(field.metadata))})" if field.metadata else ""),
                 default_of(field, name) if name != "browser" else "see below",
                 esc(field.description or ""),
@@ -501,7 +498,7 @@ def agent_config_markdown() -> str:
         )
     out = [
         "### `[agent]`\n",
-        table(["TOML key", "flag", "variable", "type", "default", "meaning"], rows),
+        table(["TOML key, flag and variable", "type", "default", "meaning"], rows),
         "\n### `[[agent.mcp_servers]]`\n",
         prose(McpServerConfig.__doc__) + "\n",
         _model_table(McpServerConfig),
