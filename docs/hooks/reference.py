@@ -531,12 +531,15 @@ def _model_table(model: Any, notes: dict[str, str] | None = None) -> str:
 # What each field of the submission models means. The models carry names, types, defaults and
 # bounds; these sentences carry the meaning (tests/docs check every field has one).
 DAG_NOTES = {
-    "TaskCreate.name": "the task's name, shown in lists (default: derived from the request or the nodes)",
+    "TaskCreate.name": "the task's name, shown in lists (default: `task-` and the end of its id)",
     "TaskCreate.request": "plain text for the planner (needs an LLM); exactly one of `request` or `dag`",
     "TaskCreate.dag": "the nodes and edges to run; exactly one of `request` or `dag`",
-    "TaskCreate.priority": "higher runs first when devices are busy; each node may set its own",
+    "TaskCreate.priority": "added to each node's own priority: higher runs first when devices are busy",
     "TaskCreate.labels": "free-form labels kept with the task",
-    "TaskCreate.replan": "with `request`: let the planner re-plan after a node fails (up to `max_replans`)",
+    "TaskCreate.replan": (
+        "let the planner re-plan the rest after a node fails (up to `ORRERY_MAX_REPLANS` times; needs an LLM); "
+        "always on for a `request`"
+    ),
     "DagSpec.nodes": "the nodes, at least one; ids unique in the task",
     "DagSpec.edges": "the edges between nodes; none means every node may run at once",
     "NodeSpec.id": "the node's id: a slug, unique in its task, used by edges and `${nodes.<id>...}` references",
@@ -548,7 +551,7 @@ DAG_NOTES = {
     "NodeSpec.retry": "how often and how soon a failed attempt is retried (only when a retry is safe)",
     "NodeSpec.queue_timeout_s": "a node no device took within this fails with `queue_timeout` (default: the server's)",
     "NodeSpec.timeout_s": "the whole attempt's deadline on its device",
-    "NodeSpec.priority": "higher runs first in a device's queue",
+    "NodeSpec.priority": "added to the task's priority: higher runs first in a device's queue",
     "NodeSpec.for_each": "fan-out: run the node once on every matching device (replaces `placement`)",
     "NodeSpec.verify": (
         "read-only commands that decide whether the node succeeded: after its commands, or when their "
