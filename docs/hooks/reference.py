@@ -575,7 +575,7 @@ DAG_NOTES = {
         "the submitter vouches that running it twice does no harm, so a failure after it started may be retried"
     ),
     "RetryPolicy.max_attempts": "attempts in all, the first included",
-    "RetryPolicy.backoff_s": "wait before the second attempt; doubles each time",
+    "RetryPolicy.backoff_s": "the base wait between attempts, doubling each time (full jitter: a random wait up to it)",
     "RetryPolicy.backoff_max_s": "the longest wait between attempts",
     "ForEach.labels": "every device whose labels match (with `platform`), found when the node becomes ready",
     "ForEach.platform": "every device of this platform (with `labels`)",
