@@ -44,19 +44,43 @@ class McpServerConfig(BaseModel):
     # A refused setting is not echoed back: it may be a token, or a URL with one in it.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    namespace: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
-    command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: Path | None = None
-    url: str | None = None
-    bearer_token: SecretStr | None = None
-    headers: dict[str, SecretStr] = Field(default_factory=dict)
-    read_only_tools: list[str] = Field(default_factory=list)
-    roots: list[Path] | None = None
-    sandbox_writable: list[Path] = Field(default_factory=list)
-    sandbox_readable: list[Path] = Field(default_factory=list)
-    sandbox_network: bool | None = None
+    namespace: str = Field(
+        pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="the server's tools are named `<namespace>.<tool>`"
+    )
+    command: str | None = Field(default=None, description="a stdio server: the program to start")
+    args: list[str] = Field(default_factory=list, description="its arguments")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="its environment, over HOME, PATH, USER, LOGNAME, SHELL and TERM of the agent's",
+    )
+    cwd: Path | None = Field(
+        default=None,
+        description="its working directory, absolute (default: <data dir>/mcp/<namespace>; never the workspace)",
+    )
+    url: str | None = Field(default=None, description="a streamable HTTP server: its http(s) URL (instead of command)")
+    bearer_token: SecretStr | None = Field(
+        default=None, description="sent as `Authorization: Bearer` to the url's origin only; never logged"
+    )
+    headers: dict[str, SecretStr] = Field(
+        default_factory=dict, description="more headers for the url's origin only (secrets, never logged)"
+    )
+    read_only_tools: list[str] = Field(
+        default_factory=list,
+        description="tools (without namespace) to treat as read-only whatever their hints say: the kill switch, "
+        "a stop and the safety budgets never refuse them, and retries treat them as safe",
+    )
+    roots: list[Path] | None = Field(
+        default=None, description="MCP roots offered to the server, absolute (default: the workspace; [] offers none)"
+    )
+    sandbox_writable: list[Path] = Field(
+        default_factory=list, description='with sandbox = "bwrap": more absolute paths the server may write'
+    )
+    sandbox_readable: list[Path] = Field(
+        default_factory=list, description='with sandbox = "bwrap": more absolute paths the server may read'
+    )
+    sandbox_network: bool | None = Field(
+        default=None, description="the server's network in the sandbox (unset: the agent's sandbox_network)"
+    )
 
     @field_validator("url")
     @classmethod
@@ -143,18 +167,31 @@ class BrowserProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # The command line that starts `@playwright/mcp` (its own flags are added after it).
-    command: list[str] = Field(default_factory=lambda: ["npx", "--yes", BROWSER_PACKAGE], min_length=1)
-    executable_path: Path = Path("/usr/bin/chromium")
-    headless: bool = True
+    command: list[str] = Field(
+        default_factory=lambda: ["npx", "--yes", BROWSER_PACKAGE],
+        min_length=1,
+        description="the command line that starts @playwright/mcp (its flags are added after it)",
+    )
+    executable_path: Path = Field(default=Path("/usr/bin/chromium"), description="the Chromium or Chrome binary")
+    headless: bool = Field(default=True, description="run the browser without a window")
     # Chromium's own sandbox; None: on, except when the agent runs as root (Chromium refuses it then).
-    chromium_sandbox: bool | None = None
+    chromium_sandbox: bool | None = Field(
+        default=None, description="Chromium's own sandbox (unset: on, except when the agent runs as root)"
+    )
     # More `@playwright/mcp` flags, e.g. ["--allowed-origins", "https://intranet.example"].
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list, description="more @playwright/mcp flags")
     # Added to the agent's approval_required while the profile is on.
-    approval_required: list[str] = Field(default_factory=lambda: list(BROWSER_APPROVAL_REQUIRED))
+    approval_required: list[str] = Field(
+        default_factory=lambda: list(BROWSER_APPROVAL_REQUIRED),
+        description="added to the agent's approval_required while the profile is on",
+    )
     # The browser opens only http(s) at public addresses; these loopback, link-local or private
     # origins too, e.g. ["http://127.0.0.1:8080"] (scheme, host as written and port must match).
-    allowed_private_origins: list[str] = Field(default_factory=list)
+    allowed_private_origins: list[str] = Field(
+        default_factory=list,
+        description="loopback, link-local or private origins the browser may open too, e.g. http://127.0.0.1:8080 "
+        "(it opens only http(s) at public addresses otherwise)",
+    )
 
     @field_validator("allowed_private_origins")
     @classmethod
@@ -167,7 +204,9 @@ class BrowserProfile(BaseModel):
 
     # Environment for the server (e.g. npm_config_registry for a registry mirror): the agent's
     # own environment is not passed on beyond HOME, PATH, USER, LOGNAME, SHELL and TERM.
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment for the server, e.g. npm_config_registry for a mirror"
+    )
 
     def server(self, data_dir: Path, workspace: Path) -> McpServerConfig:
         """The `mcp_servers` entry the profile stands for: a browser profile of its own under the
@@ -226,58 +265,114 @@ class BrowserProfile(BaseModel):
 class AgentConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORRERY_AGENT_", extra="ignore")
 
-    server: str = "http://127.0.0.1:8765"
+    server: str = Field(default="http://127.0.0.1:8765", description="the orchestrator's base URL (http(s) or ws(s))")
     servers: list[str] = Field(default_factory=list, description="more URLs to fail over to")
-    token: str = ""
-    device_id: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    data_dir: Path | None = None  # default: DATA_ROOT / <device id> (see resolved_data_dir)
-    workspace: Path | None = None
-    ca_file: Path | None = None
-    toolsets: list[str] = Field(default_factory=lambda: ["system", "shell", "files"])
-    mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+    token: str = Field(default="", description="the device token `orrery devices enroll` printed")
+    device_id: str | None = Field(default=None, description="must match the token's device (default: the token's)")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="labels reported in hello (enrollment's win on a conflicting key)"
+    )
+    data_dir: Path | None = Field(  # default: DATA_ROOT / <device id> (see resolved_data_dir)
+        default=None,
+        description="this device's ledger, audit log and lock; one agent per data dir "
+        "(default: ./.orrery-agent/<device id>)",
+    )
+    workspace: Path | None = Field(
+        default=None, description="the directory tools work in (default: <data dir>/workspace)"
+    )
+    ca_file: Path | None = Field(default=None, description="CA bundle to verify an https server")
+    toolsets: list[str] = Field(
+        default_factory=lambda: ["system", "shell", "files"],
+        description="built-in toolsets (system, shell, files, gui) and profiles (browser)",
+    )
+    mcp_servers: list[McpServerConfig] = Field(
+        default_factory=list, description="third-party MCP servers, each under its own namespace (below)"
+    )
     # Settings of the `browser` profile (used only with "browser" in `toolsets`).
-    browser: BrowserProfile = Field(default_factory=BrowserProfile)
+    browser: BrowserProfile = Field(
+        default_factory=BrowserProfile,
+        description='the browser profile\'s settings, with "browser" in toolsets (below)',
+    )
 
-    shell_allow: list[str] | None = None
-    shell_deny: list[str] = Field(default_factory=list)
+    shell_allow: list[str] | None = Field(
+        default=None, description="only these programs may shell.run (a guardrail, not a security boundary)"
+    )
+    shell_deny: list[str] = Field(
+        default_factory=list, description="programs shell.run refuses (a guardrail, not a security boundary)"
+    )
     # The allow/deny lists are guardrails; "bwrap" confines every shell.run (device_agent/sandbox.py).
-    sandbox: Literal["none", "bwrap"] = "none"
-    sandbox_network: bool = False
+    sandbox: Literal["none", "bwrap"] = Field(
+        default="none", description="bwrap: every shell.run and stdio MCP server runs in a bubblewrap sandbox"
+    )
+    sandbox_network: bool = Field(default=False, description="sandboxed programs may use the network")
     # Per-command limits inside the sandbox; 0 turns one off.
-    sandbox_memory_mb: int = Field(default=Limits.memory_mb, ge=0)
-    sandbox_cpu_s: int = Field(default=Limits.cpu_s, ge=0)
-    sandbox_max_processes: int = Field(default=Limits.max_processes, ge=0)
-    sandbox_file_size_mb: int = Field(default=Limits.file_size_mb, ge=0)
+    sandbox_memory_mb: int = Field(
+        default=Limits.memory_mb, ge=0, description="per sandboxed command: writable memory in MiB (0: no limit)"
+    )
+    sandbox_cpu_s: int = Field(
+        default=Limits.cpu_s, ge=0, description="per sandboxed command: CPU seconds (0: no limit)"
+    )
+    sandbox_max_processes: int = Field(
+        default=Limits.max_processes, ge=0, description="per sandboxed command: processes at once (0: no limit)"
+    )
+    sandbox_file_size_mb: int = Field(
+        default=Limits.file_size_mb,
+        ge=0,
+        description="per sandboxed command: largest file written in MiB (0: no limit)",
+    )
     # Screen input needs the owner's approval unless the agent runs --unattended (device-safety).
     approval_required: list[str] = Field(
         default_factory=lambda: [
             *("gui.click", "gui.double_click", "gui.type", "gui.key", "gui.scroll", "gui.drag"),
             *("gui.set_value", "gui.focus_window", "gui.launch"),  # element and window inputs
-        ]
+        ],
+        description="tools (patterns) that wait for a person's approval before they run",
     )
-    unattended: bool = False
+    unattended: bool = Field(default=False, description="run tools that need approval without asking")
     # Approvals for this device are given only on the device itself (`orrery agent approve ID`);
     # the orchestrator shows them but cannot decide them.
-    approvals_local_only: bool = False
-    kill_switch: bool = False
+    approvals_local_only: bool = Field(
+        default=False, description="only `orrery agent approve ID` on this device may decide its approvals"
+    )
+    kill_switch: bool = Field(default=False, description="refuse every action tool (read-only tools keep working)")
     # ---- safety budgets
     # The kill switch flipped at run time: on while this file exists (default <data dir>/kill-switch).
-    kill_switch_file: Path | None = None
+    kill_switch_file: Path | None = Field(
+        default=None, description="the kill switch is on while this file exists (default: <data dir>/kill-switch)"
+    )
     # fdatasync every audit line: it then survives a power loss, not only an agent crash.
-    audit_fsync: bool = False
+    audit_fsync: bool = Field(default=False, description="fdatasync every audit line (survives a power loss)")
     # Safety budgets, 0 = off: destructive actions per sliding minute, and consecutive outcomes
     # that are uncertain, policy_denied or approval_denied. A breach cordons the device.
-    max_destructive_per_minute: int = Field(default=0, ge=0)
-    max_consecutive_bad_outcomes: int = Field(default=0, ge=0)
-    max_output_bytes: int = Field(default=1_000_000, ge=1024)
-    max_result_bytes: int = Field(default=256 * 1024, ge=1024)
-    max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_destructive_per_minute: int = Field(
+        default=0, ge=0, description="destructive actions per sliding minute; a breach cordons the device (0: off)"
+    )
+    max_consecutive_bad_outcomes: int = Field(
+        default=0,
+        ge=0,
+        description="uncertain, policy_denied or approval_denied outcomes in a row; a breach cordons the device "
+        "(0: off)",
+    )
+    max_output_bytes: int = Field(
+        default=1_000_000, ge=1024, description="shell.run keeps this much of each output stream; the rest is counted"
+    )
+    max_result_bytes: int = Field(
+        default=256 * 1024,
+        ge=1024,
+        description="a larger result is truncated with a marker and a preview, never dropped",
+    )
+    max_frame_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="largest protocol frame the agent accepts from the server"
+    )
     # The largest artifact this device publishes or fetches (files.publish_artifact/fetch_artifact).
-    max_artifact_bytes: int = Field(default=1024 * 1024 * 1024, ge=0)
-    log_format: Literal["text", "json"] = "text"
+    max_artifact_bytes: int = Field(
+        default=1024 * 1024 * 1024, ge=0, description="largest artifact this device publishes or fetches"
+    )
+    log_format: Literal["text", "json"] = Field(default="text", description="text or json (one object per line)")
     # debug also shows the MCP SDK's and HTTP client's lines (they include tool arguments)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="debug also shows the MCP SDK's and HTTP client's lines (with tool arguments)"
+    )
 
     @field_validator("token")
     @classmethod

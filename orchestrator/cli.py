@@ -121,7 +121,12 @@ def _settings_options() -> list[inspect.Parameter]:
     for name, field in Settings.model_fields.items():
         annotation = field.annotation
         base = str if annotation is None else annotation
-        option = typer.Option(None, f"--{name.replace('_', '-')}", help=field.description or f"ORRERY_{name.upper()}")
+        variable = f"ORRERY_{name.upper()}"
+        option = typer.Option(
+            None,
+            f"--{name.replace('_', '-')}",
+            help=f"{field.description} ({variable})" if field.description else variable,
+        )
         params.append(
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=_optional(base))
         )

@@ -17,33 +17,89 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ORRERY_", extra="ignore")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8765, ge=0, le=65535)
-    data_dir: Path = Path(".orrery")
-    database_url: str | None = None
-    redis_url: str | None = None
-    secret_key: str | None = Field(default=None, description="HMAC key for token hashes (else a file)")
+    host: str = Field(default="127.0.0.1", description="address the REST API and device WebSocket listen on")
+    port: int = Field(
+        default=8765, ge=0, le=65535, description="port of the REST API and the device WebSocket (one port)"
+    )
+    data_dir: Path = Field(
+        default=Path(".orrery"), description="the SQLite file, admin.key and secret.key (and artifacts on files)"
+    )
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL of the store: Postgres for replicas (default: SQLite in the data dir)"
+    )
+    redis_url: str | None = Field(
+        default=None, description="Redis for replicas (their bus and cluster); unset: one process"
+    )
+    secret_key: str | None = Field(
+        default=None,
+        description="HMAC key for stored key and token hashes (default: <data-dir>/secret.key); "
+        "the same on every replica",
+    )
     admin_key: str | None = Field(default=None, description="first admin API key to create on an empty store")
 
-    heartbeat_interval_s: float = Field(default=10.0, gt=0)
-    heartbeat_timeout_s: float = Field(default=50.0, gt=0)
-    hello_timeout_s: float = Field(default=10.0, gt=0)
-    batch_accept_timeout_s: float = Field(default=30.0, gt=0)
-    queue_timeout_s: float = Field(default=300.0, gt=0)
+    heartbeat_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="agents send a heartbeat this often; silent for two intervals, a device is suspect",
+    )
+    heartbeat_timeout_s: float = Field(
+        default=50.0, gt=0, description="silent this long, a device is offline and its batch in flight ends device_lost"
+    )
+    hello_timeout_s: float = Field(
+        default=10.0, gt=0, description="a device connection must say hello within this (else close 4408)"
+    )
+    batch_accept_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="an online device must accept a batch sent to it within this, else the attempt times out",
+    )
+    queue_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="a node no device took in this time fails with queue_timeout (a node may set its own)",
+    )
     # A command waiting for a person's approval fails with `approval_timeout` after this long.
-    approval_timeout_s: float = Field(default=3600.0, gt=0)
+    approval_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="a command waiting this long for a person's approval fails with approval_timeout",
+    )
     # An operator's approve or deny is asked of the device (its ledger decides); the API waits
     # this long for the device to confirm the decision that holds before it answers 202.
-    approval_confirm_s: float = Field(default=10.0, ge=0)
+    approval_confirm_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="how long an approve or deny through the API waits for the device to confirm what holds "
+        "before it answers 202",
+    )
     # A node whose outcome is unknown (its device died mid-command) waits this long for
     # a capable device to run its verify commands; then it fails with its original error.
-    probe_timeout_s: float = Field(default=900.0, gt=0)
-    max_frame_bytes: int = Field(default=4 * MiB, ge=1024)
-    max_request_bytes: int = Field(default=2 * MiB, ge=1024)
-    max_nodes_per_task: int = Field(default=1000, ge=1)
-    max_argument_bytes: int = Field(default=64 * 1024, ge=64)
-    handshakes_per_minute: int = Field(default=120, ge=1)
-    auth_failures_per_minute: int = Field(default=30, ge=1)
+    probe_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="a node whose outcome is unknown waits this long for a device to run its verify commands, "
+        "then fails with its original error",
+    )
+    max_frame_bytes: int = Field(
+        default=4 * MiB, ge=1024, description="largest device protocol frame (a larger one closes the connection, 4413)"
+    )
+    max_request_bytes: int = Field(
+        default=2 * MiB, ge=1024, description="largest request body, chunked or not (else 413 payload_too_large)"
+    )
+    max_nodes_per_task: int = Field(
+        default=1000, ge=1, description="most nodes one task may have (else limit_exceeded)"
+    )
+    max_argument_bytes: int = Field(
+        default=64 * 1024, ge=64, description="largest arguments of one command, as JSON (else limit_exceeded)"
+    )
+    handshakes_per_minute: int = Field(
+        default=120, ge=1, description="device handshakes per device per minute (else 429 rate_limited)"
+    )
+    auth_failures_per_minute: int = Field(
+        default=30,
+        ge=1,
+        description="failed authentications (REST and devices) per client address per minute (else 429)",
+    )
     header_timeout_s: float = Field(
         default=10.0, gt=0, description="a request head must arrive within this (else 408 and the connection closes)"
     )
@@ -62,9 +118,11 @@ class Settings(BaseSettings):
         default=16 * 1024, ge=1024, description="largest request head (request line and headers; else 431)"
     )
 
-    llm_base_url: str | None = None
-    llm_api_key: str | None = None
-    llm_model: str | None = None
+    llm_base_url: str | None = Field(
+        default=None, description="an OpenAI-compatible endpoint; with llm_model unset there is no planner"
+    )
+    llm_api_key: str | None = Field(default=None, description="the endpoint's API key")
+    llm_model: str | None = Field(default=None, description="the model to ask (plans, re-plans and agent nodes)")
     llm_timeout_s: float = Field(default=120.0, gt=0, description="one model call, including its retries' waits")
     llm_max_retries: int = Field(default=4, ge=0, le=20, description="retries on rate limits and server errors")
     llm_vision: bool = Field(default=False, description="the model accepts images (agent nodes see screenshots)")
@@ -88,8 +146,8 @@ class Settings(BaseSettings):
         default=None, description="prompt templates that replace the built-in ones of the same name"
     )
 
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
+    tls_cert: Path | None = Field(default=None, description="PEM certificate: serve HTTPS and WSS (with tls_key)")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
     replica_id: str | None = Field(default=None, description="this replica's name (default: host-pid-random)")
     lease_ttl_s: float = Field(default=10.0, gt=0.5, description="engine lease lifetime; renewed every third of it")
     cluster_request_timeout_s: float = Field(
@@ -104,8 +162,11 @@ class Settings(BaseSettings):
     schedule_ticks_kept: int = Field(
         default=1000, ge=10, description="past ticks kept per schedule in its history (the newest; queued ones stay)"
     )
-    log_format: str = "text"
-    log_level: str = "info"
+    log_format: str = Field(
+        default="text",
+        description="text, or json: one object per line with task_id, node_id, batch_id, device_id, request_id",
+    )
+    log_level: str = Field(default="info", description="debug, info, warning or error")
     # ---- artifacts: files commands publish (orchestrator/artifacts/)
     max_artifact_bytes: int = Field(default=1024 * MiB, ge=0, description="largest artifact a device may publish")
     artifact_store: str = Field(
