@@ -35,7 +35,7 @@ _SUBMIT_422 = (
     "`validation_error` (the body; `problems` names each field), `invalid_arguments` (a command's "
     "arguments fit its tool on no candidate device, or hold a NUL; with `node_id`, `command`, `field`), "
     "`planner_unavailable` (a `request` or an agent node and no LLM configured), or another DAG problem "
-    "(`unknown_tool`, `no_capable_device`, `cycle`, `unknown_node`, ...); `problems` lists every one"
+    "(`unknown_tool`, `no_capable_device`, `dag_cycle`, `unknown_node`, ...); `problems` lists every one"
 )
 _EVENT_FORMAT = (
     "Server-Sent Events, in id order: the task's stored events after `after` (or `Last-Event-ID`), then "
