@@ -35,7 +35,7 @@ log = logging.getLogger("orrery.agent")
 
 # "gui" is opt-in (`--toolset gui` or `toolsets` in the config): it is not in the default list.
 BUILTIN = {"system": system.build, "shell": shell.build, "files": files.build, "gui": gui.build}
-KNOWN = f"built-in ones are {sorted(BUILTIN)}, profiles {list(PROFILES)} (see the README)"
+KNOWN = f"built-in ones are {sorted(BUILTIN)}, profiles {list(PROFILES)} (see the agent configuration reference)"
 # Readiness checks of toolsets that depend on more than Python (`orrery agent --check`).
 CHECKS: dict[str, Callable[[ToolsetContext], dict[str, Any]]] = {"gui": gui.check, "shell": shell.check}
 

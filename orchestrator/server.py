@@ -1,5 +1,5 @@
 """How `orrery serve` runs uvicorn: the checks before it starts, and the slow-client limits
-(README, "Slow clients").
+(docs/explanation/security.md, request limits).
 
 Before anything starts (the engine included), `claim_store` takes an exclusive lock on a SQLite
 store, so a second server on the same data dir refuses at once instead of running its engine on

@@ -3,7 +3,7 @@
 A device publishes for the batch it runs and fetches the artifacts of that batch's task: every
 route names the batch, and the batch must be the token's device's own and still open. API keys
 and other devices' tokens are refused. These routes belong to the device protocol (like the
-WebSocket at `/v1/agent`) and are documented in the README, not in the OpenAPI document.
+WebSocket at `/v1/agent`) and are documented in docs/how-to/artifacts.md, not in the OpenAPI document.
 
     POST  /uploads                {batch_id, name, size, sha256} -> 201 {id, state, offset, size, chunk_bytes}
     GET   /uploads/{id}           -> the same, `artifact` once complete

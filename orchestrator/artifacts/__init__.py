@@ -1,7 +1,7 @@
 """Artifacts: files a command publishes from its device's workspace, kept per task,
 content-addressed by sha256, and fetched by nodes on other devices or downloaded by people.
 
-How the bytes move (README, "Artifacts"):
+How the bytes move (docs/how-to/artifacts.md):
 
 - A device uploads for one of its open batches (`uploads`): it declares name, size and sha256,
   then sends the bytes in pieces of at most one request body, each at the offset the server has

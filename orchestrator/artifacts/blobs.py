@@ -27,7 +27,7 @@ LOCK_STRIPES = 64  # pieces of one upload are appended one at a time (a retry ma
 
 
 class BlobStore(Protocol):
-    kind: str  # "files" or "database", as the README and `/readyz` name it
+    kind: str  # "files" or "database", as the docs and `/readyz` name it
 
     async def staged(self, upload_id: str) -> int:
         """How many bytes of the upload are staged (where its next piece goes)."""

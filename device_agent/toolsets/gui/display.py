@@ -27,7 +27,7 @@ from device_agent.toolsets.gui.rules import GuiError
 from device_agent.toolsets.gui.screens import ScreenshotStore, private_dir
 from device_agent.toolsets.gui.x11 import grab_png, read_screen
 
-# What a Linux desktop needs for element grounding (Debian/Ubuntu names); see the README's GUI section.
+# What a Linux desktop needs for element grounding (Debian/Ubuntu names); see docs/how-to/gui-desktop.md.
 ATSPI_PACKAGES = "dbus at-spi2-core (at-spi-bus-launcher, at-spi2-registryd); GTK/Qt apps expose their tree with it"
 
 
