@@ -26,7 +26,8 @@ def stopped_words(reason: str) -> str:
     starts with those words already ("stopped by an operator (key k_1): maintenance")."""
     if not reason:
         return OPERATOR_STOP
-    return reason if reason.startswith("stopped") else f"{OPERATOR_STOP} ({reason})"
+    said = reason.startswith("stopped") and "by an operator" in reason  # "stopped and resumed by an operator"
+    return reason if said else f"{OPERATOR_STOP} ({reason})"
 
 
 class StopLatch:

@@ -150,7 +150,11 @@ class DeviceControls:
             actions.append(Requeue(fleet.queues.unqueue_all(dev)))
         if after.stopped and not before.stopped:
             why = after.stop_reason  # most often "stopped by an operator (key ...): ..." already
-            said = why if why.startswith("stopped") else "stopped by an operator" + (f" ({why})" if why else "")
+            said = (
+                why
+                if why.startswith("stopped by an operator")
+                else "stopped by an operator" + (f" ({why})" if why else "")
+            )
             actions.append(Stopped(dev, f"device '{dev.name}' was {said}"))
         if change.agent_must_apply:
             self.send(dev, now)
