@@ -34,6 +34,7 @@ from device_agent.ledger import (
 from device_agent.orphans import end_orphans
 from device_agent.reconnect import Backoff
 from device_agent.router import CallLimit, Router
+from device_agent.stop import stopped_words
 from device_agent.transport import Closed, NotTls, Refused, Transport
 from protocol.codec import encode, utf8_len
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
@@ -170,8 +171,7 @@ class Agent:
         applied = self.ledger.control()
         if applied.stopped:
             log.warning(
-                "this device is stopped by an operator (%s): action tools are refused until it is resumed",
-                applied.reason,
+                "this device is %s: action tools are refused until it is resumed", stopped_words(applied.reason)
             )
             await self.router.stop_latch.engage(applied.reason)
         executor = asyncio.create_task(self._executor(), name="agent-executor")
@@ -568,7 +568,7 @@ class Agent:
         if self.running_call is not None:
             asyncio.get_running_loop().call_later(STOP_GRACE_S, self._halt, self.running_call)
         await self.router.stop_latch.engage(reason)
-        log.warning("device stopped by an operator (%s); %d process group(s) killed", reason or "no reason", killed)
+        log.warning("device %s; %d process group(s) killed", stopped_words(reason), killed)
 
     def _lift_stop(self) -> None:
         if self.router.stop_latch.stopped:
@@ -779,15 +779,14 @@ class _RunningCall:
 
 def _stopped(cmd: Command, result: Result | None, reason: str) -> Result:
     """A command an emergency stop interrupted: `device_stopped` (it may have partly run)."""
-    why = f" ({reason})" if reason else ""
     return Result(
         call_id=cmd.call_id,
         status="failure",
         result=result.result if result else None,
         error=ErrorInfo(
             code=ErrorCode.DEVICE_STOPPED,
-            message=f"interrupted: an operator stopped the device{why} while this command ran, so it may "
-            "have partly taken effect; check the device's state before running it again",
+            message=f"interrupted by an emergency stop ({stopped_words(reason)}) while this command ran, so it "
+            "may have partly taken effect; check the device's state before running it again",
         ),
         namespace=namespace_of(cmd.tool),
         duration_ms=result.duration_ms if result else 0.0,

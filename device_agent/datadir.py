@@ -21,6 +21,7 @@ data dir's 0700 already keeps other users out of it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -137,3 +138,31 @@ class DataDirLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None
+
+
+class Footprint:
+    """What a run of the agent finds missing before it starts, so it can take back what it made
+    when the orchestrator refuses it before ever accepting it (a wrong or revoked token): a
+    refused run must not leave `./.orrery-agent/<id>/` behind. Only what was missing is taken
+    back, files by name and directories only once empty, so a data dir that held a ledger (or
+    anything else) before this run keeps it."""
+
+    def __init__(self, data_dir: Path, workspace: Path) -> None:
+        self.data_dir = data_dir
+        self.files = [data_dir / name for name in OWN_FILES if not os.path.lexists(data_dir / name)]
+        self.dirs: list[Path] = []
+        for start in (data_dir / SCREENSHOTS_NAME, workspace, data_dir):
+            path = start
+            while not os.path.lexists(path) and path not in self.dirs and path != path.parent:
+                self.dirs.append(path)  # missing, as its parents up to the first that exists
+                path = path.parent
+
+    def take_back(self) -> None:
+        for file in self.files:
+            with contextlib.suppress(OSError):
+                file.unlink(missing_ok=True)
+        for path in sorted(self.dirs, key=lambda p: len(p.parts), reverse=True):  # the deepest first
+            with contextlib.suppress(OSError):  # not empty: something else is in it, kept
+                path.rmdir()
+        if self.data_dir in self.dirs and not os.path.lexists(self.data_dir):
+            log.info("removed the data dir %s this run made: the orchestrator never accepted it", self.data_dir)

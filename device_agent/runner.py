@@ -18,7 +18,7 @@ from device_agent.agent import Agent, AgentFailed, TokenRefused
 from device_agent.audit import AuditLog
 from device_agent.budgets import SafetyBudgets
 from device_agent.config import PROFILES, AgentConfig, McpServerConfig
-from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLock, make_private
+from device_agent.datadir import AUDIT_NAME, LEDGER_NAME, DataDirBusy, DataDirLock, Footprint, make_private
 from device_agent.faults import CrashPoints
 from device_agent.guards import Guards
 from device_agent.killswitch import KillSwitch
@@ -258,18 +258,24 @@ async def _check(config: AgentConfig) -> dict[str, Any]:
 
 async def serve(config: AgentConfig) -> None:
     validate(config)
+    made = Footprint(config.resolved_data_dir, config.resolved_workspace)
     try:
         lock = DataDirLock.acquire(config.resolved_data_dir)  # before the ledger is opened
     except DataDirBusy as exc:
         raise ConfigError(str(exc)) from None
     try:
-        await _serve(config)
+        await _serve(config, made)
     finally:
         lock.release()
 
 
-async def _serve(config: AgentConfig) -> None:
-    agent = build(config)
+async def _serve(config: AgentConfig, made: Footprint) -> None:
+    try:
+        agent = build(config)
+    except ConfigError:
+        made.take_back()  # it never ran: what it made for the run goes
+        raise
+    refused_at_once = False
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -285,6 +291,7 @@ async def _serve(config: AgentConfig) -> None:
         log.info("agent stopping")
     except TokenRefused as exc:
         log.error("%s", exc)
+        refused_at_once = agent.sessions_opened == 0  # never accepted: its ledger holds nothing
         raise
     except AgentFailed as exc:
         log.error(
@@ -299,6 +306,8 @@ async def _serve(config: AgentConfig) -> None:
     finally:
         agent.ledger.close()
         agent.router.audit.close()
+        if refused_at_once:
+            made.take_back()
 
 
 def _flip(switch: KillSwitch, on: bool) -> None:

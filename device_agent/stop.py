@@ -18,6 +18,16 @@ log = logging.getLogger("orrery.agent.stop")
 
 StopHook = Callable[[], Awaitable[Any]]
 ResumeHook = Callable[[], Any]
+OPERATOR_STOP = "stopped by an operator"
+
+
+def stopped_words(reason: str) -> str:
+    """`stopped by an operator`, with the stop's reason once: the orchestrator's reason most often
+    starts with those words already ("stopped by an operator (key k_1): maintenance")."""
+    if not reason:
+        return OPERATOR_STOP
+    said = reason.startswith("stopped") and "by an operator" in reason  # "stopped and resumed by an operator"
+    return reason if said else f"{OPERATOR_STOP} ({reason})"
 
 
 class StopLatch:
@@ -51,9 +61,8 @@ class StopLatch:
 
     def refusal(self, tool: str) -> str:
         """What a refused action tool answers while the device is stopped."""
-        why = f" ({self.reason})" if self.reason else ""
         return (
-            f"this device was stopped by an operator{why}, so '{tool}' is refused: every action tool "
+            f"this device was {stopped_words(self.reason)}, so '{tool}' is refused: every action tool "
             "stays refused until an operator resumes the device (orrery devices resume, or POST "
             "/v1/devices/{id}/resume); read-only tools still run. Do not retry the action on this device."
         )

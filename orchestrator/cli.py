@@ -237,9 +237,13 @@ def devices_enroll(
     if json_out:
         _print_json(result)
     else:
-        console.print(f"device id: {result['id']}\ntoken:     {result['token']}")
+        # soft_wrap: the token and the command stay whole on one line at any width, to copy and paste
         console.print(
-            f"[dim]the token is shown once; start the agent with[/dim] orrery agent --server {c.server} --token <token>"
+            f"device id: {result['id']}\ntoken:     {result['token']}", markup=False, highlight=False, soft_wrap=True
+        )
+        console.print("[dim]the token is shown once; start the agent with:[/dim]")
+        console.print(
+            f"  orrery agent --server {c.server} --token <token>", markup=False, highlight=False, soft_wrap=True
         )
 
 
@@ -365,6 +369,7 @@ def devices_rotate_token(
             f"device id: {result['id']}\nname:      {result['name']}\ntoken:     {result['token']}",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
         console.print("[dim]the token is shown once; restart the agent with it (the old token no longer works)[/dim]")
 
@@ -450,7 +455,10 @@ def submit(
         if name:
             body["name"] = name
     with _api(server, api_key) as c:
-        task = c.submit(body, idempotency_key)
+        try:
+            task = c.submit(body, idempotency_key)
+        except ClientError as exc:
+            raise _in_file(file, exc) from None
         _print_warnings(task)
         if watch:
             task = _watch(c, task["id"])
@@ -593,6 +601,17 @@ def _placed(file: Path, problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if isinstance(loc, list) and loc[:2] == ["body", "dag"] and (at := locate(file, loc[2:])):
             p.update(position=at, message=f"{at}: {p.get('message')}")
     return problems
+
+
+def _in_file(file: Path | None, exc: ClientError) -> ClientError:
+    """A refused DAG read from `file`: its problems at the file:line:column they came from, as
+    `orrery validate` shows them."""
+    problems = exc.body.get("problems") if exc.status == 422 and file is not None else None
+    if file is None or not isinstance(problems, list) or not problems:
+        return exc
+    _placed(file, problems)
+    at = problems[0].get("position") if isinstance(problems[0], dict) else None
+    return ClientError(exc.status, exc.code, f"{at}: {exc.detail}" if at else exc.detail, exc.body)
 
 
 def _print_validation(answer: dict[str, Any]) -> None:
@@ -896,6 +915,8 @@ def schedules_ticks(
         items = c.schedule_ticks(schedule_id, limit, outcome)["items"]
     if json_out:
         _print_json(items)
+    elif not items:
+        console.print(f"no ticks yet{f' with outcome {outcome}' if outcome else ''}", markup=False, highlight=False)
     else:
         print_table(console, ticks_table(items))
 

@@ -406,7 +406,8 @@ def _watch_lines(
                     where[node], tries = _running_on(client, task_id, node)
                     if where[node] and where[node] not in names:
                         names = device_names(client) or names
-                    line.append(f" on {names.get(where[node], where[node])}")
+                    if where[node]:  # a fan-out node runs on its children: their lines name the devices
+                        line.append(f" on {names.get(where[node], where[node])}")
                     if tries > 1:
                         line.append(f" (attempt {tries})", style="yellow")
                 elif state in ("succeeded", "failed") and where.get(node):

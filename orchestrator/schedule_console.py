@@ -104,24 +104,33 @@ def schedule_view(s: dict[str, Any], ticks: list[dict[str, Any]]) -> Group:
     ]
     if s.get("queued"):
         lines.append(Text("queued    " + ", ".join(s["queued"])))
+    if not ticks:  # a line, not a table of headers with nothing under them
+        return Group(*lines, Text("ticks     none yet"))
     return Group(*lines, ticks_table(ticks, title="Newest ticks"))
 
 
 def ticks_table(items: list[dict[str, Any]], title: str = "Ticks (newest first)") -> Table:
+    """The ticks; the task and detail columns only when some tick has one (no empty column)."""
+    tasks = [_tick_task(t) for t in items]
+    details = [str(t.get("detail") or "") for t in items]
     table = Table(title=title, header_style="bold", title_justify="left")
     table.add_column("tick", no_wrap=True)
     table.add_column("outcome", no_wrap=True)
-    table.add_column("task", no_wrap=True)
-    table.add_column("detail", overflow="fold")
-    for t in items:
+    if any(tasks):
+        table.add_column("task", no_wrap=True)
+    if any(details):
+        table.add_column("detail", overflow="fold")
+    for t, task, detail in zip(items, tasks, details, strict=True):
         outcome = str(t.get("outcome", ""))
-        task = t.get("task_id") or ""
-        if task and t.get("task_state"):
-            task = f"{task} ({t['task_state']})"
-        table.add_row(
-            str(t.get("local") or ""),
-            Text(outcome, style=OUTCOME_STYLES.get(outcome, "")),
-            task,
-            Text(t.get("detail") or ""),
-        )
+        cells: list[str | Text] = [str(t.get("local") or ""), Text(outcome, style=OUTCOME_STYLES.get(outcome, ""))]
+        if any(tasks):
+            cells.append(task)
+        if any(details):
+            cells.append(Text(detail))
+        table.add_row(*cells)
     return table
+
+
+def _tick_task(t: dict[str, Any]) -> str:
+    task = str(t.get("task_id") or "")
+    return f"{task} ({t['task_state']})" if task and t.get("task_state") else task

@@ -15,7 +15,7 @@ from starlette.routing import Match
 
 from orchestrator.artifacts.errors import ArtifactError
 from orchestrator.cluster import ClusterUnavailable
-from orchestrator.domain.model import unknown_field
+from orchestrator.domain.model import DEVICE_NAME_PATTERN, SLUG_PATTERN, unknown_field
 from orchestrator.domain.problems import DomainError
 from orchestrator.store.repo import BadCursor
 
@@ -217,10 +217,23 @@ def install(app: FastAPI) -> None:
         return problem_response(500, "internal_error", "the server failed to handle this request; see its log")
 
 
+# The patterns names are checked against, in words: a refused name is answered with which
+# characters it may hold (as the CLI says it), never with the regular expression.
+_PATTERN_WORDS = {
+    DEVICE_NAME_PATTERN: "letters, digits, '_', '.' and '-', starting with a letter or digit",
+    r"^[A-Za-z0-9][A-Za-z0-9_./-]*$": "letters, digits, '_', '.', '/' and '-', starting with a letter or digit",
+    SLUG_PATTERN: "letters, digits, '_' and '-', starting with a letter or digit (at most 64 characters)",
+}
+
+
 def _said(req: Request, error: Any) -> Any:
     """A request validation error's message; a key the body's model does not have names the
     nearest field (`unknown field 'placment'; did you mean 'placement'?`) at any depth."""
     loc = tuple(error.get("loc", ()))
+    if error.get("type") == "string_pattern_mismatch":
+        words = _PATTERN_WORDS.get(str((error.get("ctx") or {}).get("pattern")))
+        if words:
+            return f"may hold only {words}; got {str(error.get('input'))[:100]!r}"
     if error.get("type") != "extra_forbidden" or loc[:1] != ("body",):
         return error.get("msg")
     body = getattr(req.scope.get("route"), "body_field", None)

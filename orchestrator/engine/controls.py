@@ -149,7 +149,13 @@ class DeviceControls:
         if after.admin is not AdminState.ACTIVE and (before.admin is AdminState.ACTIVE or after.stopped):
             actions.append(Requeue(fleet.queues.unqueue_all(dev)))
         if after.stopped and not before.stopped:
-            actions.append(Stopped(dev, f"device '{dev.name}' was stopped by an operator ({after.stop_reason})"))
+            why = after.stop_reason  # most often "stopped by an operator (key ...): ..." already
+            said = (
+                why
+                if why.startswith("stopped by an operator")
+                else "stopped by an operator" + (f" ({why})" if why else "")
+            )
+            actions.append(Stopped(dev, f"device '{dev.name}' was {said}"))
         if change.agent_must_apply:
             self.send(dev, now)
         if always_recorded:

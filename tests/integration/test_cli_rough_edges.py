@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.integration.test_approvals import APPROVE_WRITES, one_node, pending, write
-from tests.support import ROOT, Fleet, Server, child_env, free_port, run_cli
+from tests.support import ROOT, Fleet, Server, child_env, free_port, run_cli, shell, wait_until
 
 
 def short_error(result: subprocess.CompletedProcess[str], *needles: str, most: int = 2) -> str:
@@ -227,3 +227,206 @@ def test_the_lock_is_for_a_sqlite_store_only(tmp_path: Path) -> None:
     assert store_lock_path(pg) is None  # replicas share a Postgres store by design
     own = Settings(data_dir=tmp_path, database_url=f"sqlite+aiosqlite:///{tmp_path / 'x' / 'fleet.db'}")
     assert store_lock_path(own) == tmp_path / "x" / "fleet.db.lock"
+
+
+# ---------------------------------------------------------------- what a new user met next
+
+
+def test_the_enroll_hint_and_the_token_stay_whole_at_80_columns(shared_fleet: Fleet) -> None:
+    made = run_cli(shared_fleet, "devices", "enroll", "edge-eighty", columns=80)
+    assert made.returncode == 0, made.stderr
+    shown = made.stdout.splitlines()
+    command = f"orrery agent --server {shared_fleet.server.url} --token <token>"
+    assert any(line.strip() == command for line in shown), made.stdout  # on a line of its own, to copy
+    device_id = re.search(r"device id: (dev_\w+)", made.stdout)
+    assert device_id, made.stdout
+    assert any(re.fullmatch(rf"token: +orrd_{device_id[1]}\.\S{{20,}}", line) for line in shown), made.stdout
+    rotated = run_cli(shared_fleet, "devices", "rotate-token", device_id[1], columns=80)
+    assert rotated.returncode == 0, rotated.stderr
+    assert re.search(rf"^token: +orrd_{device_id[1]}\.\S{{20,}}$", rotated.stdout, re.M), rotated.stdout
+
+
+def test_submit_watch_never_says_running_on_nobody(shared_fleet: Fleet, tmp_path: Path) -> None:
+    """A fan-out node runs on its children, not on one device: its line names none."""
+    agent = shared_fleet.agent("edge-watch", {"edge": "watch"})
+    gate = agent.workspace / "go"
+    dag = tmp_path / "fan.yaml"
+    dag.write_text(
+        "nodes:\n"
+        "  - id: spread\n"
+        "    for_each: {labels: {edge: watch}}\n"
+        "    commands: [{tool: shell.run, arguments: {argv: [sh, -c, 'while [ ! -f go ]; do sleep 0.05; done']}}]\n"
+        "  - id: after\n"
+        "    placement: {device: edge-watch}\n"
+        "    commands: [{tool: shell.run, arguments: {argv: [echo, done]}}]\n"
+        "edges: [{from: spread, to: after}]\n"
+    )
+    out = tmp_path / "watch.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orrery", "submit", str(dag), "--watch"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=child_env(
+                COLUMNS="160", ORRERY_URL=shared_fleet.server.url, ORRERY_API_KEY=shared_fleet.server.api_key
+            ),
+        )
+    try:
+        wait_until(lambda: "spread on edge-watch running" in out.read_text(), 60, "the child to run")
+        gate.write_text("")
+        assert proc.wait(60) == 0, out.read_text()
+    finally:
+        gate.write_text("")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(15)
+    text = out.read_text()
+    assert re.search(r"◐ spread running$", text, re.M), text
+    assert re.search(r"◐ after running on edge-watch$", text, re.M), text
+    assert not re.search(r" on\s*$", text, re.M), text  # no line ends in an empty "on"
+
+
+def test_the_agent_logs_an_operators_stop_once(shared_fleet: Fleet) -> None:
+    agent = shared_fleet.agent("edge-stop")
+    gate = agent.workspace / "go"
+    hold = shell(["sh", "-c", "while [ ! -f go ]; do sleep 0.05; done"])
+    task = shared_fleet.submit({"nodes": [{"id": "held", "placement": {"device": "edge-stop"}, "commands": [hold]}]})
+    try:
+        shared_fleet.wait_device(agent.device_id, "busy")
+        with shared_fleet.server.client() as c:
+            r = c.post(f"/v1/devices/{agent.device_id}/stop", json={"reason": "maintenance window"})
+            assert r.status_code == 200, r.text
+        ended = shared_fleet.wait_task(task["id"])
+        error = shared_fleet.node(ended, "held")["error"]["message"]
+        assert error.count("operator") == 1 and "maintenance window" in error, error
+        wait_until(lambda: "device stopped by an operator" in agent.log(), 30, "the agent to apply the stop")
+        stopped = [line for line in agent.log().splitlines() if "stopped by an operator" in line]
+        assert len(stopped) == 1, stopped
+        assert stopped[0].count("stopped by an operator") == 1 and "maintenance window" in stopped[0], stopped
+
+        agent.stop()  # a restart while stopped says so once too
+        agent.start()
+        wait_until(lambda: "this device is stopped" in agent.log(), 30, "the restarted agent to say it is stopped")
+        again = [line for line in agent.log().splitlines() if "this device is stopped" in line]
+        assert len(again) == 1 and again[0].count("stopped by an operator") == 1, again
+    finally:
+        gate.write_text("")
+        with shared_fleet.server.client() as c:
+            c.post(f"/v1/devices/{agent.device_id}/resume")
+
+
+def empty_columns(table: str) -> list[str]:
+    """The headers of a rich box table in `table` that have nothing under them in any row."""
+    header = next((line for line in table.splitlines() if line.startswith("┃")), None)
+    if header is None:
+        return []
+    names = [cell.strip() for cell in header.strip("┃").split("┃")]
+    rows = [line.strip("│").split("│") for line in table.splitlines() if line.startswith("│")]
+    return [name for i, name in enumerate(names) if not any(len(r) > i and r[i].strip() for r in rows)]
+
+
+def test_schedules_show_has_no_empty_column(shared_fleet: Fleet, tmp_path: Path) -> None:
+    shared_fleet.agent("edge-cron")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text("nodes:\n  - id: a\n    placement: {device: edge-cron}\n    commands: [{tool: system.info}]\n")
+    made = run_cli(shared_fleet, "schedules", "create", str(dag), "--name", "edge-soon", "--cron", "*/2 * * * * *")
+    assert made.returncode == 0, made.stderr
+    try:
+        with shared_fleet.server.client() as c:
+
+            def a_tick() -> bool:
+                items = c.get("/v1/schedules/edge-soon/ticks").json()["items"]
+                return any(t["outcome"] == "created" for t in items)
+
+            wait_until(a_tick, 30, "a tick")
+        assert run_cli(shared_fleet, "schedules", "pause", "edge-soon").returncode == 0
+        shown = run_cli(shared_fleet, "schedules", "show", "edge-soon")
+        assert shown.returncode == 0, shown.stderr
+        assert "┃ tick" in shown.stdout and "created" in shown.stdout, shown.stdout
+        assert empty_columns(shown.stdout) == [], shown.stdout
+        ticks = run_cli(shared_fleet, "schedules", "ticks", "edge-soon")
+        assert ticks.returncode == 0 and "created" in ticks.stdout, ticks.stdout
+        assert empty_columns(ticks.stdout) == [], ticks.stdout
+    finally:
+        run_cli(shared_fleet, "schedules", "delete", "edge-soon")
+
+    later = run_cli(shared_fleet, "schedules", "create", str(dag), "--name", "edge-later", "--cron", "0 2 * * *")
+    assert later.returncode == 0, later.stderr
+    try:
+        none = run_cli(shared_fleet, "schedules", "show", "edge-later")
+        assert none.returncode == 0, none.stderr
+        assert "┃" not in none.stdout and re.search(r"^ticks +none yet$", none.stdout, re.M), none.stdout
+        empty = run_cli(shared_fleet, "schedules", "ticks", "edge-later")
+        assert empty.returncode == 0 and empty.stdout.strip() == "no ticks yet", empty.stdout
+    finally:
+        run_cli(shared_fleet, "schedules", "delete", "edge-later")
+
+
+def agent_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`orrery agent ARGS` typed in `cwd`, to its end (a refused one ends within seconds)."""
+    return subprocess.run(
+        [sys.executable, "-m", "orrery", "agent", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=child_env(PYTHONPATH=str(ROOT)),
+        timeout=90,
+        check=False,
+    )
+
+
+def test_a_refused_agent_leaves_no_data_dir_but_keeps_one_that_held_a_ledger(
+    shared_fleet: Fleet, tmp_path: Path
+) -> None:
+    url = shared_fleet.server.url
+    real = shared_fleet.enroll("edge-refused")
+    wrong = agent_cli(tmp_path, "--server", url, "--token", real["token"][:-4] + "oops")
+    assert wrong.returncode == 3, wrong.stderr
+    assert "refused this device's token" in wrong.stdout + wrong.stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))  # no ./.orrery-agent/<id>/ left
+
+    given = tmp_path / "given" / "data"  # --data-dir: created for this run, taken back as well
+    bogus = agent_cli(tmp_path, "--server", url, "--token", "orrd_dev_0000000000000000000a.x", "--data-dir", str(given))
+    assert bogus.returncode == 3, bogus.stderr
+    assert not (tmp_path / "given").exists(), list(tmp_path.rglob("*"))
+
+    # A data dir that held a ledger (this device ran) is kept when its token is refused later.
+    agent = shared_fleet.agent("edge-revoked")
+    agent.stop()
+    ledger = agent.data_dir / "ledger.sqlite3"
+    assert ledger.exists()
+    with shared_fleet.server.client() as c:
+        assert c.delete(f"/v1/devices/{agent.device_id}").status_code == 200
+    revoked = agent_cli(tmp_path, "--server", url, "--token", agent.token, "--data-dir", str(agent.data_dir))
+    assert revoked.returncode == 3, revoked.stderr
+    assert ledger.exists() and (agent.data_dir / "workspace").is_dir()
+
+
+def test_submit_places_a_misspelt_key_at_its_line_and_column_as_validate_does(
+    shared_fleet: Fleet, tmp_path: Path
+) -> None:
+    dag = tmp_path / "typo.yaml"
+    dag.write_text(
+        "nodes:\n"
+        "  - id: a\n"
+        "    placment: {device: nowhere}\n"
+        "    comands: [{tool: system.echo, arguments: {text: hi}}]\n"
+    )
+    refused = run_cli(shared_fleet, "submit", str(dag))
+    err = short_error(refused, f"{dag}:3:5: ", "'placment'; did you mean 'placement'?", most=2)
+    assert f"{dag}:4:5: " in err and "did you mean 'commands'?" in err, err
+    checked = run_cli(shared_fleet, "validate", str(dag))
+    assert f"{dag}:3:5: " in checked.stdout + checked.stderr  # the same places as validate's
+
+
+def test_rest_answers_a_bad_name_with_the_characters_it_may_hold(shared_fleet: Fleet) -> None:
+    with shared_fleet.server.client() as c:
+        bad = c.post("/v1/devices", json={"name": "bad name!"})
+        assert bad.status_code == 422 and bad.json()["code"] == "validation_error", bad.text
+        detail = bad.json()["detail"]
+        assert detail.startswith("body.name: may hold only letters, digits, '_', '.' and '-'"), detail
+        assert "'bad name!'" in detail and "^[" not in bad.text and "pattern" not in bad.text, bad.text
+        key = c.post("/v1/devices", json={"name": "edge-labelled", "labels": {"bad key!": "x"}})
+        assert key.status_code == 422, key.text
+        assert "'/'" in key.json()["detail"] and "^[" not in key.text, key.text

@@ -130,7 +130,8 @@ export function mountDevice(root, deviceId) {
             "div",
             { class: "stop-banner", id: "device-stopped", role: "status" },
             h("strong", {}, "Emergency stop."),
-            h("span", { id: "device-stop-reason" }, d.stop_reason || "Stopped by an operator."),
+            " ",
+            h("span", { id: "device-stop-reason" }, sentence(d.stop_reason || "stopped by an operator")),
             " It takes no work and its agent refuses every action tool until it is resumed.",
             (d.control_applied ?? 0) < (d.control_generation ?? 0)
               ? h(
@@ -409,6 +410,12 @@ export function currentBatch(d) {
   }
   if (d.current_batch) return h("span", { class: "mono", title: d.current_batch }, shortId(d.current_batch, 14));
   return h("span", { class: "muted" }, "—");
+}
+
+/** The stop's reason as a sentence of its own: "stopped by an operator: x" -> "Stopped by an operator: x." */
+function sentence(text) {
+  const t = String(text).trim();
+  return t.charAt(0).toUpperCase() + t.slice(1) + (/[.!?]$/.test(t) ? "" : ".");
 }
 
 function firstLine(text) {
