@@ -324,8 +324,10 @@ def devices_stop(
     with _api(server, api_key) as c:
         result = c.stop_device(device_id, reason)
         applied = _applied(c, result)
-    why = f" ({result['stop_reason']})" if result.get("stop_reason") else ""
-    console.print(f"{device_id}: {result.get('state')}{why}{applied}", markup=False, highlight=False)
+    state, why = str(result.get("state")), str(result.get("stop_reason") or "")
+    # The reason reads "stopped by an operator (key ...): ..."; say "stopped" once.
+    said = why if why.startswith(state) else f"{state} ({why})" if why else state
+    console.print(f"{device_id}: {said}{applied}", markup=False, highlight=False)
 
 
 @devices_app.command("label")

@@ -175,8 +175,9 @@ def test_orrery_devices_stop_and_resume(shared_fleet: Fleet) -> None:
     stopped = run_cli(shared_fleet, "devices", "stop", "es-cli", "--reason", "checking the cabling")
     assert stopped.returncode == 0, stopped.stderr
     assert (
-        stopped.stdout.startswith("es-cli: stopped (stopped by an operator")
+        stopped.stdout.startswith("es-cli: stopped by an operator (key ")
         and "checking the cabling" in stopped.stdout
+        and stopped.stdout.count("stopped") == 1
     )
     listed = json.loads(run_cli(shared_fleet, "devices", "list", "--json").stdout)
     assert next(d for d in listed if d["name"] == "es-cli")["state"] == "stopped"
