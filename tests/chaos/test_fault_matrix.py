@@ -58,7 +58,7 @@ from tests.chaos.invariants import (
 )
 from tests.cluster.replicaset import Replica, ReplicaSet
 from tests.services import PostgresServer, RedisServer, fresh_database, owned_postgres_server, owned_redis_server
-from tests.support import Agent, Fleet, TcpProxy, wait_until
+from tests.support import Agent, Fleet, TcpProxy, stop_agents, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -86,8 +86,7 @@ def start_agents(fleet: Fleet, prefix: str, env: dict[int, dict[str, str]] | Non
 
 
 def stop_all(agents: list[Agent]) -> None:
-    for a in agents:
-        a.stop()
+    stop_agents(agents)
 
 
 # ================================================================ one orchestrator on SQLite
@@ -237,8 +236,7 @@ def cluster(postgres: PostgresServer, tmp_path: Path) -> Iterator[Cluster]:
         try:
             yield Cluster(rs, postgres, redis_server)
         finally:
-            for agent in rs.agents:
-                agent.stop()
+            stop_agents(rs.agents)
             for replica in rs.live():
                 replica.kill(signal.SIGKILL)  # their shutdown is not under test, and a wedged one never ends
 
