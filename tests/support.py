@@ -203,6 +203,23 @@ class Agent:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def stop_agents(agents: list[Agent], timeout: float = 15) -> None:
+    """`Agent.stop` for all of them at once: each is asked (SIGTERM) before any is waited for, so
+    a teardown takes as long as the slowest agent, not the sum; one still running after `timeout`
+    is killed, as `stop` does."""
+    running = [a for a in agents if a.proc is not None and a.proc.poll() is None]
+    for a in running:
+        a.signal(signal.SIGCONT)
+        a.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for a in running:
+        assert a.proc is not None
+        try:
+            a.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            a.kill()
+
+
 class Fleet:
     """A server plus agents for one test; everything is stopped at the end."""
 
@@ -226,8 +243,7 @@ class Fleet:
         return self
 
     def __exit__(self, *_: object) -> None:
-        for a in self.agents:
-            a.stop()
+        stop_agents(self.agents)
         self.server.stop()
         if self._database is not None:
             self._database.close()

@@ -1,4 +1,4 @@
-"""The fault matrix: one DAG of a few hundred nodes on three real agents, one fault injected while
+"""The fault matrix: one DAG of about a hundred nodes on three real agents, one fault injected while
 work is in flight, and the same referee for every fault (tests/chaos/invariants.py): every node
 ends, none is lost, none runs twice, failures are honest and the task's outcome follows the DAG
 rules (SPEC sections 2, 4 and 7).
@@ -58,7 +58,7 @@ from tests.chaos.invariants import (
 )
 from tests.cluster.replicaset import Replica, ReplicaSet
 from tests.services import PostgresServer, RedisServer, fresh_database, owned_postgres_server, owned_redis_server
-from tests.support import Agent, Fleet, TcpProxy, wait_until
+from tests.support import Agent, Fleet, TcpProxy, stop_agents, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -66,7 +66,7 @@ CRASH_ENV = "ORRERY_AGENT_CRASH_AT"
 CRASH_POINTS = ("received", "accepted", "call_started", "call_done", "finished", "sent")
 # A crash at these points interrupts a command the device had started: it must end `uncertain`.
 INTERRUPTING = frozenset({"call_started", "call_done"})
-CRASH_AFTER = 20  # the agent kills itself the 20th time it passes the point: mid-workload
+CRASH_AFTER = 12  # the agent kills itself the 12th time it passes the point: mid-workload (of ~37)
 # The orchestrator stays down until every agent has tried this often: long enough that a backoff
 # without a fast window (0.5 s doubling to 30 s) would have grown past the recovery goal.
 ATTEMPTS_WHILE_DOWN = 6
@@ -86,8 +86,7 @@ def start_agents(fleet: Fleet, prefix: str, env: dict[int, dict[str, str]] | Non
 
 
 def stop_all(agents: list[Agent]) -> None:
-    for a in agents:
-        a.stop()
+    stop_agents(agents)
 
 
 # ================================================================ one orchestrator on SQLite
@@ -128,6 +127,7 @@ def test_an_agent_killed_at_each_ledger_point_loses_nothing_and_runs_nothing_twi
         )
         status = victim.proc.poll() if victim.proc else None
         assert status == -signal.SIGKILL, f"the agent did not kill itself at {point}:{CRASH_AFTER} (status {status})"
+        case.fault(f"the agent killed itself at {point}", victim)
         if point in INTERRUPTING:
             case.interrupted[victim.device_id] = 1
         controls.act(crash_fleet.server)  # while the victim is down
@@ -161,6 +161,7 @@ def test_the_orchestrator_killed_with_work_in_flight_restarts_and_loses_nothing(
             controls.arm()
             case.wait_executed(case.work.size // 3)
             controls.act(fleet.server)  # just before the kill: the answers come from the restarted one
+            case.fault("the orchestrator killed")
             fleet.server.kill(signal.SIGKILL)
             down = time.monotonic()
             seen = [p.attempts for p in proxies]
@@ -235,8 +236,7 @@ def cluster(postgres: PostgresServer, tmp_path: Path) -> Iterator[Cluster]:
         try:
             yield Cluster(rs, postgres, redis_server)
         finally:
-            for agent in rs.agents:
-                agent.stop()
+            stop_agents(rs.agents)
             for replica in rs.live():
                 replica.kill(signal.SIGKILL)  # their shutdown is not under test, and a wedged one never ends
 
@@ -281,10 +281,12 @@ def test_a_tcp_cut_between_an_agent_and_its_replica_resumes_and_loses_nothing(cl
         case = Case(rs, spread(rs, "cut", urls), controls=controls)
         case.submit()
         controls.arm()
+        share = case.work.placed_on(case.agents[0].device_id)
         for cut in (1, 2):
-            case.wait_executed(25 * cut, case.agents[0])
+            case.wait_executed(share * cut // 3, case.agents[0])
             if cut == 1:
                 controls.act(rs.server)  # just before the cut: the frames they send are cut off
+            case.fault(f"TCP cut {cut}", case.agents[0])
             proxy.sever()
             to_other.sever()
         case.finish()
@@ -308,15 +310,18 @@ def test_a_device_hopping_between_replicas_and_back_is_never_declared_lost(clust
         case = Case(rs, agents, spread_over=[hopper, agents[1], hopper, agents[2]], controls=controls)
         case.submit()
         controls.arm()
-        case.wait_executed(15, hopper)
+        share = case.work.placed_on(hopper.device_id)
+        case.wait_executed(share * 15 // 100, hopper)
         watch = StateWatch(rs, hopper.device_id)
         controls.act(rs.server)  # just before the move: the devices hear them on the replica they move to
+        case.fault("the move to replica B", hopper)
         to_a.pause()  # replica A is out of the hopper's reach: it moves to B
         also_a.pause()
         wait_until(lambda: to_b.connections >= 1, 30, "the hopper to connect to replica B")
-        case.wait_executed(15 + 40, hopper)
+        case.wait_executed(share * 55 // 100, hopper)
         to_a.resume()
         also_a.resume()
+        case.fault("the move back to replica A", hopper)
         to_b.pause()  # and back to A
         also_b.pause()
         wait_until(lambda: to_a.connections >= 2, 30, "the hopper to connect to replica A again")
@@ -346,6 +351,7 @@ def test_killed_redis_subscriptions_lose_no_relayed_input_or_frame(cluster: Clus
             case.wait_executed(case.work.size * kill // 4)
             if kill == 1:
                 controls.act(other)
+            case.fault(f"pub/sub clients killed ({kill})")
             killed = admin.client_kill_filter(_type="pubsub")
             assert killed >= 2, f"CLIENT KILL TYPE pubsub killed {killed} client(s)"
     finally:
@@ -364,6 +370,7 @@ def test_a_redis_restart_delays_work_but_loses_none_hangs_no_request_and_stops_n
     case.wait_executed(case.work.size // 3)
     probe = case.agents[1].device_id
     answer: list[int] = []
+    case.fault("Redis stopped")
     cluster.redis.stop()
     try:
         # A request that needs the engine (the one writer of a device's controls), made to a
@@ -417,6 +424,7 @@ def test_a_postgres_restart_delays_work_but_loses_none_and_stops_no_replica(clus
     controls.arm()
     case.wait_executed(case.work.size // 3)
     controls.act(other)  # just before the restart: asked again while the store is away
+    case.fault("Postgres restarted")
     cluster.postgres.restart()
     case.finish()
     assert_replicas_survived(rs)
@@ -434,6 +442,7 @@ def test_a_killed_replica_hands_its_devices_and_the_engine_to_another_and_loses_
     controls.arm()
     case.wait_executed(case.work.size // 3)
     controls.act(other)  # just before the kill: relayed to the dying leader, answered by its successor
+    case.fault("the leader killed")
     leader.kill(signal.SIGKILL)  # it leads the engine and holds two of the three devices (five, with the controls')
     rs.server = other
     case.finish()
@@ -533,6 +542,46 @@ def test_the_referee_accepts_one_uncertain_node_per_interrupted_command_and_no_m
     runs = executions_on_disk({"d1": tmp_path})
     assert judge(task, runs, expected_failures=harness.FAILS_ON_PURPOSE, interrupted={"d1": 1}).ok
     assert not judge(task, runs, expected_failures=harness.FAILS_ON_PURPOSE, interrupted={"d2": 1}).ok
+
+
+def test_a_case_whose_fault_lands_before_any_work_or_after_all_of_it_fails(tmp_path: Path) -> None:
+    """`Case.fault` counts what is on disk; `finish` refuses a fault that landed outside the run
+    (so a smaller DAG, or a faster machine, cannot quietly turn a case into a fault after the fact)."""
+    agents = [Agent(f"m-{i}", f"dev-{i}", "t", tmp_path / f"m-{i}", "http://x", {}, {}) for i in range(3)]
+    case = Case(Fleet(tmp_path / "unused"), agents)
+    victim, runs = agents[0], agents[0].workspace / "runs"
+    share = case.work.placed_on(victim.device_id)
+    assert 30 < share < case.work.size
+
+    def on_disk(count: int) -> None:
+        runs.mkdir(parents=True, exist_ok=True)
+        for k in range(len(list(runs.iterdir())), count):
+            (runs / f"i{k:03d}.{k}.1").touch()
+
+    case.fault("before any work", victim)
+    on_disk(share // 2)
+    case.fault("mid-run", victim)
+    case.fault("mid-run, counted over all agents")
+    on_disk(share)
+    case.fault("after all of the victim's work", victim)
+    assert [f[2:] for f in case.faults] == [
+        (0, share),
+        (share // 2, share),
+        (share // 2, case.work.size),
+        (share, share),
+    ]
+    with pytest.raises(AssertionError, match=r"\(before any work\) did not land mid-run: 0 of"):
+        case.faults_landed_mid_run()
+    case.faults.pop(0)
+    with pytest.raises(
+        AssertionError, match=rf"\(after all of the victim's work\) did not land mid-run: {share} of {share}"
+    ):
+        case.faults_landed_mid_run()
+    case.faults.pop()
+    case.faults_landed_mid_run()  # the two mid-run ones pass
+    case.faults.clear()
+    with pytest.raises(AssertionError, match="injected no fault"):
+        case.faults_landed_mid_run()
 
 
 STOP_AT, RESUME_AT, CANCEL_AT = 100.0, 110.0, 105.0  # seconds since the epoch, for the referee's tests

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import ROOT, Agent, Fleet, Server, child_env, free_port, wait_until
+from tests.support import ROOT, Agent, Fleet, Server, child_env, free_port, stop_agents, wait_until
 
 
 class ReplicaSet(Fleet):
@@ -71,8 +71,7 @@ class ReplicaSet(Fleet):
         return down
 
     def __exit__(self, *_: object) -> None:
-        for agent in self.agents:
-            agent.stop()
+        stop_agents(self.agents)
         for replica in self.replicas:
             replica.stop()
 

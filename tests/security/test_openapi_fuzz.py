@@ -3,14 +3,10 @@ schema. On SQLite and on Postgres (whose driver refuses text SQLite stores, e.g.
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.services import fresh_database
 from tests.support import Fleet, child_env
 
 CHECKS = ",".join(
@@ -26,16 +22,16 @@ CHECKS = ",".join(
 )
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_the_live_api_survives_schemathesis_with_no_5xx_and_conforming_responses(
-    tmp_path: Path, backend: str, request: pytest.FixtureRequest
-) -> None:
-    with contextlib.ExitStack() as stack:
-        if backend == "sqlite":  # named, so ORRERY_TEST_BACKEND=postgres leaves this one on SQLite
-            database = f"sqlite+aiosqlite:///{tmp_path}/orrery.db"
-        else:
-            database = stack.enter_context(fresh_database(request.getfixturevalue("postgres_url")))
-        f = stack.enter_context(Fleet(tmp_path, database_url=database))
+def test_the_live_api_survives_schemathesis_with_no_5xx_and_conforming_responses(tmp_path: Path) -> None:
+    # The store is named, so ORRERY_TEST_BACKEND=postgres leaves this one on SQLite.
+    survives_schemathesis(tmp_path, f"sqlite+aiosqlite:///{tmp_path}/orrery.db")
+
+
+def survives_schemathesis(tmp_path: Path, database: str) -> None:
+    """The run on a server whose store is `database`. The Postgres run is in a file of its own
+    (test_openapi_fuzz_postgres.py): each run takes minutes, and `--dist loadfile` keeps a file's
+    tests on one worker, so the two runs go to both workers at once."""
+    with Fleet(tmp_path, database_url=database) as f:
         f.agent("fuzzed")
         cli = Path(sys.executable).parent / "schemathesis"
         result = subprocess.run(
