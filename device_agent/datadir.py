@@ -157,12 +157,14 @@ class Footprint:
                 self.dirs.append(path)  # missing, as its parents up to the first that exists
                 path = path.parent
 
-    def take_back(self) -> None:
+    def take_back(self, why: str | None = None) -> None:
+        """Remove what this run made; `why` is logged when the data dir itself goes (a run that
+        failed on its settings says only that, in one line: nothing is logged for it)."""
         for file in self.files:
             with contextlib.suppress(OSError):
                 file.unlink(missing_ok=True)
         for path in sorted(self.dirs, key=lambda p: len(p.parts), reverse=True):  # the deepest first
             with contextlib.suppress(OSError):  # not empty: something else is in it, kept
                 path.rmdir()
-        if self.data_dir in self.dirs and not os.path.lexists(self.data_dir):
-            log.info("removed the data dir %s this run made: the orchestrator never accepted it", self.data_dir)
+        if why is not None and self.data_dir in self.dirs and not os.path.lexists(self.data_dir):
+            log.info("removed the data dir %s this run made: %s", self.data_dir, why)

@@ -307,7 +307,7 @@ async def _serve(config: AgentConfig, made: Footprint) -> None:
         agent.ledger.close()
         agent.router.audit.close()
         if refused_at_once:
-            made.take_back()
+            made.take_back("the orchestrator never accepted it")
 
 
 def _flip(switch: KillSwitch, on: bool) -> None:

@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from orchestrator.api.schemas import NUL_MESSAGE
 from orchestrator.artifacts.errors import ArtifactError
 from orchestrator.cluster import ClusterUnavailable
 from orchestrator.domain.model import DEVICE_NAME_PATTERN, SLUG_PATTERN, unknown_field
@@ -232,8 +233,11 @@ def _said(req: Request, error: Any) -> Any:
     loc = tuple(error.get("loc", ()))
     if error.get("type") == "string_pattern_mismatch":
         words = _PATTERN_WORDS.get(str((error.get("ctx") or {}).get("pattern")))
+        given = str(error.get("input"))
+        if "\x00" in given:  # said as other NULs are: the character, not the name rules
+            return NUL_MESSAGE
         if words:
-            return f"may hold only {words}; got {str(error.get('input'))[:100]!r}"
+            return f"may hold only {words}; got {given[:100]!r}"
     if error.get("type") != "extra_forbidden" or loc[:1] != ("body",):
         return error.get("msg")
     body = getattr(req.scope.get("route"), "body_field", None)
