@@ -340,7 +340,6 @@ class AgentConfig(BaseSettings):
     kill_switch_file: Path | None = Field(
         default=None, description="the kill switch is on while this file exists (default: <data dir>/kill-switch)"
     )
-    # fdatasync every audit line: it then survives a power loss, not only an agent crash.
     audit_fsync: bool = Field(default=False, description="fdatasync every audit line (survives a power loss)")
     # Safety budgets, 0 = off: destructive actions per sliding minute, and consecutive outcomes
     # that are uncertain, policy_denied or approval_denied. A breach cordons the device.

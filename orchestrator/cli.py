@@ -23,6 +23,7 @@ from rich.text import Text
 from orchestrator.client import Client, ClientError
 from orchestrator.config import Settings
 from orchestrator.dagfile import DagFileError, load_dag_file, locate
+from orchestrator.domain.model import DEVICE_NAME_WORDS
 from orrery.exits import guarded
 from orrery.logs import setup_logging
 from orrery.options import parse_labels
@@ -228,8 +229,7 @@ def devices_enroll(
     """Enroll a device; prints its id and token (shown once)."""
     if not DEVICE_NAME.fullmatch(name):
         _fail(
-            f"a device name may hold only letters, digits, '_', '.' and '-', starting with a letter or digit "
-            f"(at most 100 characters); got {name!r}",
+            f"a device name may hold only {DEVICE_NAME_WORDS} (at most 100 characters); got {name!r}",
             2,
         )
     with _api(server, api_key) as c:

@@ -58,7 +58,6 @@ class Settings(BaseSettings):
         gt=0,
         description="a node no device took in this time fails with queue_timeout (a node may set its own)",
     )
-    # A command waiting for a person's approval fails with `approval_timeout` after this long.
     approval_timeout_s: float = Field(
         default=3600.0,
         gt=0,
@@ -72,8 +71,6 @@ class Settings(BaseSettings):
         description="how long an approve or deny through the API waits for the device to confirm what holds "
         "before it answers 202",
     )
-    # A node whose outcome is unknown (its device died mid-command) waits this long for
-    # a capable device to run its verify commands; then it fails with its original error.
     probe_timeout_s: float = Field(
         default=900.0,
         gt=0,

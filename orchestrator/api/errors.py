@@ -13,10 +13,10 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from orchestrator.api.schemas import NUL_MESSAGE
+from orchestrator.api.schemas import LABEL_KEY_PATTERN, NUL_MESSAGE
 from orchestrator.artifacts.errors import ArtifactError
 from orchestrator.cluster import ClusterUnavailable
-from orchestrator.domain.model import DEVICE_NAME_PATTERN, SLUG_PATTERN, unknown_field
+from orchestrator.domain.model import DEVICE_NAME_PATTERN, DEVICE_NAME_WORDS, SLUG_PATTERN, unknown_field
 from orchestrator.domain.problems import DomainError
 from orchestrator.store.repo import BadCursor
 
@@ -221,8 +221,8 @@ def install(app: FastAPI) -> None:
 # The patterns names are checked against, in words: a refused name is answered with which
 # characters it may hold (as the CLI says it), never with the regular expression.
 _PATTERN_WORDS = {
-    DEVICE_NAME_PATTERN: "letters, digits, '_', '.' and '-', starting with a letter or digit",
-    r"^[A-Za-z0-9][A-Za-z0-9_./-]*$": "letters, digits, '_', '.', '/' and '-', starting with a letter or digit",
+    DEVICE_NAME_PATTERN: DEVICE_NAME_WORDS,
+    LABEL_KEY_PATTERN: "letters, digits, '_', '.', '/' and '-', starting with a letter or digit",
     SLUG_PATTERN: "letters, digits, '_' and '-', starting with a letter or digit (at most 64 characters)",
 }
 

@@ -101,7 +101,8 @@ class TaskCreate(_In):
 
 
 # Device labels (enrollment and PATCH): keys a placement can name, values of bounded size.
-LabelKey = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]*$")]
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_./-]*$"
+LabelKey = Annotated[str, Field(min_length=1, max_length=100, pattern=LABEL_KEY_PATTERN)]
 LabelValue = Annotated[str, Field(max_length=200), NO_NUL]
 MAX_LABELS = 64
 

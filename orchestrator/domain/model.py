@@ -140,6 +140,8 @@ class CommandSpec(_Spec):
 
 
 DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# The pattern in words, as the CLI and the API say it when they refuse a name.
+DEVICE_NAME_WORDS = "letters, digits, '_', '.' and '-', starting with a letter or digit"
 MAX_FAN_OUT_DEVICES = 10_000  # children of one fan-out node
 
 
