@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from orchestrator.store.jsontext import json_text
 
 Guard = tuple[str, str, int]  # (lease, holder, fence)
+READERS = 4  # connections for the hot reads: event streams read after every commit, side by side
 STATEMENT_CACHE = 512  # prepared statements kept: a commit's statement depends on which tables it touches
 # The lease check as the transaction's first statement: 1/0 (SQLSTATE 22012) when the lease row is
 # not (name, holder, fence) unexpired; FOR UPDATE holds it until COMMIT, so no new leader can
@@ -81,6 +82,10 @@ class _OwnConnection:
                 raise DBAPIError("connect", None, exc, connection_invalidated=True) from exc
         return self._conn
 
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
     def _drop(self) -> None:
         """Forget the connection (its state is unknown): the next use makes a new one."""
         conn, self._conn = self._conn, None
@@ -88,11 +93,7 @@ class _OwnConnection:
             conn.terminate()
 
 
-class PostgresReader(_OwnConnection):
-    """The reads every open event stream makes after each commit, and every request's key check:
-    one round trip each in autocommit (committed rows), where a pooled session made six (the
-    pool's ping: BEGIN, a query, ROLLBACK; then BEGIN, the query, ROLLBACK)."""
-
+class _ReaderConnection(_OwnConnection):
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         """The rows of one read. A connection found lost is made again and the read asked once
         more (a read changes nothing), as the pool's ping did."""
@@ -107,6 +108,8 @@ class PostgresReader(_OwnConnection):
                         if attempt == 1:
                             continue
                     raise _as_sqlalchemy(sql, exc, conn.is_closed()) from exc
+                except asyncpg.DataError as exc:  # an argument it cannot send: the query's fault
+                    raise DataError(sql, None, exc) from exc
                 except Exception as exc:  # the driver's own: the connection lost or unusable
                     self._drop()
                     if attempt == 1:
@@ -116,6 +119,33 @@ class PostgresReader(_OwnConnection):
                     self._drop()  # cancelled while the read was out: the connection is in doubt
                     raise
         raise AssertionError("unreachable")
+
+
+class PostgresReader:
+    """The reads every open event stream makes after each commit, and every request's key check:
+    one round trip each in autocommit (committed rows), where a pooled session made six (the
+    pool's ping: BEGIN, a query, ROLLBACK; then BEGIN, the query, ROLLBACK). Up to READERS
+    connections, made as needed: a read takes whichever is free first."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._made: list[_ReaderConnection] = []
+        self._free: asyncio.Queue[_ReaderConnection] = asyncio.Queue()
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        if self._free.empty() and len(self._made) < READERS:
+            self._made.append(_ReaderConnection(self._engine))
+            reader = self._made[-1]
+        else:
+            reader = await self._free.get()
+        try:
+            return await reader.fetch(sql, *args)
+        finally:
+            self._free.put_nowait(reader)
+
+    async def close(self) -> None:
+        for reader in self._made:
+            await reader.close()
 
 
 class PostgresWriter(_OwnConnection):
@@ -158,6 +188,8 @@ class PostgresWriter(_OwnConnection):
                 lost = not await self._rollback(conn, exc)
                 if isinstance(exc, asyncpg.PostgresError):
                     raise _as_sqlalchemy(sql, exc, lost) from exc
+                if isinstance(exc, asyncpg.DataError):  # a value it cannot send: the data's fault
+                    raise DataError(sql, None, exc) from exc
                 if isinstance(exc, Exception) and not isinstance(exc, LeaseCheckFailed):
                     # the driver's own (a connection lost, reset or closed under it, or left in a
                     # state it cannot go on from): the store out of reach, for the retry to decide
@@ -229,6 +261,8 @@ class PostgresWriter(_OwnConnection):
         pk = tuple(c.name for c in table.primary_key.columns)
         groups: dict[tuple[str, ...], list[list[Any]]] = {}
         for key, values in keyed:
+            if not values:
+                continue  # nothing to set
             names = tuple(values)
             groups.setdefault(names, []).append([*key, *values.values()])
         return [

@@ -335,3 +335,31 @@ async def test_the_hot_reads_answer_in_one_round_trip_and_across_a_cut_connectio
     finally:
         await store.close()
         proxy.close()
+
+
+async def test_a_slow_read_holds_up_no_event_stream(store: Store, postgres_db: str) -> None:
+    """The hot reads have connections side by side: one read waiting (here on a lock another
+    session holds) leaves the others answering."""
+    changes = ChangeSet()
+    changes.insert(Task, task_row("t1"))
+    changes.event({"task_id": "t1", "type": "task.state", "node_id": None, "data": {}, "at": AT})
+    await store.write(changes)
+    holder = await asyncpg.connect(asyncpg_dsn(postgres_db))
+    try:
+        await holder.execute("SELECT pg_advisory_lock(7)")
+        reader = store._reader
+        assert reader is not None
+        waiting = asyncio.create_task(reader.fetch("SELECT pg_advisory_lock(7)"))
+        for _ in range(1000):  # until the waiting read holds its connection (bounded)
+            if any(c.busy for c in reader._made):
+                break
+            await asyncio.sleep(0.01)
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(store.events_after("t1", 0) for _ in range(6)), store.task_state("t1")), 30
+        )
+        assert [[e.id for e in a] for a in answers[:6]] == [[1]] * 6 and answers[6] == "running"
+        assert not waiting.done()
+        await holder.execute("SELECT pg_advisory_unlock(7)")
+        await asyncio.wait_for(waiting, 30)
+    finally:
+        await holder.close()
