@@ -19,6 +19,9 @@ so the rows read back as the ones SQLAlchemy would have written. Errors come bac
 (`IntegrityError`, `DataError`, `DBAPIError` with `connection_invalidated` for a lost connection),
 as the rest of the server reads them; a connection that failed or was interrupted
 mid-transaction is dropped and made again.
+
+The reads made after every commit (each event stream's) and on every request (its API key) go
+through `PostgresReader`: one round trip each, on connections of their own.
 """
 
 from __future__ import annotations
