@@ -377,11 +377,12 @@ def _lease_check(guard: Guard) -> str:
 
 
 def _literal(text: str) -> str:
-    """A string literal for the simple-query protocol (standard_conforming_strings, on since
-    Postgres 9.1: only the quote is special). The lease's name and holder are the server's own."""
+    """A string literal for the simple-query protocol: an escape string (E'...'), read the same
+    whatever `standard_conforming_strings` says, its backslashes and quotes doubled. The lease's
+    name and holder are the server's own (a holder is a replica's configured or made-up name)."""
     if "\x00" in text:
         raise ValueError("a lease name or holder holds a NUL")
-    return "'" + text.replace("'", "''") + "'"
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def _as_sqlalchemy(sql: str, exc: asyncpg.PostgresError, lost: bool) -> DBAPIError:

@@ -125,6 +125,16 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        id="store-lease-literal-ignores-backslashes",
+        rule="The lease check's literal text reads as the holder's name on any server, never as SQL.",
+        file="orchestrator/store/pg_writer.py",
+        original="""    return "E'" + text.replace("\\\\", "\\\\\\\\").replace("'", "''") + "'"\n""",
+        replacement="""    return "'" + text.replace("'", "''") + "'"\n""",
+        caught_by=(
+            "tests/unit/store/test_pg_writer.py::test_a_lease_holder_with_a_quote_in_its_name_is_checked_as_written",
+        ),
+    ),
+    Mutant(
         id="store-updates-a-row-before-its-insert",
         rule="A row inserted and updated in one commit is inserted first: a statement sees rows as they were before.",
         file="orchestrator/store/pg_writer.py",

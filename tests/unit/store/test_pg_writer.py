@@ -236,9 +236,15 @@ async def test_a_guarded_commit_under_a_lost_lease_writes_nothing_and_the_writer
     assert await store.events_after("t1", 0) == []
 
 
-async def test_a_lease_holder_with_a_quote_in_its_name_is_checked_as_written(store: Store) -> None:
-    """The lease check goes out as literal text: a quote in the holder is data, never SQL."""
-    holder = "replica-'a'; DELETE FROM tasks; --"
+async def test_a_lease_holder_with_a_quote_in_its_name_is_checked_as_written(store: Store, postgres_db: str) -> None:
+    """The lease check goes out as literal text: a quote or a backslash in the holder is data,
+    never SQL, also where the server reads backslashes in plain literals as escapes."""
+    await _scalar(
+        postgres_db,
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET standard_conforming_strings = off',"
+        " current_database()); END $$",
+    )
+    holder = "replica-'a'\\'; DELETE FROM tasks; --"
     fence = await store.acquire_lease(LEASE, holder, 30)
     assert fence is not None
     changes = ChangeSet(guard=(LEASE, holder, fence))
