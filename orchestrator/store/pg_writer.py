@@ -342,7 +342,7 @@ def _processor(type_: Any, dialect: Any) -> Callable[[Any], Any] | None:
     impl = type_.dialect_impl(dialect)
     if isinstance(impl, JSON):
         return _json_or_null if impl.none_as_null else json_text
-    processor: Callable[[Any], Any] | None = type_._cached_bind_processor(dialect)
+    processor: Callable[[Any], Any] | None = impl.bind_processor(dialect)
     return processor
 
 
