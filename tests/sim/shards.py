@@ -1002,7 +1002,8 @@ class World:
                 leader.give(kind, value)
 
         f = self.faults
-        self._deliver(f.bus_loss, f.bus_jitter, deliver, f"hint {kind} {value} to engine-{k}")
+        label = value[0].id if kind == "submit" else value  # not the reply's repr: it holds addresses
+        self._deliver(f.bus_loss, f.bus_jitter, deliver, f"hint {kind} {label} to engine-{k}")
 
     def hint_device(self, device: str, rid: str) -> None:
         self.hint(self.store.devices[device].owner, "request", rid)
