@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.dag_throughput import dag as layered_dag
+from bench.stores import check_refused, refuse_store
 from orchestrator.app import tune_gc
 from protocol.messages import CommandBatch
 from tests.unit.engine.harness import Harness, results
@@ -149,25 +150,34 @@ def instructions(shape: str, nodes: int) -> float:
     return (totals[1] - totals[0]) / (nodes - short)
 
 
+STORE = {"store": "sqlite", "replicas": 1}  # the keys every benchmark's JSON line has
+WHY_NO_STORE = (
+    "an in-process microbenchmark of the engine on its SQLite harness (tests/unit/engine/harness.py); "
+    "for Postgres see bench/rtt_floor.py and bench/rtt.py --store postgres"
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=("chain", "layered"), default="chain")
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--instructions", action="store_true", help="count instructions per node with valgrind")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)  # no commit timing (--instructions)
+    refuse_store(parser, WHY_NO_STORE)
     args = parser.parse_args()
+    check_refused(parser, args, WHY_NO_STORE)
     what = "chained no-op node" if args.shape == "chain" else "layered DAG, 50 devices"
     if args.instructions:
         per_node = instructions(args.shape, args.nodes)
         print(f"engine step, {what}: {per_node / 1e6:.3f}M instructions per node")
-        print(json.dumps({"instructions_per_node": per_node}))
+        print(json.dumps({"instructions_per_node": per_node, **STORE}))
         return
     tune_gc()
     if args.shape == "layered":
         times = asyncio.run(layered(args.nodes))[WARMUP:]
         p50 = statistics.median(times)
         print(f"engine step, {what}: p50 {p50:.1f} µs per node over {len(times)} nodes")
-        print(json.dumps({"step_p50_us": p50}))
+        print(json.dumps({"step_p50_us": p50, **STORE}))
         return
     if args.bare:
         asyncio.run(chain(args.nodes))
@@ -177,7 +187,7 @@ def main() -> None:
     p50, commit_p50 = statistics.median(times), statistics.median(commits[WARMUP:])
     print(f"engine step, {what}: p50 {p50:.1f} µs per node over {len(times)} nodes")
     print(f"  of which the group commit (the store's write): p50 {commit_p50:.1f} µs")
-    print(json.dumps({"step_p50_us": p50, "commit_p50_us": commit_p50}))
+    print(json.dumps({"step_p50_us": p50, "commit_p50_us": commit_p50, **STORE}))
 
 
 if __name__ == "__main__":
