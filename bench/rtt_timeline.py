@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--store", choices=STORES, default="sqlite", help="the orchestrator's store (bench/stores.py)")
     refuse_store(parser, ONE_REPLICA, store=False)
     args = parser.parse_args()
-    check_refused(parser, args, ONE_REPLICA)
+    check_refused(parser, args, ONE_REPLICA, store=False)
     with tempfile.TemporaryDirectory() as noted:
         prefix = f"{noted}/notes"
         os.environ["BENCH_TIMELINE"] = prefix

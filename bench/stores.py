@@ -82,9 +82,9 @@ def refuse_store(parser: argparse.ArgumentParser, why: str, store: bool = True) 
     parser.add_argument("--replicas", type=int, default=1, help=f"only 1: {why}")
 
 
-def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, why: str) -> None:
-    """One line and exit status 2 for a value other than the default."""
-    given = [f"--store {args.store}"] if getattr(args, "store", "sqlite") != "sqlite" else []
+def check_refused(parser: argparse.ArgumentParser, args: argparse.Namespace, why: str, store: bool = True) -> None:
+    """One line and exit status 2 for a value other than the default (of `--store` too, with `store`)."""
+    given = [f"--store {args.store}"] if store and args.store != "sqlite" else []
     given += [f"--replicas {args.replicas}"] if args.replicas != 1 else []
     if given:
         print(f"{parser.prog}: {' '.join(given)} does not apply: {why}", file=sys.stderr)
