@@ -141,9 +141,27 @@ def test_rtt_parts_server_side_on_postgres_replicas(servers: dict[str, str]) -> 
 
 
 def test_rtt_timeline_on_postgres(servers: dict[str, str]) -> None:
-    out = json_line("rtt_timeline.py", "--store", "postgres", "--nodes", "30", env=servers)
+    out = json_line("rtt_timeline.py", "--store", "postgres", "--nodes", "100", env=servers)
     assert (out["store"], out["replicas"]) == ("postgres", 1)
     assert out["round_p50_us"] > 0 and "server: group commit" in out["steps_us"]
+
+
+def test_load_on_postgres_replicas_reports_each_level_against_its_goal(servers: dict[str, str]) -> None:
+    out = json_line(
+        "load.py", "--store", "postgres", "--replicas", "2", "--devices", "20", "--seconds", "1",
+        "--probe-tasks", "6", "--levels", "50,90", env=servers,
+    )  # fmt: skip
+    assert (out["store"], out["replicas"], out["devices"], out["failed"]) == ("postgres", 2, 20, 0)
+    assert out["max_batches_per_s"] > 0
+    assert [level["level"] for level in out["levels"]] == [50, 90]
+    for level in out["levels"]:
+        assert level["offered_batches_per_s"] == pytest.approx(out["max_batches_per_s"] * level["level"] / 100)
+        assert level["tasks"] > 0 and level["dispatch_samples"] > 0
+        assert 0 < level["dispatch_p50_ms"] <= level["dispatch_p99_ms"]
+        assert 0 < level["task_p50_ms"] <= level["task_p99_ms"]
+        assert level["goal_dispatch_p99_ms"] == {50: 100.0, 90: 500.0}[level["level"]]
+        assert level["goal_held"] == (level["dispatch_p99_ms"] <= level["goal_dispatch_p99_ms"])
+        assert len(level["replica_cpu_s"]) == len(level["replica_peak_rss_mb"]) == 2
 
 
 @pytest.mark.parametrize(
@@ -165,8 +183,10 @@ def test_a_benchmark_without_a_store_refuses_the_flags_in_one_line(script: str, 
     assert "only" in bench(script, "--help").stdout  # and its --help says so
 
 
-@pytest.mark.parametrize("script", ["rtt.py", "dag_throughput.py", "fanout.py", "devices.py", "recovery.py"])
+@pytest.mark.parametrize(
+    "script", ["rtt.py", "dag_throughput.py", "fanout.py", "devices.py", "recovery.py", "reconnect.py", "load.py"]
+)
 def test_replicas_without_postgres_are_refused(script: str) -> None:
-    done = bench(script, "--replicas", "3")
+    done = bench(script, "--store", "sqlite", "--replicas", "3")
     assert done.returncode == 2
     assert "--replicas N needs --store postgres" in done.stderr
