@@ -43,13 +43,16 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.echo import echo_rtt, frame_size, percentile
 from bench.stores import add_store_options, check_store_options
 from tests.support import free_port
+
+if TYPE_CHECKING:
+    from tests.unit.engine.harness import Harness
 
 WARMUP = 50
 
@@ -91,12 +94,13 @@ def _numbered(sql: str) -> str:
 
 
 # On Postgres, in the order the store's group commit issues them (orchestrator/store/repo.py,
-# `_write`): the lease check (a replicated leader only), the inserts, the keyed updates, then the
-# events in one statement that returns their ids (Postgres numbers them; no max(id) read).
+# `_write`): the lease check (a replicated leader only), the inserts, the keyed updates (in the
+# order the step made them: the device's fence, the attempt ended, the node succeeded, the next
+# node running), then the events in one statement that returns their ids (Postgres numbers them).
 PG_GUARD_SQL = (
     "SELECT fence FROM leases WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > now() FOR UPDATE"
 )
-PG_SERVER_SQL = [_numbered(SERVER_SQL[i]) for i in (2, 0, 1, 3, 4)]
+PG_SERVER_SQL = [_numbered(SERVER_SQL[i]) for i in (2, 3, 0, 1, 4)]
 PG_EVENTS_SQL = (
     "INSERT INTO events (task_id, type, node_id, data, at) VALUES "
     + ", ".join(f"(${5 * k + 1}, ${5 * k + 2}, ${5 * k + 3}, ${5 * k + 4}, ${5 * k + 5})" for k in range(5))
@@ -232,13 +236,13 @@ async def _server_pg(
                 held = await conn.fetchval(PG_GUARD_SQL, *GUARD)
                 assert held == GUARD[2], "the floor's lease is gone"
             await conn.execute(PG_SERVER_SQL[0], batch_id, task_id, node, device_id, fence + i, commands_json, now, now)
+            await conn.execute(PG_SERVER_SQL[1], batch_id, fence + i, device_id)
             events = []
             if results is not None:
                 prev = nodes[i - 1]
-                await conn.execute(PG_SERVER_SQL[1], now, results, now, batch_of[prev])
-                await conn.execute(PG_SERVER_SQL[2], now, '{"ok":true}', results, now, task_id, prev)
+                await conn.execute(PG_SERVER_SQL[2], now, results, now, batch_of[prev])
+                await conn.execute(PG_SERVER_SQL[3], now, '{"ok":true}', results, now, task_id, prev)
                 events += [("node.attempt", prev, "succeeded"), ("node.state", prev, "succeeded")]
-            await conn.execute(PG_SERVER_SQL[3], batch_id, fence + i, device_id)
             await conn.execute(PG_SERVER_SQL[4], now, now, task_id, node)
             events += [
                 ("node.state", node, "ready"),
@@ -322,10 +326,9 @@ async def _agent(ledger_path: str, port: int) -> None:
 # ---------------------------------------------------------------------------------- set-up
 
 
-async def _prepare_store(tmp: Path, nodes: int, database_url: str | None = None) -> tuple[str, str, list[str], int]:
-    """A migrated store (the SQLite file in `tmp`, or the Postgres database at `database_url`)
-    with a chain task of `nodes` no-op nodes for one connected device, set up by the real engine:
-    (task id, device id, node ids, the device's next fence)."""
+async def harness(tmp: Path, database_url: str | None = None) -> Harness:
+    """The engine's in-process harness (tests/unit/engine/harness.py), opened: on its SQLite file
+    in `tmp`, or on the (empty) Postgres database at `database_url`, migrated first."""
     from orchestrator.store.migrate import upgrade_async
     from orchestrator.store.repo import Store
     from tests.unit.engine.harness import Harness
@@ -336,7 +339,14 @@ async def _prepare_store(tmp: Path, nodes: int, database_url: str | None = None)
         await h.store.close()
         h.url, h.store = database_url, Store(database_url)
         h.engine = h._engine()
-    await h.open()
+    return await h.open()
+
+
+async def _prepare_store(tmp: Path, nodes: int, database_url: str | None = None) -> tuple[str, str, list[str], int]:
+    """A migrated store (the SQLite file in `tmp`, or the Postgres database at `database_url`)
+    with a chain task of `nodes` no-op nodes for one connected device, set up by the real engine:
+    (task id, device id, node ids, the device's next fence)."""
+    h = await harness(tmp, database_url)
     try:
         device = await h.enroll("floor")
         await h.connect(device)

@@ -6,9 +6,12 @@ throwaway Postgres, to check it runs with a production's durability."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ import pytest
 from bench.stores import DURABLE_POSTGRES, POSTGRES_SERVER_ENV, REDIS_ENV, postgres_database
 from tests.services import asyncpg_dsn, run_async
 from tests.support import ROOT, child_env
+from tests.unit.engine.harness import results
 
 TIMEOUT_S = 240
 
@@ -43,6 +47,24 @@ def json_line(script: str, *args: str, env: dict[str, str] | None = None) -> dic
     last = done.stdout.strip().splitlines()[-1]
     figures: dict[str, Any] = json.loads(last)
     return figures
+
+
+def shape(sql: str) -> tuple[object, ...]:
+    """What a statement does, whatever its spelling (SQLAlchemy's casts and qualified names, or
+    the floor's literals): (verb, table, columns written, key columns or rows inserted, returns)."""
+    sql = " ".join(sql.split())
+    if m := re.match(r"INSERT INTO (\w+) \(([^)]*)\)", sql):
+        columns = [c.strip() for c in m[2].split(",")]
+        rows = -(-len(re.findall(r"\$\d+", sql)) // len(columns))  # placeholders over columns, rounded up
+        return ("insert", m[1], tuple(sorted(columns)), rows, "RETURNING" in sql)
+    if m := re.match(r"UPDATE (\w+) SET (.*) WHERE (.*)", sql):
+        keys = re.findall(r"(?:\w+\.)?(\w+) ?= ?\$", m[3])
+        return ("update", m[1], tuple(sorted(re.findall(r"(\w+) ?=", m[2]))), tuple(sorted(keys)), False)
+    if m := re.match(r"SELECT (.*) FROM (\w+) WHERE (.*)", sql):
+        columns = [c.strip().split(".")[-1] for c in m[1].split(",")]
+        keys = re.findall(r"(?:\w+\.)?(\w+) ?(=|>) ?(?:\$|now)", m[3])
+        return ("select", m[2], tuple(columns), tuple(sorted(keys)), "FOR UPDATE" in sql)
+    return ("other", sql)
 
 
 def test_the_harness_postgres_commits_as_a_production_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,3 +212,50 @@ def test_replicas_without_postgres_are_refused(script: str) -> None:
     done = bench(script, "--store", "sqlite", "--replicas", "3")
     assert done.returncode == 2
     assert "--replicas N needs --store postgres" in done.stderr
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["one-replica", "replicated-leader"])
+async def test_the_postgres_floor_writes_what_the_engine_writes_there_for_a_chained_node(
+    tmp_path: Path, postgres_db: str, guarded: bool
+) -> None:
+    """As tests/test_rtt_floor.py checks the SQLite floor: one chained step of the real engine on
+    Postgres (its statements traced through SQLAlchemy) makes the floor's statements, in order;
+    a replicated leader's (its commits guarded by the engine lease) the lease check first."""
+    from sqlalchemy import event
+
+    from bench.rtt_floor import GUARD, PG_EVENTS_SQL, PG_GUARD_SQL, PG_SERVER_SQL, harness
+
+    h = await harness(tmp_path, postgres_db)
+    if guarded:
+        name, holder, _ = GUARD
+        fence = await h.store.acquire_lease(name, holder, 3600)
+        assert fence is not None
+        h.engine.lease_guard = (name, holder, fence)
+    traced: list[str] = []
+
+    def trace(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        traced.append(statement)
+
+    try:
+        device = await h.enroll("d1")
+        await h.connect(device)
+        ids = [f"n{i}" for i in range(6)]
+        dag = {
+            "nodes": [{"id": n, "commands": [{"tool": "sim.act", "arguments": {"text": "x"}}]} for n in ids],
+            "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
+        }
+        await h.submit(dag)
+        engine = h.store.engine.sync_engine
+        for i in range(4):
+            frame = results(device, h.links.sent[-1].message)
+            if i == 2:  # a step in the middle of the chain: one node ends, the next starts
+                event.listen(engine, "before_cursor_execute", trace)
+            try:
+                await h.step(frame)
+            finally:
+                if i == 2:
+                    event.remove(engine, "before_cursor_execute", trace)
+    finally:
+        await h.close()
+    floor = [PG_GUARD_SQL] if guarded else []
+    assert [shape(s) for s in traced] == [shape(s) for s in [*floor, *PG_SERVER_SQL, PG_EVENTS_SQL]]
