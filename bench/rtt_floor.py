@@ -326,14 +326,14 @@ async def _agent(ledger_path: str, port: int) -> None:
 # ---------------------------------------------------------------------------------- set-up
 
 
-async def harness(tmp: Path, database_url: str | None = None) -> Harness:
+async def harness(tmp: Path, database_url: str | None = None, **settings: Any) -> Harness:
     """The engine's in-process harness (tests/unit/engine/harness.py), opened: on its SQLite file
     in `tmp`, or on the (empty) Postgres database at `database_url`, migrated first."""
     from orchestrator.store.migrate import upgrade_async
     from orchestrator.store.repo import Store
     from tests.unit.engine.harness import Harness
 
-    h = await asyncio.to_thread(Harness, tmp)
+    h = await asyncio.to_thread(lambda: Harness(tmp, **settings))
     if database_url is not None:  # the same engine on the Postgres store
         await upgrade_async(database_url)
         await h.store.close()

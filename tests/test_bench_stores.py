@@ -168,6 +168,13 @@ def test_rtt_timeline_on_postgres(servers: dict[str, str]) -> None:
     assert out["round_p50_us"] > 0 and "server: group commit" in out["steps_us"]
 
 
+def test_engine_step_on_postgres_times_the_step_and_its_commit(servers: dict[str, str]) -> None:
+    out = json_line("engine_step.py", "--store", "postgres", "--nodes", "40", env=servers)
+    assert set(out) == {"step_p50_us", "commit_p50_us", "store", "replicas"}
+    assert (out["store"], out["replicas"]) == ("postgres", 1)
+    assert 0 < out["commit_p50_us"] < out["step_p50_us"]
+
+
 def test_load_on_postgres_replicas_reports_each_level_against_its_goal(servers: dict[str, str]) -> None:
     out = json_line(
         "load.py", "--store", "postgres", "--replicas", "2", "--devices", "20", "--seconds", "1",
@@ -189,7 +196,7 @@ def test_load_on_postgres_replicas_reports_each_level_against_its_goal(servers: 
 @pytest.mark.parametrize(
     ("script", "args"),
     [
-        ("engine_step.py", ["--store", "postgres"]),
+        ("engine_step.py", ["--replicas", "2"]),
         ("router_call.py", ["--store", "postgres"]),
         ("agent_batch.py", ["--replicas", "3"]),
         ("llm_overhead.py", ["--store", "postgres"]),
