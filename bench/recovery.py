@@ -155,7 +155,8 @@ def main() -> None:
                 ended = events.terminal.get(node_id)
                 if ended is not None and ended <= killed_wall:
                     return 0.0
-                times = [max(ready, reconnected(in_flight[node_id]) or float("inf"))]
+                back_at = reconnected(in_flight[node_id])  # (0.0: its link never went)
+                times = [max(ready, float("inf") if back_at is None else back_at)]
                 if ended is not None:
                     times.append(ended - restarted_wall)
                 return max(0.0, min(times))
