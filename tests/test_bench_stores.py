@@ -142,7 +142,8 @@ def test_recovery_kills_the_leader_of_postgres_replicas_and_loses_nothing(server
         "--seconds", "0.5", "--lease-ttl-s", "2", env=servers,
     )  # fmt: skip
     assert (out["store"], out["replicas"]) == ("postgres", 2)
-    assert (out["lost"], out["ran_twice"], out["in_flight"]) == (0, 0, 4)
+    assert (out["lost"], out["ran_twice"]) == (0, 0)
+    assert 0 < out["in_flight"] <= 4  # (one device may be between two nodes at the snapshot)
     assert 0 < out["ready_s"] <= out["all_terminal_s"]
     # An in-flight node runs again once a replica leads and its device is linked (at the latest).
     assert out["in_flight_back_s"] <= max(out["ready_s"], out["devices_back_s"])
