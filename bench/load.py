@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
-import multiprocessing
 import resource
 import sys
 import threading
@@ -53,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from bench.devices import proc_stat
+from bench.hosts import HostPool
 from bench.stores import Cluster, add_store_options, check_store_options, describe, from_args, labels
 from tests.simdevice import SimFleet
 from tests.support import TASK_ENDS, wait_until
@@ -97,28 +96,11 @@ def mix(groups: int) -> Iterator[tuple[dict[str, Any], int]]:
 # ------------------------------------------------------------------------------- the devices
 
 
-class Hosts:
-    """Processes hosting the simulated devices (so their event loops do not compete with the
-    submitter's); `time.time()` there and here is one clock."""
+class Hosts(HostPool):
+    """The simulated devices, spread over `processes` host processes (bench/hosts.py)."""
 
     def __init__(self, devices: list[tuple[str, dict[str, Any], dict[str, str]]], processes: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.pipes: list[Connection] = []
-        self.procs = []
-        for k in range(processes):
-            ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_host, args=(devices[k::processes], theirs), daemon=True)
-            proc.start()
-            self.pipes.append(ours)
-            self.procs.append(proc)
-
-    def ask(self, command: str) -> list[Any]:
-        for pipe in self.pipes:
-            pipe.send(command)
-        return [pipe.recv() for pipe in self.pipes]
-
-    def connected(self) -> int:
-        return sum(self.ask("connected"))
+        super().__init__(_host, [(devices[k::processes],) for k in range(processes)])
 
     def arrivals(self) -> dict[str, float]:
         """batch id -> when it reached its device (time.time()), for every batch so far."""
@@ -126,12 +108,6 @@ class Hosts:
         for part in self.ask("arrivals"):
             out.update(part)
         return out
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError, EOFError):
-            self.ask("stop")
-        for proc in self.procs:
-            proc.join(30)
 
 
 def _host(devices: list[tuple[str, dict[str, Any], dict[str, str]]], pipe: Connection) -> None:

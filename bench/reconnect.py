@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import multiprocessing
 import resource
 import signal
 import statistics
@@ -47,6 +46,7 @@ import httpx
 from tenacity import RetryCallState, wait_random_exponential
 
 from bench.devices import enroll, proc_stat
+from bench.hosts import HostPool
 from bench.stores import Cluster, add_store_options, check_store_options, describe, from_args, labels
 from device_agent.reconnect import Backoff
 from tests.simdevice import STABLE_SESSION_S, ReconnectPolicy, SimDevice, SimFleet
@@ -137,30 +137,13 @@ def ready(url: str) -> bool:
         return False
 
 
-class Hosts:
-    """Child processes, each running a share of the simulated devices on its own event loop, so
-    this process (which kills, restarts and measures) is never starved by them. time.monotonic()
-    is the system's CLOCK_MONOTONIC, so their timestamps and ours share one axis."""
+class Hosts(HostPool):
+    """The simulated devices, spread over `processes` host processes (bench/hosts.py); their
+    time.monotonic() is the system's CLOCK_MONOTONIC, so their timestamps and ours share one axis."""
 
     def __init__(self, urls: list[str], enrolled: list[dict[str, Any]], policy: str, processes: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.pipes: list[Connection] = []
-        self.procs = []
-        for k in range(processes):
-            ours, theirs = ctx.Pipe()
-            share = (urls[k::processes], enrolled[k::processes])
-            proc = ctx.Process(target=_host, args=(*share, policy, theirs), daemon=True)
-            proc.start()
-            self.pipes.append(ours)
-            self.procs.append(proc)
-
-    def ask(self, command: str) -> list[Any]:
-        for pipe in self.pipes:
-            pipe.send(command)
-        return [pipe.recv() for pipe in self.pipes]
-
-    def connected(self) -> int:
-        return sum(self.ask("connected"))
+        shares = [(urls[k::processes], enrolled[k::processes], policy) for k in range(processes)]
+        super().__init__(_host, shares)
 
     def timestamps(self) -> tuple[list[list[float]], list[list[float]]]:
         """(welcomes, attempts) of every device."""
@@ -172,12 +155,6 @@ class Hosts:
 
     def cpu_seconds(self) -> float:
         return sum(proc_stat(p.pid)[0] for p in self.procs if p.pid)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError, EOFError):
-            self.ask("stop")
-        for proc in self.procs:
-            proc.join(30)
 
 
 def _host(urls: list[str], enrolled: list[dict[str, Any]], policy: str, pipe: Connection) -> None:
