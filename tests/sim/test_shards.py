@@ -34,6 +34,7 @@ from tests.sim.shards import (
     simulate,
     throughput,
 )
+from tests.sim.sweep import chunk_seeds, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = 1000  # half ordinary seeds (some faults, each at some rate), half storms (every fault)
@@ -49,13 +50,7 @@ def explain(outcome: Outcome) -> str:
 
 
 def _chunk(config: pytest.Config, index: int) -> range:
-    total = (config.getoption("--sim-seeds", default=None) or SEEDS) // 2
-    first = config.getoption("--sim-first", default=0) or 0
-    half = CHUNKS // 2
-    if index >= half:
-        index, first = index - half, first + STORM_SEEDS
-    size = -(-total // half)
-    return range(first + index * size, first + min(total, (index + 1) * size))
+    return chunk_seeds(config, index, seeds=SEEDS, chunks=CHUNKS, storm_seeds=STORM_SEEDS)
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
@@ -63,17 +58,7 @@ def test_shard_seed_sweep(request: pytest.FixtureRequest, chunk: int) -> None:
     """Every seed keeps every invariant: nothing acknowledged lost, no node run twice, every task
     ended by its DAG's rules, claims moved only off dead claims, only live owners writing, and
     each shard's memory what a rebuild from the store would give."""
-    seed = request.config.getoption("--seed", default=None)
-    if seed is not None:
-        if chunk:
-            pytest.skip("replaying one seed (--seed): it runs in chunk 0")
-        seeds: range | list[int] = [seed]
-    else:
-        seeds = _chunk(request.config, chunk)
-    for s in seeds:
-        outcome = simulate(s)
-        if not outcome.ok:
-            pytest.fail(explain(outcome), pytrace=False)
+    sweep(request, lambda: _chunk(request.config, chunk), simulate, explain, chunk)
 
 
 def test_a_shard_seed_replays_exactly() -> None:
