@@ -84,6 +84,10 @@ def server_side(nodes: int, args: argparse.Namespace) -> list[float]:
 
         async def run() -> list[float]:
             await dev.connect()
+            # Welcomed is not yet known: on a follower the leader records the device (and its
+            # tools, which the submission is checked against) a moment later.
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, fleet.wait_device, dev.enrolled["id"], "idle")
             ids = [f"n{i}" for i in range(nodes + 1)]
             pinned = {"device": dev.enrolled["id"]}
             dag = {
