@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stores import check_refused, refuse_store
 from device_agent.config import AgentConfig
 from device_agent.runner import build
 from tests.unit.device_agent.scripted import TOKEN, ScriptedOrchestrator
@@ -90,11 +91,16 @@ def instructions(batches: int) -> float:
     return (totals[1] - totals[0]) / (batches - batches // 5)
 
 
+WHY_NO_STORE = "it times the agent alone against a scripted partner; there is no orchestrator store in it"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=500)
     parser.add_argument("--instructions", action="store_true", help="count instructions per batch with valgrind")
+    refuse_store(parser, WHY_NO_STORE)
     args = parser.parse_args()
+    check_refused(parser, args, WHY_NO_STORE)
     if args.instructions:
         per_batch = instructions(args.batches)
         print(f"agent, one-command no-op batch: {per_batch / 1e6:.3f}M instructions per batch (with its partner)")

@@ -11,7 +11,11 @@ first submission until the whole DAG is known done: Ray's until `ray.get` of the
 Orrery's until the task's terminal event on its event stream (published after the commit that
 ended the task); the full task view is read and checked after the clock stops.
 
+With `--store postgres` the orchestrator runs on a throwaway durable Postgres, with
+`--replicas N` as N replicas (and Redis), the devices spread over them in turn (bench/stores.py).
+
     python bench/dag_throughput.py [--layers 20] [--width 100] [--devices 50] [--skip-peers]
+                                   [--store sqlite|postgres] [--replicas N]
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
+from bench.stores import add_store_options, check_store_options, describe, from_args, labels
 from tests.simdevice import SimFleet
-from tests.support import Fleet
 
 
 def parents(layer: int, i: int, width: int) -> list[tuple[int, int]]:
@@ -58,14 +61,13 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def run_orrery(layers: int, width: int, devices: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp), max_nodes_per_task=str(layers * width)) as fleet:
+def run_orrery(layers: int, width: int, devices: int, args: argparse.Namespace) -> dict[str, Any]:
+    with from_args(args, max_nodes_per_task=str(layers * width)) as fleet:
         sims = SimFleet(uvloop.new_event_loop())  # the devices' side as lean as it can be (like Ray's workers)
         try:
             for i in range(devices):
-                sims.add(fleet.server.url, fleet.enroll(f"sim-{i:03d}"), accept_by_results=True)
+                sims.add(fleet.device_url(i), fleet.enroll(f"sim-{i:03d}"), accept_by_results=True)
             spec = dag(layers, width)
-            assert fleet.server.proc is not None
             started = time.perf_counter()
             task = fleet.submit(spec)
             # The clock stops at the task's terminal event on its event stream, published after the
@@ -78,10 +80,12 @@ def run_orrery(layers: int, width: int, devices: int) -> dict[str, float]:
             assert done["state"] == "succeeded" and all(n["state"] == "succeeded" for n in done["nodes"]), done["state"]
             executions = sum(len(d.executions) for d in sims.devices)
             assert executions == layers * width, f"{executions} executions for {layers * width} nodes"
+            rss = [peak_rss_mb(pid) for pid in fleet.pids()]
             return {
                 "seconds": elapsed,
                 "nodes_per_s": layers * width / elapsed,
-                "server_peak_rss_mb": peak_rss_mb(fleet.server.proc.pid),
+                "server_peak_rss_mb": max(rss),  # the largest replica's
+                "replica_peak_rss_mb": rss,
             }
         finally:
             sims.close()
@@ -137,8 +141,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=100)
     parser.add_argument("--devices", type=int, default=50)
     parser.add_argument("--skip-peers", action="store_true")
+    add_store_options(parser)
     args = parser.parse_args()
-    orrery = run_orrery(args.layers, args.width, args.devices)
+    check_store_options(parser, args)
+    orrery = run_orrery(args.layers, args.width, args.devices, args)
     dask = ray_ = None
     if not args.skip_peers:
         dask = run_dask(args.layers, args.width)
@@ -146,15 +152,17 @@ def main() -> None:
     n = args.layers * args.width
     print(f"\n{n}-node layered DAG ({args.layers} x {args.width}, 2 parents each)\n")
     print(f"{'system':58} {'nodes/s':>9} {'vs Orrery':>10}")
-    rows = [(f"Orrery, {args.devices} simulated devices, durable SQLite", orrery["nodes_per_s"])]
+    store = describe(args.store, args.replicas, args.redis)
+    rows = [(f"Orrery, {args.devices} simulated devices", orrery["nodes_per_s"])]
     if dask:
         rows.append(("Dask distributed, 2 single-threaded workers (in memory)", dask))
     if ray_:
         rows.append(("Ray, num_cpus=2 (in memory)", ray_))
     for name, rate in rows:
         print(f"{name:58} {rate:>9.0f} {rate / orrery['nodes_per_s']:>9.2f}x")
-    print(f"\nOrrery: {orrery['seconds']:.2f}s end to end, server peak RSS {orrery['server_peak_rss_mb']:.0f} MB")
-    print(json.dumps({"orrery": orrery, "dask_nodes_per_s": dask, "ray_nodes_per_s": ray_}))
+    rss = ", ".join(f"{mb:.0f}" for mb in orrery["replica_peak_rss_mb"])
+    print(f"\nOrrery on {store}: {orrery['seconds']:.2f}s end to end, peak RSS per replica {rss} MB")
+    print(json.dumps({"orrery": orrery, "dask_nodes_per_s": dask, "ray_nodes_per_s": ray_, **labels(args)}))
 
 
 if __name__ == "__main__":

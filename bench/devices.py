@@ -1,4 +1,4 @@
-"""Many devices on one replica: 1,000, 5,000 and 10,000 simulated devices heartbeating every 10 s.
+"""Many devices on one or more replicas: 1,000, 5,000 and 10,000 simulated devices heartbeating every 10 s.
 
 Each device is a real WebSocket protocol client (hello, then a heartbeat every interval, with a
 random phase); the server answers every heartbeat, and the time from sending a heartbeat to that
@@ -7,7 +7,12 @@ core over the measuring window), and lag p50/p99. Once connected, this process f
 heap (`gc.freeze`), so its garbage collections (up to a second at 10,000 connections) do not show
 up as server lag.
 
+With `--store postgres` the orchestrator runs on a throwaway durable Postgres, with
+`--replicas N` as N replicas (and Redis), the devices spread over them in turn (bench/stores.py);
+RSS and CPU are then reported per replica. The last line is the figures as JSON.
+
     python bench/devices.py [--steps 1000,5000,10000] [--interval 10] [--window 30]
+                            [--store sqlite|postgres] [--replicas N]
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import random
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from websockets.asyncio.client import connect
 
+from bench.stores import Cluster, add_store_options, check_store_options, describe, from_args, labels
 from protocol.codec import encode
 from protocol.messages import Heartbeat, Hello, ToolSpec
-from tests.support import Fleet
 
 TOOLS = [ToolSpec(name="sim.noop", namespace="sim", input_schema={"type": "object"})]
 
@@ -84,7 +88,7 @@ def proc_stat(pid: int) -> tuple[float, float]:
     return cpu, rss
 
 
-async def enroll(fleet: Fleet, count: int, start: int) -> list[dict[str, Any]]:
+async def enroll(fleet: Cluster, count: int, start: int) -> list[dict[str, Any]]:
     headers = {"Authorization": f"Bearer {fleet.server.api_key}"}
     sem = asyncio.Semaphore(32)
     async with httpx.AsyncClient(base_url=fleet.server.url, headers=headers, timeout=60) as c:
@@ -103,24 +107,22 @@ async def run(args: argparse.Namespace) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     steps = [int(s) for s in args.steps.split(",")]
     rows = []
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        Fleet(
-            Path(tmp),
-            heartbeat_interval_s=str(args.interval),
-            heartbeat_timeout_s=str(args.interval * 5),
-            handshakes_per_minute="1000000",
-        ) as fleet,
-    ):
-        assert fleet.server.proc is not None
-        pid = fleet.server.proc.pid
-        url = fleet.server.url.replace("http://", "ws://") + "/v1/agent"
+    with from_args(
+        args,
+        heartbeat_interval_s=str(args.interval),
+        heartbeat_timeout_s=str(args.interval * 5),
+        handshakes_per_minute="1000000",
+    ) as fleet:
+        pids = fleet.pids()
         lags: list[float] = []
         tasks: list[asyncio.Task[None]] = []
         have = 0
         for target in steps:
             enrolled = await enroll(fleet, target - have, have)
-            devices = [Device(url, e["id"], e["token"], args.interval, lags) for e in enrolled]
+            devices = [
+                Device(_ws_url(fleet.device_url(have + k)), e["id"], e["token"], args.interval, lags)
+                for k, e in enumerate(enrolled)
+            ]
             sem = asyncio.Semaphore(64)
 
             async def start(d: Device, sem: asyncio.Semaphore = sem) -> None:
@@ -137,32 +139,44 @@ async def run(args: argparse.Namespace) -> None:
             gc.freeze()
             await asyncio.sleep(args.interval)  # let the new devices' first heartbeats settle
             lags.clear()
-            cpu0, _ = proc_stat(pid)
+            cpu0 = [proc_stat(pid)[0] for pid in pids]
             t0 = time.perf_counter()
             await asyncio.sleep(args.window)
-            cpu1, rss = proc_stat(pid)
+            after = [proc_stat(pid) for pid in pids]
             window = time.perf_counter() - t0
             ordered = sorted(lags)
+            if not ordered:
+                raise SystemExit(f"no heartbeat answered in the {args.window:g} s window: make --window longer")
             rows.append(
-                (
-                    target,
-                    rss,
-                    (cpu1 - cpu0) / window * 100,
-                    statistics.median(ordered),
-                    ordered[int(0.99 * (len(ordered) - 1))],
-                    len(ordered),
-                )
+                {
+                    "devices": target,
+                    "rss_mb": [rss for _, rss in after],
+                    "cpu_percent": [(c1 - c0) / window * 100 for (c1, _), c0 in zip(after, cpu0, strict=True)],
+                    "lag_p50_ms": statistics.median(ordered),
+                    "lag_p99_ms": ordered[int(0.99 * (len(ordered) - 1))],
+                    "beats": len(ordered),
+                }
             )
             print(f"  {target} devices measured", file=sys.stderr)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    print(f"\nsimulated devices on one replica, heartbeat every {args.interval:g}s, window {args.window:g}s\n")
     print(
-        f"{'devices':>8} {'server RSS MB':>14} {'server CPU %':>13} {'lag p50 ms':>11} {'lag p99 ms':>11} {'beats':>7}"
+        f"\nsimulated devices on {describe(args.store, args.replicas, args.redis)}, "
+        f"heartbeat every {args.interval:g}s, window {args.window:g}s\n"
     )
-    for target, rss, cpu, p50, p99, n in rows:
-        print(f"{target:>8} {rss:>14.0f} {cpu:>13.1f} {p50:>11.2f} {p99:>11.2f} {n:>7}")
+    print(
+        f"{'devices':>8} {'replica':>8} {'RSS MB':>8} {'CPU %':>7} {'lag p50 ms':>11} {'lag p99 ms':>11} {'beats':>7}"
+    )
+    for row in rows:
+        for i, (rss, cpu) in enumerate(zip(row["rss_mb"], row["cpu_percent"], strict=True)):
+            lag = f"{row['lag_p50_ms']:>11.2f} {row['lag_p99_ms']:>11.2f} {row['beats']:>7}" if i == 0 else ""
+            print(f"{row['devices']:>8} {i:>8} {rss:>8.0f} {cpu:>7.1f} {lag}")
+    print(json.dumps({"steps": rows, **labels(args)}))
+
+
+def _ws_url(http_url: str) -> str:
+    return http_url.replace("http://", "ws://") + "/v1/agent"
 
 
 def main() -> None:
@@ -170,7 +184,10 @@ def main() -> None:
     parser.add_argument("--steps", default="1000,5000,10000")
     parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--window", type=float, default=30.0)
-    asyncio.run(run(parser.parse_args()))
+    add_store_options(parser)
+    args = parser.parse_args()
+    check_store_options(parser, args)
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ Two figures:
   chains of different lengths and differenced, so start-up and the warm-up cancel out. The count
   is the same on a busy machine as on an idle one: use it to compare two versions of the code.
 
-    python bench/engine_step.py [--shape chain|layered] [--nodes 500] [--instructions]
+    python bench/engine_step.py [--shape chain|layered] [--nodes 500] [--instructions] [--store sqlite|postgres]
+
+With `--store postgres` the harness's engine writes to a throwaway durable Postgres instead
+(bench/stores.py: `synchronous_commit=on`), and the group commit's share is a Postgres
+transaction's (wall time only: `--instructions` counts this process, not the database server).
 
 `--nodes` is the chain's length, or for `layered` the number of nodes (a multiple of 100).
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -40,18 +45,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.dag_throughput import dag as layered_dag
+from bench.rtt_floor import harness
+from bench.stores import add_store_options, check_refused, check_store_options, labels, postgres_database, refuse_store
 from orchestrator.app import tune_gc
 from protocol.messages import CommandBatch
-from tests.unit.engine.harness import Harness, results
+from tests.unit.engine.harness import results
 
 WARMUP = 20
 
 
-async def chain(nodes: int, commits: list[float] | None = None) -> list[float]:
+async def chain(nodes: int, commits: list[float] | None = None, database_url: str | None = None) -> list[float]:
     """Per-step wall times (µs) of a chain of `nodes` no-op nodes; with `commits`, the group
-    commit's share of each step (the store's `write`, the SQLite transaction) is appended to it."""
+    commit's share of each step (the store's `write`, its transaction) is appended to it. On the
+    SQLite file of the harness, or on the Postgres database at `database_url`."""
     with tempfile.TemporaryDirectory() as tmp:
-        h = await (await asyncio.to_thread(Harness, Path(tmp))).open()
+        h = await harness(Path(tmp), database_url)
         if commits is not None:
             write = h.store.write
 
@@ -90,11 +98,11 @@ async def chain(nodes: int, commits: list[float] | None = None) -> list[float]:
             await h.close()
 
 
-async def layered(nodes: int, devices: int = 50, width: int = 100) -> list[float]:
+async def layered(nodes: int, devices: int = 50, width: int = 100, database_url: str | None = None) -> list[float]:
     """Per-node wall times (µs) of a layered DAG of `nodes` no-op nodes on `devices` devices: each
     step's time shared by the nodes whose results it took."""
     with tempfile.TemporaryDirectory() as tmp:
-        h = await (await asyncio.to_thread(Harness, Path(tmp), max_nodes_per_task=nodes)).open()
+        h = await harness(Path(tmp), database_url, max_nodes_per_task=nodes)
         try:
             for i in range(devices):
                 await h.connect(await h.enroll(f"d{i}"))
@@ -149,35 +157,52 @@ def instructions(shape: str, nodes: int) -> float:
     return (totals[1] - totals[0]) / (nodes - short)
 
 
+ONE_PROCESS = "the engine runs in this process, without replicas"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=("chain", "layered"), default="chain")
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--instructions", action="store_true", help="count instructions per node with valgrind")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)  # no commit timing (--instructions)
+    add_store_options(parser, replicas=False)
+    refuse_store(parser, ONE_PROCESS, store=False)
     args = parser.parse_args()
+    check_refused(parser, args, ONE_PROCESS, store=False)
+    check_store_options(parser, args)
+    if args.instructions and args.store != "sqlite":
+        parser.error("--instructions counts this process's instructions: on SQLite only (the store is in it)")
     what = "chained no-op node" if args.shape == "chain" else "layered DAG, 50 devices"
+    what += f", {args.store}"
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(postgres_database()) if args.store == "postgres" else None
+        run(args, what, url)
+
+
+def run(args: argparse.Namespace, what: str, url: str | None) -> None:
+    store = labels(args)
     if args.instructions:
         per_node = instructions(args.shape, args.nodes)
         print(f"engine step, {what}: {per_node / 1e6:.3f}M instructions per node")
-        print(json.dumps({"instructions_per_node": per_node}))
+        print(json.dumps({"instructions_per_node": per_node, **store}))
         return
     tune_gc()
     if args.shape == "layered":
-        times = asyncio.run(layered(args.nodes))[WARMUP:]
+        times = asyncio.run(layered(args.nodes, database_url=url))[WARMUP:]
         p50 = statistics.median(times)
         print(f"engine step, {what}: p50 {p50:.1f} µs per node over {len(times)} nodes")
-        print(json.dumps({"step_p50_us": p50}))
+        print(json.dumps({"step_p50_us": p50, **store}))
         return
     if args.bare:
-        asyncio.run(chain(args.nodes))
+        asyncio.run(chain(args.nodes, database_url=url))
         return
     commits: list[float] = []
-    times = asyncio.run(chain(args.nodes, commits))[WARMUP:]
+    times = asyncio.run(chain(args.nodes, commits, url))[WARMUP:]
     p50, commit_p50 = statistics.median(times), statistics.median(commits[WARMUP:])
     print(f"engine step, {what}: p50 {p50:.1f} µs per node over {len(times)} nodes")
     print(f"  of which the group commit (the store's write): p50 {commit_p50:.1f} µs")
-    print(json.dumps({"step_p50_us": p50, "commit_p50_us": commit_p50}))
+    print(json.dumps({"step_p50_us": p50, "commit_p50_us": commit_p50, **store}))
 
 
 if __name__ == "__main__":

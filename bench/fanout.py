@@ -5,7 +5,12 @@ this process, tests/simdevice.py). Reported: time from the POST to the finished 
 the canaries took, the server's CPU over that time (seconds, and share of one core) and its
 peak RSS, and that every device ran the command exactly once and its verify command once.
 
+With `--store postgres` the orchestrator runs on a throwaway durable Postgres, with
+`--replicas N` as N replicas (and Redis), the devices spread over them in turn (bench/stores.py);
+the CPU and RSS figures are then per replica, and `server_cpu_s` their sum.
+
     python bench/fanout.py [--devices 500] [--canary 10] [--max-parallel 0] [--no-verify]
+                           [--store sqlite|postgres] [--replicas N]
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvloop
 
 from bench.dag_throughput import peak_rss_mb
+from bench.stores import add_store_options, check_store_options, describe, from_args, labels
 from tests.simdevice import SimFleet
-from tests.support import Fleet
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -46,17 +50,20 @@ def node(canary: int, max_parallel: int, verify: bool) -> dict[str, Any]:
     return spec
 
 
-def run(devices: int, canary: int, max_parallel: int, verify: bool) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp)) as fleet:
+def run(devices: int, canary: int, max_parallel: int, verify: bool, args: argparse.Namespace) -> dict[str, Any]:
+    with from_args(args) as fleet:
         sims = SimFleet(uvloop.new_event_loop())
         try:
             for i in range(devices):
-                sims.add(fleet.server.url, fleet.enroll(f"web-{i:04d}", {"role": "web"}), labels={"role": "web"})
-            pid = fleet.server.proc.pid if fleet.server.proc else 0
-            cpu0, started = cpu_s(pid), time.perf_counter()
+                enrolled = fleet.enroll(f"web-{i:04d}", {"role": "web"})
+                sims.add(fleet.device_url(i), enrolled, labels={"role": "web"})
+            pids = fleet.pids()
+            cpu0, started = [cpu_s(pid) for pid in pids], time.perf_counter()
             task = fleet.submit({"nodes": [node(canary, max_parallel, verify)]})
             done = fleet.wait_task(task["id"], timeout=3600)
-            elapsed, cpu = time.perf_counter() - started, cpu_s(pid) - cpu0
+            elapsed = time.perf_counter() - started
+            cpus = [cpu_s(pid) - c0 for pid, c0 in zip(pids, cpu0, strict=True)]
+            cpu = sum(cpus)
             assert done["state"] == "succeeded", done["state"]
             children = done["nodes"][0]["children"]
             assert len(children) == devices and all(c["state"] == "succeeded" for c in children)
@@ -71,7 +78,9 @@ def run(devices: int, canary: int, max_parallel: int, verify: bool) -> dict[str,
                 "children_per_s": devices / elapsed,
                 "server_cpu_s": cpu,
                 "server_cpu_share": cpu / elapsed,
-                "server_peak_rss_mb": peak_rss_mb(pid),
+                "server_peak_rss_mb": max(peak_rss_mb(pid) for pid in pids),
+                "replica_cpu_s": cpus,
+                "replica_peak_rss_mb": [peak_rss_mb(pid) for pid in pids],
             }
         finally:
             sims.close()
@@ -89,19 +98,25 @@ def main() -> None:
     parser.add_argument("--canary", type=int, default=10)
     parser.add_argument("--max-parallel", type=int, default=0, help="0: no cap")
     parser.add_argument("--no-verify", action="store_true")
+    add_store_options(parser)
     args = parser.parse_args()
-    out = run(args.devices, args.canary, args.max_parallel, not args.no_verify)
+    check_store_options(parser, args)
+    out = run(args.devices, args.canary, args.max_parallel, not args.no_verify, args)
     cap = args.max_parallel or "none"
     verify = "sim.noop" if not args.no_verify else "none"
     print(
-        f"\nfan-out over {args.devices} simulated devices (canary {args.canary}, max_parallel {cap}, verify {verify})\n"
+        f"\nfan-out over {args.devices} simulated devices (canary {args.canary}, max_parallel {cap}, verify {verify})"
     )
+    print(f"orchestrator on {describe(args.store, args.replicas, args.redis)}\n")
     print(f"{'finished (POST to task succeeded)':40} {out['seconds']:>8.2f} s")
     print(f"{'canaries done':40} {out['canary_seconds']:>8.2f} s")
     print(f"{'children per second':40} {out['children_per_s']:>8.0f}")
     print(f"{'server CPU':40} {out['server_cpu_s']:>8.2f} s ({out['server_cpu_share']:.0%} of a core)")
     print(f"{'server peak RSS':40} {out['server_peak_rss_mb']:>8.0f} MB")
-    print(json.dumps(out))
+    if args.replicas > 1:
+        for i, (cpu, rss) in enumerate(zip(out["replica_cpu_s"], out["replica_peak_rss_mb"], strict=True)):
+            print(f"{f'  replica {i}: CPU s, peak RSS MB':40} {cpu:>8.2f}   {rss:.0f}")
+    print(json.dumps({**out, **labels(args)}))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
+from bench.stores import check_refused, refuse_store
 from orchestrator.config import Settings
 from orchestrator.planner.llm import LLM, CallRecord
 from tests.fakellm import FakeLLM, say
@@ -56,10 +57,15 @@ async def measure(fake: FakeLLM, calls: int) -> tuple[list[float], list[float]]:
     return raw, wrapped
 
 
+WHY_NO_STORE = "it times the LLM client alone against a fake model; there is no store in it"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    refuse_store(parser, WHY_NO_STORE)
     args = parser.parse_args()
+    check_refused(parser, args, WHY_NO_STORE)
     fake = FakeLLM()
     try:
         raw, wrapped = asyncio.run(measure(fake, args.calls))

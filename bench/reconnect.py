@@ -13,7 +13,13 @@ server's CPU during the reconnect (from /proc/<pid>/stat), and the time until al
 (welcomed, and the server's `orrery_websocket_connections_open` gauge at the device count). All devices dial from
 127.0.0.1, so the server's per-address handshake limit is raised (`--handshakes-per-minute`).
 
+With `--store postgres` the orchestrator runs on a throwaway durable Postgres and is restarted on
+the same database; with `--replicas N` (and Redis) the devices are spread over N replicas in turn
+and every replica is killed (-9) and restarted at once, a whole cluster's restart: readiness is
+every replica's `/readyz`, the gauge and the CPU their sums (bench/stores.py).
+
     python bench/reconnect.py [--devices 1000] [--down 0] [--bucket 0.25] [--policies backoff,old]
+                              [--store sqlite|postgres] [--replicas N]
 """
 
 from __future__ import annotations
@@ -21,12 +27,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
+import json
 import resource
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,9 +46,11 @@ import httpx
 from tenacity import RetryCallState, wait_random_exponential
 
 from bench.devices import enroll, proc_stat
+from bench.hosts import HostPool
+from bench.stores import Cluster, add_store_options, check_store_options, describe, from_args, labels
 from device_agent.reconnect import Backoff
 from tests.simdevice import STABLE_SESSION_S, ReconnectPolicy, SimDevice, SimFleet
-from tests.support import Fleet, wait_until
+from tests.support import wait_until
 
 GAUGE = "orrery_websocket_connections_open"  # the server's count of open device WebSockets
 POLICIES = {
@@ -118,6 +125,11 @@ def gauge(url: str) -> int | None:
     return None
 
 
+def gauges(urls: list[str]) -> int:
+    """The open-sockets gauge summed over the replicas (one not answering counts 0)."""
+    return sum(gauge(url) or 0 for url in urls)
+
+
 def ready(url: str) -> bool:
     try:
         return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
@@ -125,29 +137,13 @@ def ready(url: str) -> bool:
         return False
 
 
-class Hosts:
-    """Child processes, each running a share of the simulated devices on its own event loop, so
-    this process (which kills, restarts and measures) is never starved by them. time.monotonic()
-    is the system's CLOCK_MONOTONIC, so their timestamps and ours share one axis."""
+class Hosts(HostPool):
+    """The simulated devices, spread over `processes` host processes (bench/hosts.py); their
+    time.monotonic() is the system's CLOCK_MONOTONIC, so their timestamps and ours share one axis."""
 
-    def __init__(self, url: str, enrolled: list[dict[str, Any]], policy: str, processes: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.pipes: list[Connection] = []
-        self.procs = []
-        for k in range(processes):
-            ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_host, args=(url, enrolled[k::processes], policy, theirs), daemon=True)
-            proc.start()
-            self.pipes.append(ours)
-            self.procs.append(proc)
-
-    def ask(self, command: str) -> list[Any]:
-        for pipe in self.pipes:
-            pipe.send(command)
-        return [pipe.recv() for pipe in self.pipes]
-
-    def connected(self) -> int:
-        return sum(self.ask("connected"))
+    def __init__(self, urls: list[str], enrolled: list[dict[str, Any]], policy: str, processes: int) -> None:
+        shares = [(urls[k::processes], enrolled[k::processes], policy) for k in range(processes)]
+        super().__init__(_host, shares)
 
     def timestamps(self) -> tuple[list[list[float]], list[list[float]]]:
         """(welcomes, attempts) of every device."""
@@ -160,16 +156,10 @@ class Hosts:
     def cpu_seconds(self) -> float:
         return sum(proc_stat(p.pid)[0] for p in self.procs if p.pid)
 
-    def close(self) -> None:
-        with contextlib.suppress(OSError, EOFError):
-            self.ask("stop")
-        for proc in self.procs:
-            proc.join(30)
 
-
-def _host(url: str, enrolled: list[dict[str, Any]], policy: str, pipe: Connection) -> None:
+def _host(urls: list[str], enrolled: list[dict[str, Any]], policy: str, pipe: Connection) -> None:
     sims = SimFleet()
-    for e in enrolled:
+    for url, e in zip(urls, enrolled, strict=True):
         sims.add(url, e, wait=False, reconnect=make_policy(policy))
     devices: list[SimDevice] = sims.devices
     while True:
@@ -185,7 +175,7 @@ def _host(url: str, enrolled: list[dict[str, Any]], policy: str, pipe: Connectio
 
 
 def one_run(
-    fleet: Fleet,
+    fleet: Cluster,
     enrolled: list[dict[str, Any]],
     policy: str,
     bucket: float,
@@ -195,37 +185,39 @@ def one_run(
 ) -> Run:
     run = Run(policy, len(enrolled))
     n = len(enrolled)
-    hosts = Hosts(fleet.server.url, enrolled, policy, processes)
+    hosts = Hosts([fleet.device_url(i) for i in range(n)], enrolled, policy, processes)
+    urls = [s.url for s in fleet.servers]
     try:
         wait_until(lambda: hosts.connected() == n, 300, "every device to connect", interval=0.5)
-        wait_until(lambda: gauge(fleet.server.url) == n, 60, "the server to count every socket", 0.25)
+        wait_until(lambda: gauges(urls) == n, 60, "the servers to count every socket", 0.25)
         # Sessions as in production: older than STABLE_SESSION_S, so the kill ends stable sessions.
         settled = max(w[-1] for w in hosts.timestamps()[0]) + STABLE_SESSION_S + 0.5
         wait_until(lambda: time.monotonic() >= settled, STABLE_SESSION_S + 5, "the sessions to be stable", 0.25)
 
-        assert fleet.server.proc is not None
         client0 = hosts.cpu_seconds()
         run.killed = time.monotonic()
-        fleet.server.kill(signal.SIGKILL)
+        for server in fleet.servers:
+            server.kill(signal.SIGKILL)
         time.sleep(down_s)  # an outage of this length before the restart (0: restart at once)
-        fleet.server.launch()
+        for server in fleet.servers:
+            server.launch()
         run.launched = time.monotonic()
-        pid = fleet.server.proc.pid
+        pids = fleet.pids()
         stop = threading.Event()
 
         def sample_cpu() -> None:
             while not stop.is_set():
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
-                    run.cpu.append((time.monotonic(), proc_stat(pid)[0]))
+                    run.cpu.append((time.monotonic(), sum(proc_stat(pid)[0] for pid in pids)))
                 stop.wait(bucket / 5)
 
         sampler = threading.Thread(target=sample_cpu, daemon=True)
         sampler.start()
-        wait_until(lambda: ready(fleet.server.url), 120, "the restarted server to be ready", interval=0.05)
+        wait_until(lambda: all(ready(u) for u in urls), 120, "the restarted servers to be ready", interval=0.05)
         run.ready = time.monotonic()
         deadline = run.launched + timeout
         while time.monotonic() < deadline and (run.all_welcomed is None or run.gauge_full is None):
-            if run.gauge_full is None and (gauge(fleet.server.url) or 0) >= n:
+            if run.gauge_full is None and gauges(urls) >= n:
                 run.gauge_full = time.monotonic()
             if run.all_welcomed is None and hosts.connected() == n:
                 welcomes, _ = hosts.timestamps()
@@ -243,10 +235,12 @@ def one_run(
     return run
 
 
-def report(runs: list[Run], bucket: float, handshakes_per_minute: int, detail_s: float, down_s: float) -> None:
+def report(
+    runs: list[Run], bucket: float, handshakes_per_minute: int, detail_s: float, down_s: float, store: str
+) -> None:
     n = runs[0].devices
     print(
-        f"\n{n:,} simulated devices on one orchestrator (SQLite), kill -9, {down_s:g} s down, then restart on"
+        f"\n{n:,} simulated devices on {store}, kill -9, {down_s:g} s down, then restart on"
         " the same store;"
         f"\nserver started with --handshakes-per-minute {handshakes_per_minute:,} (every device dials from"
         f" 127.0.0.1, and the default 120/min per address would throttle the test itself)\n"
@@ -354,19 +348,29 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2, help="processes hosting the simulated devices")
     parser.add_argument("--timeout", type=float, default=180.0, help="give up on a run after this long")
     parser.add_argument("--detail", type=float, default=8.0, help="seconds of the timeline shown per bucket")
+    add_store_options(parser)
     args = parser.parse_args()
+    check_store_options(parser, args)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     runs = []
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        Fleet(Path(tmp), handshakes_per_minute=str(args.handshakes_per_minute)) as fleet,
-    ):
+    with from_args(args, handshakes_per_minute=str(args.handshakes_per_minute)) as fleet:
         enrolled = asyncio.run(enroll(fleet, args.devices, 0))
         for policy in args.policies.split(","):
             print(f"  {policy}: connecting {args.devices} devices, then kill -9 and restart", file=sys.stderr)
             runs.append(one_run(fleet, enrolled, policy, args.bucket, args.timeout, args.processes, args.down))
-    report(runs, args.bucket, args.handshakes_per_minute, args.detail, args.down)
+    report(runs, args.bucket, args.handshakes_per_minute, args.detail, args.down, describe(args.store, args.replicas))
+    figures = [
+        {
+            "policy": r.policy,
+            "ready_s": r.ready - r.launched,
+            "all_welcomed_s": None if r.all_welcomed is None else r.all_welcomed - r.launched,
+            "gauge_full_s": None if r.gauge_full is None else r.gauge_full - r.launched,
+            "attempts": len(r.attempts),
+        }
+        for r in runs
+    ]
+    print(json.dumps({"devices": args.devices, "runs": figures, **labels(args)}))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,16 @@ batch is re-sent or its result re-delivered), and every node terminal. Checks th
 simulated devices reconnect as the agent does (`--policy backoff`: device_agent.reconnect.Backoff;
 `old`: tenacity's wait_random_exponential(0.5, max=30); `fixed`: every 0.2 s).
 
+With `--store postgres` the orchestrator runs on a throwaway durable Postgres (bench/stores.py).
+With `--replicas N` (N > 1, with Redis) the devices are spread over the replicas in turn, and the
+replica that leads the engine is killed (-9) and not restarted: the devices it held dial the next
+replica, as an agent with `--also-server` does, and another replica takes the engine lease once
+the dead one's lapses (`--lease-ttl-s`, default the product's). The times are then counted from
+the kill, and "the API is ready" is "another replica leads"; a node in flight is running again
+once its device is linked to a live replica and a replica leads.
+
     python bench/recovery.py [--nodes 1000] [--devices 100] [--seconds 1.5] [--policy backoff]
+                             [--store sqlite|postgres] [--replicas N] [--lease-ttl-s S]
 """
 
 from __future__ import annotations
@@ -16,9 +25,7 @@ import argparse
 import collections
 import contextlib
 import json
-import signal
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime
@@ -29,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from bench.reconnect import make_policy
+from bench.stores import add_store_options, check_store_options, describe, from_args, labels
 from tests.simdevice import SimFleet
-from tests.support import Fleet, wait_until
+from tests.support import Fleet, Server, wait_until
 
 GOAL_S = 5.0  # API ready and every in-flight node terminal or running again within this
 
@@ -72,18 +80,24 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=1.5, help="how long each node runs on its device")
     parser.add_argument("--policy", choices=("backoff", "old", "fixed"), default="backoff")
+    parser.add_argument("--lease-ttl-s", type=float, default=None, help="the engine lease's lifetime (replicas)")
+    add_store_options(parser)
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        Fleet(
-            Path(tmp), max_nodes_per_task=str(args.nodes), heartbeat_interval_s="2", heartbeat_timeout_s="30"
-        ) as fleet,
-    ):
+    check_store_options(parser, args)
+    if args.lease_ttl_s is not None and args.replicas < 2 and not args.redis:
+        parser.error("--lease-ttl-s is for replicas (--replicas 2 or more)")
+    settings = {"max_nodes_per_task": str(args.nodes), "heartbeat_interval_s": "2", "heartbeat_timeout_s": "30"}
+    if args.lease_ttl_s is not None:
+        settings["lease_ttl_s"] = str(args.lease_ttl_s)
+    failover = args.replicas > 1
+    with from_args(args, **settings) as fleet:
         sims = SimFleet()
         try:
+            home: dict[str, str] = {}  # device id -> the replica URL it dials
             for i in range(args.devices):
                 policy = None if args.policy == "fixed" else make_policy(args.policy)
-                sims.add(fleet.server.url, fleet.enroll(f"sim-{i:03d}"), reconnect=policy)
+                device = sims.add(fleet.device_url(i), fleet.enroll(f"sim-{i:03d}"), reconnect=policy)
+                home[device.device_id] = fleet.device_url(i)
             dag = {
                 "nodes": [
                     {"id": f"n{i}", "commands": [{"tool": "sim.sleep", "arguments": {"seconds": args.seconds}}]}
@@ -100,17 +114,31 @@ def main() -> None:
             }
             at_kill = collections.Counter(n["state"] for n in before["nodes"])
 
-            fleet.server.kill(signal.SIGKILL)
-            killed_wall = time.time()
-            fleet.server.launch()
-            restarted, restarted_wall = time.monotonic(), time.time()
-            fleet.server.wait_ready()
+            victim = fleet.leader()
+            lost_link = {d for d, url in home.items() if not failover or url == victim.url}
+            if failover:
+                survivors = [s for s in fleet.servers if s is not victim]
+                fleet.use(survivors[0])  # the API from a replica that lives on
+                victim.kill()  # SIGKILL
+                killed_wall = time.time()
+                restarted, restarted_wall = time.monotonic(), killed_wall
+                moved = _fail_over(sims, victim, survivors)
+                fleet.leader(timeout=600)
+            else:
+                moved = args.devices
+                victim.kill()  # SIGKILL
+                killed_wall = time.time()
+                victim.launch()
+                restarted, restarted_wall = time.monotonic(), time.time()
+                victim.wait_ready()
             ready = time.monotonic() - restarted
             events = Events(fleet, task["id"])
             back = {d.device_id: d for d in sims.devices}
 
             def reconnected(device_id: str) -> float | None:
-                """Seconds from the restart until the device's first welcome after it."""
+                """Seconds from the restart (or the kill) until the device was linked again."""
+                if device_id not in lost_link:
+                    return 0.0  # its replica lives on: its link never went
                 later = [t for t in back[device_id].welcomes if t > restarted]
                 return later[0] - restarted if later else None
 
@@ -127,7 +155,8 @@ def main() -> None:
                 ended = events.terminal.get(node_id)
                 if ended is not None and ended <= killed_wall:
                     return 0.0
-                times = [reconnected(in_flight[node_id]) or float("inf")]
+                back_at = reconnected(in_flight[node_id])  # (0.0: its link never went)
+                times = [max(ready, float("inf") if back_at is None else back_at)]
                 if ended is not None:
                     times.append(ended - restarted_wall)
                 return max(0.0, min(times))
@@ -145,24 +174,54 @@ def main() -> None:
     lost = args.nodes - states.get("succeeded", 0)
     print(
         f"\n{args.nodes} nodes on {args.devices} simulated devices, each running {args.seconds}s; "
-        f"devices reconnect with the {args.policy!r} policy"
+        f"devices reconnect with the {args.policy!r} policy;\norchestrator on "
+        f"{describe(args.store, args.replicas, args.redis)}"
     )
     print(f"at the kill: {dict(at_kill)} ({len(in_flight)} running on devices)\n")
-    print(f"{'from the restart (kill -9, then start on the same store) until':64} {'seconds':>8}")
-    print(f"{'  the API is ready (/readyz 200)':64} {ready:>8.2f}")
-    print(f"{'  every device has reconnected':64} {devices_back:>8.2f}")
+    if failover:
+        print(f"kill -9 the leader (not restarted; its {moved} devices dial the next replica); from the kill until")
+        labels_ = ("  another replica leads the engine", "  every device is linked to a live replica")
+    else:
+        print("from the restart (kill -9, then start on the same store) until")
+        labels_ = ("  the API is ready (/readyz 200)", "  every device has reconnected")
+    print(f"{'':64} {'seconds':>8}")
+    print(f"{labels_[0]:64} {ready:>8.2f}")
+    print(f"{labels_[1]:64} {devices_back:>8.2f}")
     print(f"{'  every node in flight at the kill is terminal or running again':64} {in_flight_back:>8.2f}")
     print(f"{'  every node is terminal':64} {all_terminal:>8.2f}")
     print(f"\nlost: {lost}   ran twice: {twice}   final states: {dict(states)}")
     met = ready <= GOAL_S and in_flight_back <= GOAL_S
     print(
         f"goal (API ready and every in-flight node terminal or running again within {GOAL_S:g} s of the "
-        f"restart): {'met' if met else 'NOT met'}"
+        f"{'kill' if failover else 'restart'}): {'met' if met else 'NOT met'}"
     )
     if errors:
         print(f"errors: {dict(errors)}")
         for n in samples:
             print(" ", n["id"], n["error"], [(a["status"], a["error"]) for a in n["attempts"]])
+    figures = {
+        "ready_s": ready,
+        "devices_back_s": devices_back,
+        "in_flight_back_s": in_flight_back,
+        "all_terminal_s": all_terminal,
+        "in_flight": len(in_flight),
+        "lost": lost,
+        "ran_twice": twice,
+        "goal_met": met,
+    }
+    print(json.dumps({**figures, **labels(args)}))
+
+
+def _fail_over(sims: SimFleet, dead: Server, survivors: list[Server]) -> int:
+    """Point the devices that dialled `dead` at the next replica (the agent's `--also-server`
+    failover: the next server in its list); how many moved."""
+    moved = 0
+    dead_ws = dead.url.replace("http://", "ws://") + "/v1/agent"
+    for k, device in enumerate(d for d in sims.devices if d.url == dead_ws):
+        target = survivors[k % len(survivors)]
+        device.url = target.url.replace("http://", "ws://") + "/v1/agent"  # read at its next dial
+        moved += 1
+    return moved
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stores import check_refused, refuse_store
 from device_agent.config import AgentConfig
 from device_agent.router import CallLimit
 from device_agent.runner import build
@@ -95,11 +96,16 @@ def instructions(calls: int) -> float:
     return (totals[1] - totals[0]) / (calls - calls // 5)
 
 
+WHY_NO_STORE = "it times the agent's router in process; there is no orchestrator store in it"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--instructions", action="store_true", help="count instructions per call with valgrind")
+    refuse_store(parser, WHY_NO_STORE)
     args = parser.parse_args()
+    check_refused(parser, args, WHY_NO_STORE)
     if args.instructions:
         per_call = instructions(args.calls)
         print(f"router call, system.echo in process: {per_call / 1e3:.1f}K instructions per call")

@@ -13,7 +13,13 @@ durable floor (`bench/rtt_floor.py`) is the same round trip with only its hops a
 (the same statements on a real store and a real ledger, no engine, no validation, no checks): the
 least a round trip that keeps Orrery's durability can cost with these libraries on this machine.
 
+With `--store postgres` the orchestrator and the floor's server both run on a throwaway durable
+Postgres (bench/stores.py); with `--replicas N` the agent connects to a follower, so each frame
+also takes the relay hop to the leader, and the floor's commits check the engine lease as the
+leader's do.
+
     python bench/rtt.py [--nodes 300] [--echo 2000] [--ray 2000] [--floor 1000]
+                        [--store sqlite|postgres] [--replicas N]
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -33,12 +38,12 @@ import itertools
 
 from bench.echo import echo_rtt, frame_size, percentile
 from bench.rtt_floor import floor_rtt
-from tests.support import Fleet
+from bench.stores import add_store_options, check_store_options, describe, from_args, labels, one_postgres
 
 
-def orrery_rtt(nodes: int) -> tuple[list[float], dict[str, list[float]]]:
-    with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp)) as fleet:
-        fleet.agent("bench")
+def orrery_rtt(nodes: int, args: argparse.Namespace) -> tuple[list[float], dict[str, list[float]]]:
+    with from_args(args) as fleet:
+        fleet.agent_at(fleet.follower().url, "bench")
         ids = [f"n{i}" for i in range(nodes)]
         dag = {
             "nodes": [{"id": n, "commands": [{"tool": "system.echo", "arguments": {"text": "x"}}]} for n in ids],
@@ -68,6 +73,8 @@ def _ts(text: str) -> float:
 
 
 def ray_rtt(n: int) -> list[float] | None:
+    if n <= 0:
+        return None
     try:
         import ray
     except ImportError:
@@ -97,13 +104,19 @@ def main() -> None:
     parser.add_argument("--echo", type=int, default=2000)
     parser.add_argument("--ray", type=int, default=2000)
     parser.add_argument("--floor", type=int, default=1000, help="rounds of the durable floor (0: skip it)")
+    add_store_options(parser)
     args = parser.parse_args()
+    check_store_options(parser, args)
     if args.floor < 0 or args.floor == 1:
         parser.error("--floor is 0 (leave the floor out) or at least 2 rounds")
+    if args.echo < 1:
+        parser.error("--echo: at least 1 round")
     size = frame_size()
-    orrery, parts = orrery_rtt(args.nodes)
-    echo = echo_rtt(size, args.echo)
-    floor = floor_rtt(args.floor) if args.floor else None
+    with one_postgres(args.store):
+        orrery, parts = orrery_rtt(args.nodes, args)
+        echo = echo_rtt(size, args.echo)
+        clustered = args.replicas > 1 or args.redis
+        floor = floor_rtt(args.floor, args.store, guard=clustered) if args.floor else None
     ray_samples = ray_rtt(args.ray)
     base = statistics.median(echo)
     rows: list[tuple[str, list[float]]] = [("raw websockets echo", echo)]
@@ -112,7 +125,8 @@ def main() -> None:
     if ray_samples:
         rows.append(("Ray no-op ray.get(f.remote())", ray_samples))
     rows.append(("Orrery no-op command (full engine)", orrery))
-    print(f"\nround trip, {size}-byte frame; p50/p99 in ms; ratio = p50 / raw echo p50\n")
+    print(f"\nround trip, {size}-byte frame; p50/p99 in ms; ratio = p50 / raw echo p50")
+    print(f"Orrery and the floor on {describe(args.store, args.replicas, args.redis)}\n")
     print(f"{'system':40} {'n':>6} {'p50':>8} {'p99':>8} {'ratio':>7}")
     for name, samples in rows:
         p50, p99 = statistics.median(samples), percentile(samples, 0.99)
@@ -129,6 +143,7 @@ def main() -> None:
                 "echo_p50": base,
                 "ray_p50": statistics.median(ray_samples) if ray_samples else None,
                 "floor_p50": statistics.median(floor) if floor else None,
+                **labels(args),
             }
         )
     )

@@ -17,13 +17,21 @@ databases: WAL, synchronous=NORMAL, checkpoints on their own thread, as in the r
 A sample is the server's time from opening node i's transaction to having decoded node i's
 results: `bench/rtt.py`'s sample (an attempt's `started_at` to its `ended_at`) without the work.
 
-    python bench/rtt_floor.py [--nodes 1000] [--echo 2000]
+With `--store postgres` the server's transaction runs on a throwaway Postgres with a
+production's durability (bench/stores.py: `synchronous_commit=on`, `fsync=on`), through asyncpg,
+one round trip per statement, in the order the store's group commit issues them there
+(`PG_SERVER_SQL`: the inserts, the keyed updates, the events with their ids returned; with
+`--guard`, first the engine lease's check and row lock, as a replicated leader's commit makes).
+The agent's ledger is SQLite on every store, as the real agent's.
+
+    python bench/rtt_floor.py [--nodes 1000] [--echo 2000] [--store sqlite|postgres] [--guard]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import sqlite3
@@ -32,13 +40,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.echo import echo_rtt, frame_size, percentile
+from bench.stores import add_store_options, check_store_options
 from tests.support import free_port
+
+if TYPE_CHECKING:
+    from tests.unit.engine.harness import Harness
 
 WARMUP = 50
 
@@ -73,6 +87,28 @@ NEXT_EVENT_SQL = "SELECT coalesce(max(id), 0) FROM events"
 EVENTS_SQL = "INSERT INTO events (task_id, type, node_id, data, at, id) VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * 5)
 
 
+def _numbered(sql: str) -> str:
+    """A statement with `?` placeholders in Postgres's `$1, $2, ...` form."""
+    parts = sql.split("?")
+    return parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], start=1))
+
+
+# On Postgres, in the order the store's group commit issues them (orchestrator/store/repo.py,
+# `_write`): the lease check (a replicated leader only), the inserts, the keyed updates (in the
+# order the step made them: the device's fence, the attempt ended, the node succeeded, the next
+# node running), then the events in one statement that returns their ids (Postgres numbers them).
+PG_GUARD_SQL = (
+    "SELECT fence FROM leases WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > now() FOR UPDATE"
+)
+PG_SERVER_SQL = [_numbered(SERVER_SQL[i]) for i in (2, 3, 0, 1, 4)]
+PG_EVENTS_SQL = (
+    "INSERT INTO events (task_id, type, node_id, data, at) VALUES "
+    + ", ".join(f"(${5 * k + 1}, ${5 * k + 2}, ${5 * k + 3}, ${5 * k + 4}, ${5 * k + 5})" for k in range(5))
+    + " RETURNING id"
+)
+GUARD = ("engine", "floor", 1)  # (lease, holder, fence) of the floor's stand-in leader
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
@@ -87,21 +123,65 @@ def _connect(path: str) -> sqlite3.Connection:
 # ---------------------------------------------------------------------------------- server
 
 
-async def _server(db_path: str, port: int, task_id: str, device_id: str, nodes: list[str], fence: int) -> list[float]:
+def _batch_frame(i: int, batch_id: str, task_id: str, node: str, fence: int, command: list[dict[str, Any]]) -> str:
+    frame = {
+        "type": "command_batch",
+        "seq": i + 1,
+        "ack": i,
+        "batch_id": batch_id,
+        "task_id": task_id,
+        "node_id": node,
+        "attempt": 1,
+        "fence": fence,
+        "commands": command,
+        "early_exit": True,
+        "deadline": None,
+    }
+    return json.dumps(frame, separators=(",", ":"))
+
+
+COMMAND = [{"call_id": "c1", "tool": "system.echo", "tool_type": "data_collection", "arguments": {"text": "x"}}]
+Step = Callable[[int, str | None], Awaitable[str]]
+
+
+async def _serve(port: int, nodes: list[str], step: Step) -> list[float]:
+    """Serve one agent: node 0's batch, then for each result frame the next step; the samples."""
     from websockets.asyncio.server import serve
 
+    samples: list[float] = []
+    finished = asyncio.get_running_loop().create_future()
+
+    async def handler(ws: Any) -> None:
+        try:
+            t0 = time.perf_counter()
+            await ws.send(await step(0, None))
+            for i in range(1, len(nodes)):
+                message = json.loads(await ws.recv())
+                samples.append((time.perf_counter() - t0) * 1000)  # node i-1: its transaction to its results
+                t0 = time.perf_counter()
+                await ws.send(await step(i, json.dumps(message["results"], separators=(",", ":"))))
+            await ws.recv()
+        except Exception as exc:  # the agent went away, or a statement failed: end the run with it
+            finished.set_exception(exc)
+        else:
+            finished.set_result(None)
+
+    async with serve(handler, "127.0.0.1", port, compression=None):
+        print("ready", flush=True)
+        await finished
+    return samples[WARMUP:]
+
+
+async def _server(db_path: str, port: int, task_id: str, device_id: str, nodes: list[str], fence: int) -> list[float]:
     from orrery.checkpoints import Checkpoints
 
     db = _connect(db_path)
     checkpoints = Checkpoints(db_path)
     cursor = db.cursor()
     batch_of = {nodes[0]: "b_floor_00000000000000"}
-    command = [{"call_id": "c1", "tool": "system.echo", "tool_type": "data_collection", "arguments": {"text": "x"}}]
-    commands_json = json.dumps(command, separators=(",", ":"))
-    samples: list[float] = []
-    finished = asyncio.get_running_loop().create_future()
+    commands_json = json.dumps(COMMAND, separators=(",", ":"))
 
-    def step(i: int, results: str | None) -> str:
+    async def step(i: int, results: str | None) -> str:
         """Node i-1's results applied (if any), node i assigned: one transaction; node i's frame."""
         node, now = nodes[i], _now()
         batch_id = batch_of[node] = f"b_floor_{i:014d}"
@@ -124,46 +204,66 @@ async def _server(db_path: str, port: int, task_id: str, device_id: str, nodes: 
                 params += [task_id, kind, node_id, json.dumps(data, separators=(",", ":")), now, first + n]
             cursor.execute(EVENTS_SQL, params)
         cursor.execute("COMMIT")
-        frame = {
-            "type": "command_batch",
-            "seq": i + 1,
-            "ack": i,
-            "batch_id": batch_id,
-            "task_id": task_id,
-            "node_id": node,
-            "attempt": 1,
-            "fence": fence + i,
-            "commands": command,
-            "early_exit": True,
-            "deadline": None,
-        }
-        return json.dumps(frame, separators=(",", ":"))
-
-    async def handler(ws) -> None:
-        try:
-            t0 = time.perf_counter()
-            await ws.send(step(0, None))
-            for i in range(1, len(nodes)):
-                message = json.loads(await ws.recv())
-                samples.append((time.perf_counter() - t0) * 1000)  # node i-1: its transaction to its results
-                t0 = time.perf_counter()
-                await ws.send(step(i, json.dumps(message["results"], separators=(",", ":"))))
-            await ws.recv()
-        except Exception as exc:  # the agent went away, or a statement failed: end the run with it
-            finished.set_exception(exc)
-        else:
-            finished.set_result(None)
+        return _batch_frame(i, batch_id, task_id, node, fence + i, COMMAND)
 
     try:
-        async with serve(handler, "127.0.0.1", port, compression=None):
-            print("ready", flush=True)
-            await finished
+        samples = await _serve(port, nodes, step)
         done = db.execute("SELECT count(*) FROM attempts WHERE status = 'succeeded' AND task_id = ?", (task_id,))
         assert done.fetchone()[0] == len(nodes) - 1, "the floor's transactions did not all land"
     finally:
         checkpoints.close()
         db.close()
-    return samples[WARMUP:]
+    return samples
+
+
+async def _server_pg(
+    dsn: str, port: int, task_id: str, device_id: str, nodes: list[str], fence: int, guard: bool
+) -> list[float]:
+    """`_server` on Postgres: one asyncpg connection (the engine's writes go through one at a
+    time), one round trip per statement, BEGIN and COMMIT included."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    batch_of = {nodes[0]: "b_floor_00000000000000"}
+    commands_json = json.dumps(COMMAND, separators=(",", ":"))
+
+    async def step(i: int, results: str | None) -> str:
+        node, now = nodes[i], datetime.now(UTC)
+        at = now.strftime("%Y-%m-%d %H:%M:%S.%f")
+        batch_id = batch_of[node] = f"b_floor_{i:014d}"
+        async with conn.transaction():
+            if guard:
+                held = await conn.fetchval(PG_GUARD_SQL, *GUARD)
+                assert held == GUARD[2], "the floor's lease is gone"
+            await conn.execute(PG_SERVER_SQL[0], batch_id, task_id, node, device_id, fence + i, commands_json, now, now)
+            await conn.execute(PG_SERVER_SQL[1], batch_id, fence + i, device_id)
+            events = []
+            if results is not None:
+                prev = nodes[i - 1]
+                await conn.execute(PG_SERVER_SQL[2], now, results, now, batch_of[prev])
+                await conn.execute(PG_SERVER_SQL[3], now, '{"ok":true}', results, now, task_id, prev)
+                events += [("node.attempt", prev, "succeeded"), ("node.state", prev, "succeeded")]
+            await conn.execute(PG_SERVER_SQL[4], now, now, task_id, node)
+            events += [
+                ("node.state", node, "ready"),
+                ("node.state", node, "running"),
+                ("node.attempt", node, "dispatched"),
+            ]
+            if len(events) == 5:
+                params: list[object] = []
+                for kind, node_id, state in events:
+                    data = {"task_id": task_id, "at": at, "state": state, "node_id": node_id, "batch_id": batch_id}
+                    params += [task_id, kind, node_id, json.dumps(data, separators=(",", ":")), now]
+                await conn.fetch(PG_EVENTS_SQL, *params)
+        return _batch_frame(i, batch_id, task_id, node, fence + i, COMMAND)
+
+    try:
+        samples = await _serve(port, nodes, step)
+        done = await conn.fetchval("SELECT count(*) FROM attempts WHERE status = 'succeeded' AND task_id = $1", task_id)
+        assert done == len(nodes) - 1, "the floor's transactions did not all land"
+    finally:
+        await conn.close()
+    return samples
 
 
 # ----------------------------------------------------------------------------------- agent
@@ -226,12 +326,27 @@ async def _agent(ledger_path: str, port: int) -> None:
 # ---------------------------------------------------------------------------------- set-up
 
 
-async def _prepare_store(tmp: Path, nodes: int) -> tuple[str, str, list[str], int]:
-    """A migrated store with a chain task of `nodes` no-op nodes for one connected device, set
-    up by the real engine: (task id, device id, node ids, the device's next fence)."""
+async def harness(tmp: Path, database_url: str | None = None, **settings: Any) -> Harness:
+    """The engine's in-process harness (tests/unit/engine/harness.py), opened: on its SQLite file
+    in `tmp`, or on the (empty) Postgres database at `database_url`, migrated first."""
+    from orchestrator.store.migrate import upgrade_async
+    from orchestrator.store.repo import Store
     from tests.unit.engine.harness import Harness
 
-    h = await (await asyncio.to_thread(Harness, tmp)).open()
+    h = await asyncio.to_thread(lambda: Harness(tmp, **settings))
+    if database_url is not None:  # the same engine on the Postgres store
+        await upgrade_async(database_url)
+        await h.store.close()
+        h.url, h.store = database_url, Store(database_url)
+        h.engine = h._engine()
+    return await h.open()
+
+
+async def _prepare_store(tmp: Path, nodes: int, database_url: str | None = None) -> tuple[str, str, list[str], int]:
+    """A migrated store (the SQLite file in `tmp`, or the Postgres database at `database_url`)
+    with a chain task of `nodes` no-op nodes for one connected device, set up by the real engine:
+    (task id, device id, node ids, the device's next fence)."""
+    h = await harness(tmp, database_url)
     try:
         device = await h.enroll("floor")
         await h.connect(device)
@@ -244,6 +359,24 @@ async def _prepare_store(tmp: Path, nodes: int) -> tuple[str, str, list[str], in
         return h.links.sent[-1].message.task_id, device, ids[1:], int(h.links.sent[-1].message.fence) + 1
     finally:
         await h.close()
+
+
+async def _hold_lease(dsn: str) -> None:
+    """The floor's leader holds the engine lease for the run (its commits check it, as a replica's)."""
+    import asyncpg
+
+    name, holder, fence = GUARD
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO leases (name, holder, fence, expires_at) VALUES ($1, $2, $3, now() + interval '1 day') "
+            "ON CONFLICT (name) DO UPDATE SET holder = $2, fence = $3, expires_at = now() + interval '1 day'",
+            name,
+            holder,
+            fence,
+        )
+    finally:
+        await conn.close()
 
 
 def _prepare_ledger(path: Path) -> None:
@@ -260,22 +393,45 @@ def _child(argv: list[str]) -> None:
         db, port, task_id, device_id, nodes, fence = argv[1:7]
         samples = uvloop.run(_server(db, int(port), task_id, device_id, nodes.split(","), int(fence)))
         print(json.dumps(samples), flush=True)
+    elif role == "server-pg":
+        db, port, task_id, device_id, nodes, fence, guard = argv[1:8]
+        run = _server_pg(db, int(port), task_id, device_id, nodes.split(","), int(fence), guard == "guard")
+        print(json.dumps(uvloop.run(run)), flush=True)
     else:
         uvloop.run(_agent(argv[1], int(argv[2])))
 
 
-def floor_rtt(nodes: int) -> list[float]:
-    """The floor's samples (ms), after a warm-up of WARMUP rounds: `nodes` - 1 of them."""
+def floor_rtt(nodes: int, store: str = "sqlite", guard: bool = False) -> list[float]:
+    """The floor's samples (ms), after a warm-up of WARMUP rounds: `nodes` - 1 of them. On
+    `store` (`postgres`: a throwaway durable one, see bench/stores.py); with `guard` (Postgres
+    only), each commit checks the engine lease first, as a replicated leader's does."""
     if nodes < 2:
         raise SystemExit(f"the durable floor needs at least 2 rounds to time one (asked for {nodes})")
-    with tempfile.TemporaryDirectory() as tmp:
-        task_id, device_id, ids, fence = asyncio.run(_prepare_store(Path(tmp), nodes + WARMUP))
-        ledger = Path(tmp) / "ledger.db"
+    if guard and store != "postgres":
+        raise SystemExit("the lease check is a replicated leader's, on Postgres only")
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        database_url = None
+        if store == "postgres":
+            from bench.stores import postgres_database
+
+            database_url = stack.enter_context(postgres_database())
+        task_id, device_id, ids, fence = asyncio.run(_prepare_store(tmp, nodes + WARMUP, database_url))
+        ledger = tmp / "ledger.db"
         _prepare_ledger(ledger)
         port = free_port()
         me = [sys.executable, __file__, "--child"]
-        args = [str(Path(tmp) / "engine.db"), str(port), task_id, device_id, ",".join(ids), str(fence)]
-        server = subprocess.Popen([*me, "server", *args], stdout=subprocess.PIPE, text=True)
+        rest = [str(port), task_id, device_id, ",".join(ids), str(fence)]
+        if database_url is None:
+            argv = [*me, "server", str(tmp / "engine.db"), *rest]
+        else:
+            from tests.services import asyncpg_dsn
+
+            dsn = asyncpg_dsn(database_url)
+            if guard:
+                asyncio.run(_hold_lease(dsn))
+            argv = [*me, "server-pg", dsn, *rest, "guard" if guard else "-"]
+        server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None and server.stdout.readline().strip() == "ready"
             agent = subprocess.Popen([*me, "agent", str(ledger), str(port)])
@@ -295,10 +451,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--echo", type=int, default=2000)
+    parser.add_argument(
+        "--guard", action="store_true", help="with --store postgres: check the engine lease in each commit (replicas)"
+    )
+    add_store_options(parser, replicas=False)
     args = parser.parse_args()
+    check_store_options(parser, args)
     if args.nodes < 2:
         parser.error("--nodes: at least 2 rounds (one of them is timed)")
-    floor = floor_rtt(args.nodes)
+    if args.guard and args.store != "postgres":
+        parser.error("--guard needs --store postgres")
+    floor = floor_rtt(args.nodes, args.store, args.guard)
     echo = echo_rtt(frame_size(), args.echo)
     base = statistics.median(echo)
     print("\nround trip; p50/p99 in ms; ratio = p50 / raw echo p50\n")
@@ -306,7 +469,13 @@ def main() -> None:
     for name, samples in (("raw websockets echo", echo), ("durable floor (hops and commits only)", floor)):
         p50 = statistics.median(samples)
         print(f"{name:40} {len(samples):>6} {p50:>8.3f} {percentile(samples, 0.99):>8.3f} {p50 / base:>7.1f}")
-    print(json.dumps({"floor_p50": statistics.median(floor), "echo_p50": base}))
+    store = (
+        "SQLite"
+        if args.store == "sqlite"
+        else f"Postgres, synchronous_commit=on{', lease checked' if args.guard else ''}"
+    )
+    print(f"\n(the floor's server store: {store}; the agent's ledger: SQLite)")
+    print(json.dumps({"floor_p50": statistics.median(floor), "echo_p50": base, "store": args.store, "replicas": 1}))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ The server is a real `orrery serve` running a chain of nodes on a raw device
 (tests/rawdevice.py) that answers every batch at once. Both partners are minimal Python
 `websockets` peers, so each figure is that side's work plus about one echo.
 
-    python bench/rtt_parts.py [--batches 1500]
+With `--store postgres` the server side runs on a throwaway durable Postgres; with `--replicas N`
+(and Redis) its raw device connects to a follower, so each frame takes the relay hop to the
+leader (bench/stores.py). The agent side has no orchestrator store: it is the same on every store.
+
+    python bench/rtt_parts.py [--batches 1500] [--store sqlite|postgres] [--replicas N]
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.echo import echo_rtt, frame_size
+from bench.stores import add_store_options, check_store_options, describe, from_args, labels
 from tests.rawdevice import RawDevice
-from tests.support import Fleet
 from tests.unit.device_agent.scripted import scripted
 
 WARMUP = 50
@@ -73,12 +77,17 @@ async def _drive(dev: RawDevice, count: int) -> list[float]:
     return samples
 
 
-def server_side(nodes: int) -> list[float]:
-    with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp), max_nodes_per_task=str(nodes + 10)) as fleet:
+def server_side(nodes: int, args: argparse.Namespace) -> list[float]:
+    with from_args(args, max_nodes_per_task=str(nodes + 10)) as fleet:
+        fleet.use(fleet.follower())  # (with one replica, that one)
         dev = RawDevice(fleet, "raw")
 
         async def run() -> list[float]:
             await dev.connect()
+            # Welcomed is not yet known: on a follower the leader records the device (and its
+            # tools, which the submission is checked against) a moment later.
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, fleet.wait_device, dev.enrolled["id"], "idle")
             ids = [f"n{i}" for i in range(nodes + 1)]
             pinned = {"device": dev.enrolled["id"]}
             dag = {
@@ -96,17 +105,27 @@ def server_side(nodes: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=1500)
+    add_store_options(parser)
     args = parser.parse_args()
+    check_store_options(parser, args)
     agent = asyncio.run(agent_side(args.batches))
-    server = server_side(args.batches + WARMUP)
+    server = server_side(args.batches + WARMUP, args)
     echo = echo_rtt(frame_size(), 2000)
     base = statistics.median(echo)
-    print("\nround trip of each side against a minimal partner; p50 in ms; ratio = p50 / raw echo p50\n")
+    print("\nround trip of each side against a minimal partner; p50 in ms; ratio = p50 / raw echo p50")
+    print(f"server side on {describe(args.store, args.replicas, args.redis)}\n")
     for name, samples in (("raw websockets echo", echo), ("agent side", agent), ("server side", server)):
         p50 = statistics.median(samples)
         print(f"{name:24} {len(samples):>6} {p50:>8.3f} {p50 / base:>6.1f}x")
     print(
-        json.dumps({"agent_p50": statistics.median(agent), "server_p50": statistics.median(server), "echo_p50": base})
+        json.dumps(
+            {
+                "agent_p50": statistics.median(agent),
+                "server_p50": statistics.median(server),
+                "echo_p50": base,
+                **labels(args),
+            }
+        )
     )
 
 

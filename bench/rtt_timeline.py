@@ -6,7 +6,11 @@ this prints the p50 of each step over the chain, in the order a node goes round.
 
 The probes cost a few microseconds each, so the total here is a little above `bench/rtt.py`'s.
 
-    python bench/rtt_timeline.py [--nodes 1000]
+With `--store postgres` the server runs on a throwaway durable Postgres (bench/stores.py), and
+the group commit step is a Postgres transaction. One replica only: the probes follow one server
+process's steps in order.
+
+    python bench/rtt_timeline.py [--nodes 1000] [--store sqlite|postgres]
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import ROOT, Fleet
+from bench.stores import STORES, check_refused, cluster, labels, refuse_store
+from tests.support import ROOT
 
 # The steps of one round, in order: (from note, to note, what happens between them).
 STEPS = [
@@ -65,15 +70,21 @@ def rounds(notes: list[tuple[int, str]]) -> list[dict[str, int]]:
     return out
 
 
+ONE_REPLICA = "the probes follow one server process's steps in order (a relayed frame crosses two)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--store", choices=STORES, default="sqlite", help="the orchestrator's store (bench/stores.py)")
+    refuse_store(parser, ONE_REPLICA, store=False)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as noted:
+    check_refused(parser, args, ONE_REPLICA, store=False)
+    with tempfile.TemporaryDirectory() as noted:
         prefix = f"{noted}/notes"
         os.environ["BENCH_TIMELINE"] = prefix
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench" / "probe"), os.environ.get("PYTHONPATH", "")])
-        with Fleet(Path(tmp)) as fleet:
+        with cluster(args.store) as fleet:
             fleet.agent("bench")
             ids = [f"n{i}" for i in range(args.nodes)]
             dag = {
@@ -92,7 +103,7 @@ def main() -> None:
     done = done[len(done) // 10 :]  # the first rounds warm caches
     if not done:
         raise SystemExit("no complete round was noted: are the probes loaded?")
-    print(f"\none round of a chained no-op node, p50 over {len(done)} rounds (µs)\n")
+    print(f"\none round of a chained no-op node on {args.store}, p50 over {len(done)} rounds (µs)\n")
     total = 0.0
     table = {}
     for i, (a, b, what) in enumerate(STEPS):
@@ -107,7 +118,7 @@ def main() -> None:
     cycle = [(r2[SEQUENCE[0]] - r1[SEQUENCE[0]]) / 1000 for r1, r2 in itertools.pairwise(done)]
     print(f"\n  {'sum of the steps':62} {total:8.1f}")
     print(f"  {'one round, measured (p50)':62} {statistics.median(cycle):8.1f}")
-    print(json.dumps({"steps_us": table, "round_p50_us": statistics.median(cycle)}))
+    print(json.dumps({"steps_us": table, "round_p50_us": statistics.median(cycle), **labels(args)}))
 
 
 if __name__ == "__main__":

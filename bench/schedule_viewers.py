@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
+from bench.stores import check_refused, refuse_store
 from tests.support import Fleet
 
 RARE = "0 0 30 2 SUN#5"
@@ -78,12 +79,17 @@ async def measure(url: str, key: str, viewers: int, every: float, window: float)
     return lags, answered
 
 
+WHY_NO_STORE = "it writes its rare schedule straight into the server's SQLite file"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--viewers", default="0,8", help="comma-separated viewer counts")
     parser.add_argument("--every", type=float, default=0.5, help="seconds between a viewer's polls")
     parser.add_argument("--window", type=float, default=10.0, help="seconds measured per count")
+    refuse_store(parser, WHY_NO_STORE)
     args = parser.parse_args()
+    check_refused(parser, args, WHY_NO_STORE)
     with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp)) as fleet:
         for i in range(20):
             fleet.enroll(f"dev-{i}")

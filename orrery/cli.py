@@ -24,16 +24,23 @@ def main(argv: list[str] | None = None) -> None:
         guarded(lambda: _everything(args), needs_server=True)
 
 
-def command() -> TyperGroup:
-    """Every `orrery` command: the orchestrator's CLI with the agent's `agent` command first."""
+def command(args: list[str] | None = None) -> TyperGroup:
+    """Every `orrery` command: the orchestrator's CLI with the agent's `agent` command first.
+
+    Given the arguments of a run that names one of the orchestrator's commands, the agent's
+    command (and its imports, a third of the start-up) is left out: that run cannot reach it.
+    Help and a mistyped command still list and suggest `agent`."""
     import typer
     from typer.core import TyperGroup
 
-    from device_agent.cli import app as agent_app
     from orchestrator.cli import app as server_app
 
     group = typer.main.get_command(server_app)
     assert isinstance(group, TyperGroup)
+    if args and args[0] in group.commands:
+        return group
+    from device_agent.cli import app as agent_app
+
     group.commands = {"agent": typer.main.get_command(agent_app), **group.commands}
     return group
 
@@ -46,7 +53,7 @@ def _agent(args: list[str]) -> None:
 
 def _everything(args: list[str]) -> None:
     try:
-        group = command()
+        group = command(args)
     except ModuleNotFoundError as exc:
         if is_missing_dependency(exc) and args in ([], ["--help"]):
             sys.stdout.write(

@@ -19,6 +19,7 @@ HEAVY_FIRST: dict[str, int] = {
     "tests/security/test_openapi_fuzz.py": 143,
     "tests/security/test_openapi_fuzz_postgres.py": 143,
     "tests/integration/test_planner.py": 25,  # estimated: one server for the module
+    "tests/test_bench_stores.py": 100,  # estimated: every benchmark on Postgres, most on 2 replicas
     "tests/integration/test_agent_first_contact.py": 74,
     "tests/security/test_tool_server_launch.py": 73,
     "tests/integration/test_controls.py": 73,

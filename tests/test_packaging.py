@@ -198,3 +198,30 @@ def test_orrery_help_without_the_server_extra_points_at_the_agent() -> None:
     done = as_device("--help")
     assert done.returncode == 0, done.stderr
     assert "orrery agent --help" in done.stdout and "pip install 'orrery[server]'" in done.stdout
+
+
+def test_an_orchestrator_command_starts_without_the_agent_s_modules() -> None:
+    """A third of the CLI's start-up is the agent's command: a run naming an orchestrator command
+    leaves it out, while help still lists it."""
+    probe = (
+        "import sys\nfrom orrery.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print('AGENT' if 'device_agent.cli' in sys.modules else 'NO-AGENT', file=sys.stderr)\n"
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            check=False,
+            env=child_env(COLUMNS="100"),
+        )
+
+    listed = run("tasks", "list", "--server", "http://127.0.0.1:9")
+    assert listed.stderr.strip().splitlines()[-1] == "NO-AGENT", listed.stderr
+    assert "cannot reach the orchestrator" in listed.stderr
+    helped = run("--help")
+    assert helped.stderr.strip().splitlines()[-1] == "AGENT" and "agent" in helped.stdout

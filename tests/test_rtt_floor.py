@@ -100,6 +100,7 @@ def test_the_floor_benchmark_runs_and_prints_its_figures() -> None:
         check=True,
     ).stdout
     figures = json.loads(out.strip().splitlines()[-1])
-    assert set(figures) == {"floor_p50", "echo_p50"}
+    assert set(figures) == {"floor_p50", "echo_p50", "store", "replicas"}
+    assert (figures["store"], figures["replicas"]) == ("sqlite", 1)
     assert figures["floor_p50"] > 0 and figures["echo_p50"] > 0
     assert "durable floor (hops and commits only)" in out

@@ -9,6 +9,7 @@ product; without the variable this module does nothing.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.abc
 import importlib.util
@@ -96,6 +97,7 @@ def _install() -> None:
 
     sys.meta_path.insert(0, Finder())
     threading.Thread(target=keep_dumping, name="bench-timeline", daemon=True).start()
+    atexit.register(dump)  # the last second's notes too (a short run has no other)
 
 
 if PREFIX:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import ROOT, Agent, Fleet, Server, child_env, free_port, stop_agents, wait_until
+from tests.support import ROOT, TLS, Agent, Fleet, Server, child_env, free_port, stop_agents, wait_until
 
 
 class ReplicaSet(Fleet):
@@ -148,7 +148,7 @@ class Replica(Server):
 
     def status(self) -> dict[str, Any]:
         try:
-            body: dict[str, Any] = httpx.get(f"{self.url}/readyz", timeout=5).json()
+            body: dict[str, Any] = httpx.get(f"{self.url}/readyz", timeout=5, verify=TLS).json()
             return body
         except (httpx.HTTPError, ValueError):
             return {}
@@ -159,6 +159,6 @@ class Replica(Server):
     def ready(self) -> bool:
         """`/readyz` answers 200 (its database and Redis are reachable)."""
         try:
-            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+            return httpx.get(f"{self.url}/readyz", timeout=2, verify=TLS).status_code == 200
         except httpx.HTTPError:
             return False

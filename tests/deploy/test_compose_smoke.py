@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.deploy.compose_env import services
-from tests.support import ROOT, free_port, wait_until
+from tests.support import ROOT, TLS, free_port, wait_until
 
 
 def test_the_compose_services_run_as_local_processes(tmp_path: Path, postgres_db: str, redis_db: str) -> None:
@@ -106,6 +106,6 @@ def test_the_compose_services_run_as_local_processes(tmp_path: Path, postgres_db
 
 def _ready(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        return httpx.get(f"{url}/readyz", timeout=2, verify=TLS).status_code == 200
     except httpx.HTTPError:
         return False

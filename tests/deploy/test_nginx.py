@@ -19,7 +19,7 @@ import pytest
 from orchestrator.api.errors import problem_body
 from orchestrator.config import Settings
 from tests.deploy.compose_env import ROOT
-from tests.support import Fleet, free_port, shell, wait_until
+from tests.support import TLS, Fleet, free_port, shell, wait_until
 
 CONF = ROOT / "deploy" / "nginx.conf"
 TEXT = CONF.read_text()
@@ -139,7 +139,7 @@ def _up(port: int, proc: subprocess.Popen[bytes], log: Path) -> bool:
     if proc.poll() is not None:
         raise AssertionError(f"nginx exited with {proc.returncode}: {log.read_text()}")
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1, verify=TLS).status_code == 200
     except httpx.HTTPError:
         return False
 

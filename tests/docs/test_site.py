@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import ROOT, child_env, free_port, wait_until
+from tests.support import ROOT, TLS, child_env, free_port, wait_until
 
 MKDOCS = [sys.executable, "-m", "mkdocs"]
 # mkdocs-material prints a notice about MkDocs 2 on every run; it is not a warning of this site.
@@ -323,7 +323,7 @@ def test_mkdocs_serve_answers_the_home_page_the_tutorial_and_a_reference_page(tm
         """The home page's HTML once the server answers it (the first build takes seconds)."""
         assert proc.poll() is None, (tmp_path / "serve.log").read_text()
         try:
-            response = httpx.get(f"{base}/", timeout=5)
+            response = httpx.get(f"{base}/", timeout=5, verify=TLS)
         except httpx.TransportError:
             return ""
         return response.text if response.status_code == 200 else ""
@@ -344,4 +344,4 @@ def test_mkdocs_serve_answers_the_home_page_the_tutorial_and_a_reference_page(tm
             proc.wait(timeout=10)
         log.close()
     with pytest.raises(httpx.TransportError):
-        httpx.get(f"{base}/", timeout=2)
+        httpx.get(f"{base}/", timeout=2, verify=TLS)

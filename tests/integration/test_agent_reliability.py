@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Agent, child_env, fleet, wait_until
+from tests.support import Agent, Fleet, child_env, fleet, stop_agents, wait_until
 
 RECONNECT_BOUND_S = 3.0
 
@@ -214,14 +214,23 @@ CRASH_OUTCOMES = {
 }
 
 
+@pytest.fixture(scope="module")
+def crash_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """One server for every crash point: each point has a device (and data dir) of its own."""
+    with Fleet(tmp_path_factory.mktemp("crash-points")) as f:
+        yield f
+
+
 @pytest.mark.parametrize("point", list(CRASH_OUTCOMES))
 def test_an_agent_killed_at_a_crash_point_runs_the_command_at_most_once_and_the_node_ends(
-    tmp_path: Path, point: str
+    crash_fleet: Fleet, point: str
 ) -> None:
     state, code, lines = CRASH_OUTCOMES[point]
-    with fleet(tmp_path) as f:
-        a = f.agent("crashy", ORRERY_AGENT_CRASH_AT=point)
-        task = f.submit({"nodes": [{"id": "n", "commands": [append_line()]}]})
+    f = crash_fleet
+    name = f"crashy-{point.replace('_', '-')}"
+    a = f.agent(name, ORRERY_AGENT_CRASH_AT=point)
+    try:
+        task = f.submit({"nodes": [{"id": "n", "placement": {"device": name}, "commands": [append_line()]}]})
         assert exit_status(a) == -signal.SIGKILL
         assert f"crash point {point} reached" in a.log()
         a.env = child_env()  # the supervisor restarts it, without the crash point
@@ -237,6 +246,8 @@ def test_an_agent_killed_at_a_crash_point_runs_the_command_at_most_once_and_the_
             code,
             lines,
         ), node["attempts"]
+    finally:
+        stop_agents([a])
 
 
 # ---------------------------------------------------------------- an orchestrator restored from a backup

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.integration.test_approvals import APPROVE_WRITES, one_node, pending, write
-from tests.support import ROOT, Fleet, Server, child_env, free_port, run_cli, shell, wait_until
+from tests.support import ROOT, TLS, Fleet, Server, child_env, free_port, run_cli, shell, wait_until
 
 
 def short_error(result: subprocess.CompletedProcess[str], *needles: str, most: int = 2) -> str:
@@ -116,7 +116,7 @@ def test_a_second_server_on_the_same_data_dir_refuses_at_once(tmp_path: Path) ->
         err = short_error(second, f"another orrery serve is using {first.data_dir}", f"(pid {first.proc.pid})")
         assert len(err.strip().splitlines()) == 1, err
         with pytest.raises(httpx.HTTPError):  # it never listened
-            httpx.get(f"http://127.0.0.1:{other_port}/readyz", timeout=1)
+            httpx.get(f"http://127.0.0.1:{other_port}/readyz", timeout=1, verify=TLS)
         assert httpx.get(f"{first.url}/readyz", timeout=5).status_code == 200  # the first is untouched
     finally:
         first.kill()

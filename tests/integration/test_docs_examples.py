@@ -59,7 +59,7 @@ import pytest
 import trustme
 
 from tests.fakellm import FakeLLM, call
-from tests.support import ROOT, Fleet, child_env, free_port, wait_until
+from tests.support import ROOT, TLS, Fleet, child_env, free_port, wait_until
 
 
 def doc_pages() -> list[Path]:
@@ -291,7 +291,7 @@ class Session:
         self.port = free_port()
         self.url = f"https://localhost:{self.port}" if tls else f"http://127.0.0.1:{self.port}"
         env = {f"ORRERY_{k.upper()}": v for k, v in llm.env().items()}
-        self.tls: ssl.SSLContext | bool = True
+        self.tls: ssl.SSLContext = TLS
         if tls:
             ca = trustme.CA()
             cert = ca.issue_cert("localhost", "127.0.0.1")
@@ -597,7 +597,7 @@ def test_demo_keep_leaves_a_dashboard_and_a_viewer_key_then_stops_on_ctrl_c(tmp_
         for pid in agents:
             wait_until(lambda pid=pid: not _alive(pid), 10, f"agent {pid} to be gone")
         with pytest.raises(httpx.HTTPError):
-            httpx.get(url, timeout=2)
+            httpx.get(url, timeout=2, verify=TLS)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -426,3 +426,25 @@ MUTANTS: list[Mutant] = [
         ),
     ),
 ]
+
+# ------------------------------------------------------------------ rules of designs prototyped in the simulator
+# A design's rules live in its prototype (tests/sim) until the product builds it; its mutants are
+# caught by the prototype's own simulation, like the product's by theirs.
+PROTOTYPES: tuple[str, ...] = ("tests/sim/shards.py",)
+
+MUTANTS.append(
+    Mutant(
+        id="shard-claim-ignores-fence",
+        rule=(
+            "A shard takes a device only by a compare-and-set on the claim it read (owner and owner "
+            "fence), so a claim read before the dead shard's next leader re-claimed it takes nothing."
+        ),
+        file="tests/sim/shards.py",
+        original="                and row.owner_fence == op.seen_fence\n",
+        replacement="",
+        caught_by=(
+            "tests/sim/test_shards.py::test_a_claim_from_a_stale_view_of_a_device_is_refused",
+            "tests/sim/test_shards.py::test_shard_seed_sweep",
+        ),
+    )
+)

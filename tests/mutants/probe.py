@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 PACKAGES = ("orchestrator", "device_agent", "protocol", "orrery")
+# Prototypes in the simulator whose rules have mutants too (tests/mutants/catalogue.py, PROTOTYPES).
+PROTOTYPE_MODULES = ("tests.sim.shards",)
 _failed: list[str] = []
 _skipped: list[str] = []
 
@@ -38,6 +40,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     modules = {
         name: str(Path(file).resolve())
         for name, module in list(sys.modules.items())
-        if name.split(".", 1)[0] in PACKAGES and (file := getattr(module, "__file__", None))
+        if (name.split(".", 1)[0] in PACKAGES or name in PROTOTYPE_MODULES)
+        and (file := getattr(module, "__file__", None))
     }
     Path(target).write_text(json.dumps({"modules": modules, "failed": _failed, "skipped": _skipped}))

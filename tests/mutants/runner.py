@@ -116,6 +116,10 @@ def run_pytest(tree: Path, args: Sequence[str], limit: float) -> Run:
     # (`python -m` puts the working directory first), and nothing may add options to the command.
     env.pop("PYTHONPATH", None)
     env.pop("PYTEST_ADDOPTS", None)
+    # A mutant is compiled from its own source: never bytecode cached from the unmutated code
+    # (a cache keyed by a path and a one-second mtime could hold it; scripts/check keeps one).
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, *PYTEST, *args],

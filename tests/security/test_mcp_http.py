@@ -23,7 +23,7 @@ import pytest
 from device_agent.mcp_client import HttpTarget
 from tests.integration.test_third_party_mcp import agent_with
 from tests.services import run_async
-from tests.support import ROOT, Fleet, child_env, free_port, wait_until
+from tests.support import ROOT, TLS, Fleet, child_env, free_port, wait_until
 
 TOKEN = "tok-5f3a9c1e-never-in-any-log"
 API_KEY = "key-7d2b-also-secret"
@@ -62,7 +62,7 @@ def http_mcp(tmp: Path, name: str, mode: str, location: str = "") -> Iterator[Ht
         if proc.poll() is not None:
             raise AssertionError(f"{name} exited: {(tmp / f'{name}.log').read_text()}")
         try:
-            return httpx.get(f"{base}/ready", timeout=1).status_code == 200
+            return httpx.get(f"{base}/ready", timeout=1, verify=TLS).status_code == 200
         except httpx.HTTPError:
             return False
 

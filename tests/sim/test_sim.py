@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from tests.sim.sweep import chunk_seeds, sweep
 from tests.sim.world import STORM_SEEDS, Outcome, simulate
 
 SEEDS = 2000  # half ordinary seeds (some faults, each at some rate), half storms (all faults)
@@ -25,31 +26,13 @@ def explain(outcome: Outcome) -> str:
 
 
 def _chunk(config: pytest.Config, index: int) -> range:
-    """Chunk `index` of the sweep: the first half of the chunks run ordinary seeds from
-    `--sim-first`, the second half storms (the same count, from STORM_SEEDS + `--sim-first`)."""
-    total = (config.getoption("--sim-seeds", default=None) or SEEDS) // 2
-    first = config.getoption("--sim-first", default=0) or 0
-    half = CHUNKS // 2
-    if index >= half:
-        index, first = index - half, first + STORM_SEEDS
-    size = -(-total // half)
-    return range(first + index * size, first + min(total, (index + 1) * size))
+    return chunk_seeds(config, index, seeds=SEEDS, chunks=CHUNKS, storm_seeds=STORM_SEEDS)
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_seed_sweep(request: pytest.FixtureRequest, chunk: int) -> None:
     """Every seed of the chunk keeps every invariant, under faults and through a quiet heal."""
-    seed = request.config.getoption("--seed", default=None)
-    if seed is not None:
-        if chunk:
-            pytest.skip("replaying one seed (--seed): it runs in chunk 0")
-        seeds: range | list[int] = [seed]
-    else:
-        seeds = _chunk(request.config, chunk)
-    for s in seeds:
-        outcome = simulate(s)
-        if not outcome.ok:
-            pytest.fail(explain(outcome), pytrace=False)
+    sweep(request, lambda: _chunk(request.config, chunk), simulate, explain, chunk)
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutants.catalogue import FAST_TIERS, MUTANTS, Mutant
-from tests.mutants.probe import PACKAGES
+from tests.mutants.catalogue import FAST_TIERS, MUTANTS, PROTOTYPES, Mutant
+from tests.mutants.probe import PACKAGES, PROTOTYPE_MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_mutant_ids_are_unique_and_short() -> None:
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.id)
 def test_the_snippet_occurs_exactly_once_and_the_mutant_still_compiles(mutant: Mutant) -> None:
     path = ROOT / mutant.file
-    assert mutant.file.split("/", 1)[0] in PACKAGES, f"{mutant.file} is not in the product"
+    assert mutant.file.split("/", 1)[0] in PACKAGES or mutant.file in PROTOTYPES, f"{mutant.file} is not in the product"
     source = path.read_text()
     assert source.count(mutant.original) == 1, f"the snippet of {mutant.id} is not in {mutant.file} exactly once"
     assert mutant.replacement != mutant.original
@@ -52,3 +52,8 @@ def test_every_catching_test_exists_in_the_fast_tiers(mutant: Mutant) -> None:
         file, *names = re.sub(r"\[.*\]$", "", nodeid).split("::")
         assert names and (ROOT / file).is_file(), f"{nodeid} names no test file and test"
         assert defined(ROOT / file, names), f"{file} has no test {'::'.join(names)}"
+
+
+def test_every_prototype_is_probed() -> None:
+    """A prototype's mutants are judged by the modules the probe records: it must record each."""
+    assert sorted(p.removesuffix(".py").replace("/", ".") for p in PROTOTYPES) == sorted(PROTOTYPE_MODULES)

@@ -213,6 +213,8 @@ def test_the_task_page_draws_the_dag_and_follows_it_live(web_fleet: Fleet, watch
 
     page.click(node_sel("recover"))
     page.wait_for_selector("#node-panel[data-node-id=recover]")
+    # The resolved arguments come with the attempt's results, drawn once they are fetched.
+    page.wait_for_selector("#node-panel .resolved")
     assert '"content": "hello from alpha\\n"' in page.inner_text("#node-panel")  # the resolved reference
 
     page.click(node_sel("boom"))

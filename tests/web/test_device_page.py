@@ -197,7 +197,8 @@ def test_rerun_the_whole_task_then_from_a_node(web_fleet: Fleet, watched: Watche
     assert second["rerun_of"] == first["id"] and second["state"] == "succeeded"
     assert {n["id"] for n in second["nodes"]} == {"make", "use"}
     assert all(len(n["attempts"]) == 1 for n in second["nodes"])  # both ran again
-    assert "rerun-me" in page.inner_text("#rerun-of")
+    # The link shows the id at once and the first task's name once it is fetched.
+    assert "rerun-me" in page.wait_for_selector("#rerun-of .strong").inner_text()
 
     # From a node: `use` runs again on the output `make` kept.
     page.click(node_sel("use"))
