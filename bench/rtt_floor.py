@@ -18,10 +18,10 @@ A sample is the server's time from opening node i's transaction to having decode
 results: `bench/rtt.py`'s sample (an attempt's `started_at` to its `ended_at`) without the work.
 
 With `--store postgres` the server's transaction runs on a throwaway Postgres with a
-production's durability (bench/stores.py: `synchronous_commit=on`, `fsync=on`), through asyncpg,
-one round trip per statement, in the order the store's group commit issues them there
-(`PG_SERVER_SQL`: the inserts, the keyed updates, the events with their ids returned; with
-`--guard`, first the engine lease's check and row lock, as a replicated leader's commit makes).
+production's durability (bench/stores.py: `synchronous_commit=on`, `fsync=on`): the same rows,
+written by the store's own writer (`pg_floor_step`), so in the engine's three round trips per
+commit (BEGIN, one statement of CTEs over `unnest`, COMMIT; with `--guard`, BEGIN carries the
+engine lease's check and row lock, as a replicated leader's commit does).
 The agent's ledger is SQLite on every store, as the real agent's.
 
     python bench/rtt_floor.py [--nodes 1000] [--echo 2000] [--store sqlite|postgres] [--guard]
@@ -52,6 +52,7 @@ from bench.stores import add_store_options, check_store_options
 from tests.support import free_port
 
 if TYPE_CHECKING:
+    from orchestrator.store.pg_writer import PostgresWriter
     from tests.unit.engine.harness import Harness
 
 WARMUP = 50
@@ -87,25 +88,6 @@ NEXT_EVENT_SQL = "SELECT coalesce(max(id), 0) FROM events"
 EVENTS_SQL = "INSERT INTO events (task_id, type, node_id, data, at, id) VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * 5)
 
 
-def _numbered(sql: str) -> str:
-    """A statement with `?` placeholders in Postgres's `$1, $2, ...` form."""
-    parts = sql.split("?")
-    return parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], start=1))
-
-
-# On Postgres, in the order the store's group commit issues them (orchestrator/store/repo.py,
-# `_write`): the lease check (a replicated leader only), the inserts, the keyed updates (in the
-# order the step made them: the device's fence, the attempt ended, the node succeeded, the next
-# node running), then the events in one statement that returns their ids (Postgres numbers them).
-PG_GUARD_SQL = (
-    "SELECT fence FROM leases WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > now() FOR UPDATE"
-)
-PG_SERVER_SQL = [_numbered(SERVER_SQL[i]) for i in (2, 3, 0, 1, 4)]
-PG_EVENTS_SQL = (
-    "INSERT INTO events (task_id, type, node_id, data, at) VALUES "
-    + ", ".join(f"(${5 * k + 1}, ${5 * k + 2}, ${5 * k + 3}, ${5 * k + 4}, ${5 * k + 5})" for k in range(5))
-    + " RETURNING id"
-)
 GUARD = ("engine", "floor", 1)  # (lease, holder, fence) of the floor's stand-in leader
 
 
@@ -216,54 +198,96 @@ async def _server(db_path: str, port: int, task_id: str, device_id: str, nodes: 
     return samples
 
 
-async def _server_pg(
-    dsn: str, port: int, task_id: str, device_id: str, nodes: list[str], fence: int, guard: bool
-) -> list[float]:
-    """`_server` on Postgres: one asyncpg connection (the engine's writes go through one at a
-    time), one round trip per statement, BEGIN and COMMIT included."""
-    import asyncpg
+def pg_floor_step(
+    writer: PostgresWriter, task_id: str, device_id: str, nodes: list[str], fence: int, guard: bool
+) -> Step:
+    """The floor's step on Postgres: the rows the engine's group commit writes for a chained node
+    (node i-1's attempt ended and the node succeeded, node i's attempt inserted, the device's
+    fence, node i running, five events, numbered by Postgres), handed to the store's own
+    writer (`PostgresWriter`), so its round trips are the engine's: BEGIN (with `guard`, the
+    engine lease's check and row lock in the same message), one statement, COMMIT."""
+    from orchestrator.store.models import Attempt, Device, Event, Node
 
-    conn = await asyncpg.connect(dsn)
+    attempts, devices, rows, events = (_table(m) for m in (Attempt, Device, Node, Event))
     batch_of = {nodes[0]: "b_floor_00000000000000"}
-    commands_json = json.dumps(COMMAND, separators=(",", ":"))
+    held = GUARD if guard else None
 
     async def step(i: int, results: str | None) -> str:
         node, now = nodes[i], datetime.now(UTC)
-        at = now.strftime("%Y-%m-%d %H:%M:%S.%f")
+        at = now.isoformat()
         batch_id = batch_of[node] = f"b_floor_{i:014d}"
-        async with conn.transaction():
-            if guard:
-                held = await conn.fetchval(PG_GUARD_SQL, *GUARD)
-                assert held == GUARD[2], "the floor's lease is gone"
-            await conn.execute(PG_SERVER_SQL[0], batch_id, task_id, node, device_id, fence + i, commands_json, now, now)
-            await conn.execute(PG_SERVER_SQL[1], batch_id, fence + i, device_id)
-            events = []
-            if results is not None:
-                prev = nodes[i - 1]
-                await conn.execute(PG_SERVER_SQL[2], now, results, now, batch_of[prev])
-                await conn.execute(PG_SERVER_SQL[3], now, '{"ok":true}', results, now, task_id, prev)
-                events += [("node.attempt", prev, "succeeded"), ("node.state", prev, "succeeded")]
-            await conn.execute(PG_SERVER_SQL[4], now, now, task_id, node)
-            events += [
-                ("node.state", node, "ready"),
-                ("node.state", node, "running"),
-                ("node.attempt", node, "dispatched"),
-            ]
-            if len(events) == 5:
-                params: list[object] = []
-                for kind, node_id, state in events:
-                    data = {"task_id": task_id, "at": at, "state": state, "node_id": node_id, "batch_id": batch_id}
-                    params += [task_id, kind, node_id, json.dumps(data, separators=(",", ":")), now]
-                await conn.fetch(PG_EVENTS_SQL, *params)
+        attempt = {
+            "batch_id": batch_id, "commands": COMMAND, "deadline": now, "device_id": device_id, "fence": fence + i,
+            "kind": "tool", "n": 1, "node_id": node, "parent_batch_id": None, "started_at": now,
+            "status": "dispatched", "task_id": task_id,
+        }  # fmt: skip
+        updates: list[tuple[Any, list[tuple[tuple[Any, ...], dict[str, Any]]]]] = [
+            (devices, [((device_id,), {"current_batch_id": batch_id, "fence": fence + i})])
+        ]
+        running = {
+            "attempts": 1, "not_before": None, "queued_on": None, "ready_since": now, "started_at": now,
+            "state": "running",
+        }  # fmt: skip
+        happened = []
+        if results is None:  # the first round, with no results yet: node 0 starts, nothing ends
+            updates.append((rows, [((task_id, node), running)]))
+        else:
+            prev, ended = nodes[i - 1], json.loads(results)
+            updates.append((attempts, [((batch_of[prev],), {
+                "accepted_at": now, "ended_at": now, "error": None, "results": ended, "status": "succeeded",
+            })]))  # fmt: skip
+            succeeded = {
+                "attempts": 1, "error": None, "finished_at": now, "not_before": None, "output": {"ok": True},
+                "queued_on": None, "ready_since": now, "results": ended, "state": "succeeded",
+            }  # fmt: skip
+            updates.append((rows, [((task_id, prev), succeeded), ((task_id, node), running)]))
+            happened += [("node.attempt", prev, "succeeded"), ("node.state", prev, "succeeded")]
+        happened += [
+            ("node.state", node, "ready"),
+            ("node.state", node, "running"),
+            ("node.attempt", node, "dispatched"),
+        ]
+        new_events = []
+        if results is not None:
+            for kind, node_id, state in happened:
+                data = {"at": at, "node_id": node_id, "state": state, "task_id": task_id}
+                if kind == "node.attempt":
+                    data |= {"attempt": 1, "batch_id": batch_of[node_id], "device_id": device_id}
+                new_events.append({"at": now, "data": data, "node_id": node_id, "task_id": task_id, "type": kind})
+        await writer.write([(attempts, [attempt])], updates, [], (events, new_events) if new_events else None, held)
         return _batch_frame(i, batch_id, task_id, node, fence + i, COMMAND)
 
+    return step
+
+
+async def _server_pg(
+    database_url: str, port: int, task_id: str, device_id: str, nodes: list[str], fence: int, guard: bool
+) -> list[float]:
+    """`_server` on Postgres: the store's own writer (one connection, the engine's three round
+    trips per commit)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from orchestrator.store.pg_writer import PostgresReader, PostgresWriter
+
+    engine = create_async_engine(database_url)
+    writer = PostgresWriter(engine)
+    reader = PostgresReader(engine)
     try:
-        samples = await _serve(port, nodes, step)
-        done = await conn.fetchval("SELECT count(*) FROM attempts WHERE status = 'succeeded' AND task_id = $1", task_id)
-        assert done == len(nodes) - 1, "the floor's transactions did not all land"
+        samples = await _serve(port, nodes, pg_floor_step(writer, task_id, device_id, nodes, fence, guard))
+        done = await reader.fetch(
+            "SELECT count(*) FROM attempts WHERE status = 'succeeded' AND task_id = $1 AND batch_id LIKE 'b_floor_%'",
+            task_id,
+        )
+        assert done[0][0] == len(nodes) - 1, "the floor's transactions did not all land"
     finally:
-        await conn.close()
+        await writer.close()
+        await reader.close()
+        await engine.dispose()
     return samples
+
+
+def _table(model: Any) -> Any:
+    return model.__table__
 
 
 # ----------------------------------------------------------------------------------- agent
@@ -427,10 +451,9 @@ def floor_rtt(nodes: int, store: str = "sqlite", guard: bool = False) -> list[fl
         else:
             from tests.services import asyncpg_dsn
 
-            dsn = asyncpg_dsn(database_url)
             if guard:
-                asyncio.run(_hold_lease(dsn))
-            argv = [*me, "server-pg", dsn, *rest, "guard" if guard else "-"]
+                asyncio.run(_hold_lease(asyncpg_dsn(database_url)))
+            argv = [*me, "server-pg", database_url, *rest, "guard" if guard else "-"]
         server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None and server.stdout.readline().strip() == "ready"

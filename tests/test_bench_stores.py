@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.stores import DURABLE_POSTGRES, POSTGRES_SERVER_ENV, REDIS_ENV, postgres_database
-from tests.services import asyncpg_dsn, run_async
+from tests.services import asyncpg_dsn, fresh_database, run_async
 from tests.support import ROOT, child_env
 from tests.unit.engine.harness import results
 
 TIMEOUT_S = 240
+
+
+@pytest.fixture
+def floor_db(postgres_url: str) -> Iterator[str]:
+    """A second empty database (the engine's harness and the floor's each number their task 1)."""
+    with fresh_database(postgres_url) as url:
+        yield url
 
 
 @pytest.fixture
@@ -49,22 +56,17 @@ def json_line(script: str, *args: str, env: dict[str, str] | None = None) -> dic
     return figures
 
 
-def shape(sql: str) -> tuple[object, ...]:
-    """What a statement does, whatever its spelling (SQLAlchemy's casts and qualified names, or
-    the floor's literals): (verb, table, columns written, key columns or rows inserted, returns)."""
-    sql = " ".join(sql.split())
-    if m := re.match(r"INSERT INTO (\w+) \(([^)]*)\)", sql):
-        columns = [c.strip() for c in m[2].split(",")]
-        rows = -(-len(re.findall(r"\$\d+", sql)) // len(columns))  # placeholders over columns, rounded up
-        return ("insert", m[1], tuple(sorted(columns)), rows, "RETURNING" in sql)
-    if m := re.match(r"UPDATE (\w+) SET (.*) WHERE (.*)", sql):
-        keys = re.findall(r"(?:\w+\.)?(\w+) ?= ?\$", m[3])
-        return ("update", m[1], tuple(sorted(re.findall(r"(\w+) ?=", m[2]))), tuple(sorted(keys)), False)
-    if m := re.match(r"SELECT (.*) FROM (\w+) WHERE (.*)", sql):
-        columns = [c.strip().split(".")[-1] for c in m[1].split(",")]
-        keys = re.findall(r"(?:\w+\.)?(\w+) ?(=|>) ?(?:\$|now)", m[3])
-        return ("select", m[2], tuple(columns), tuple(sorted(keys)), "FOR UPDATE" in sql)
-    return ("other", sql)
+def write_shape(inserts: Any, updates: Any, deletes: Any, events: Any, guard: Any) -> tuple[object, ...]:
+    """What a call of the store's Postgres writer writes, whatever the values (the statements it
+    sends follow from this alone): per table, in order, the columns of each row inserted or set
+    and the keys updated or deleted; the events' columns and count; whether the lease is checked."""
+    return (
+        [(t.name, [tuple(sorted(row)) for row in rows]) for t, rows in inserts],
+        [(t.name, [(len(key), tuple(sorted(values))) for key, values in keyed]) for t, keyed in updates],
+        [(t.name, len(keys)) for t, keys in deletes],
+        None if events is None else (events[0].name, [tuple(sorted(row)) for row in events[1]]),
+        guard is not None,
+    )
 
 
 def test_the_harness_postgres_commits_as_a_production_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,26 +228,34 @@ def test_replicas_without_postgres_are_refused(script: str) -> None:
 
 @pytest.mark.parametrize("guarded", [False, True], ids=["one-replica", "replicated-leader"])
 async def test_the_postgres_floor_writes_what_the_engine_writes_there_for_a_chained_node(
-    tmp_path: Path, postgres_db: str, guarded: bool
+    tmp_path: Path, postgres_db: str, floor_db: str, guarded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As tests/test_rtt_floor.py checks the SQLite floor: one chained step of the real engine on
-    Postgres (its statements traced through SQLAlchemy) makes the floor's statements, in order;
-    a replicated leader's (its commits guarded by the engine lease) the lease check first."""
-    from sqlalchemy import event
+    Postgres hands the store's writer the same rows, table by table and column by column, as the
+    floor's step (so both send the same statements); a replicated leader's (its commits guarded
+    by the engine lease) with the lease check, as the floor's with `--guard`."""
+    import asyncpg
+    from sqlalchemy.ext.asyncio import create_async_engine
 
-    from bench.rtt_floor import GUARD, PG_EVENTS_SQL, PG_GUARD_SQL, PG_SERVER_SQL, harness
+    from bench.rtt_floor import GUARD, _hold_lease, _prepare_store, harness, pg_floor_step
+    from orchestrator.store.pg_writer import PostgresWriter
 
-    h = await harness(tmp_path, postgres_db)
+    calls: list[tuple[object, ...]] = []
+    write = PostgresWriter.write
+
+    async def recorded(self: PostgresWriter, *args: Any) -> list[int]:
+        calls.append(write_shape(*args))
+        return await write(self, *args)
+
+    monkeypatch.setattr(PostgresWriter, "write", recorded)
+    for part in ("engine", "floor"):
+        (tmp_path / part).mkdir()
+    h = await harness(tmp_path / "engine", postgres_db)
     if guarded:
         name, holder, _ = GUARD
         fence = await h.store.acquire_lease(name, holder, 3600)
         assert fence is not None
         h.engine.lease_guard = (name, holder, fence)
-    traced: list[str] = []
-
-    def trace(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        traced.append(statement)
-
     try:
         device = await h.enroll("d1")
         await h.connect(device)
@@ -255,17 +265,37 @@ async def test_the_postgres_floor_writes_what_the_engine_writes_there_for_a_chai
             "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
         }
         await h.submit(dag)
-        engine = h.store.engine.sync_engine
         for i in range(4):
             frame = results(device, h.links.sent[-1].message)
             if i == 2:  # a step in the middle of the chain: one node ends, the next starts
-                event.listen(engine, "before_cursor_execute", trace)
-            try:
-                await h.step(frame)
-            finally:
-                if i == 2:
-                    event.remove(engine, "before_cursor_execute", trace)
+                calls.clear()
+            await h.step(frame)
+            if i == 2:
+                engine = list(calls)
     finally:
         await h.close()
-    floor = [PG_GUARD_SQL] if guarded else []
-    assert [shape(s) for s in traced] == [shape(s) for s in [*floor, *PG_SERVER_SQL, PG_EVENTS_SQL]]
+    assert len(engine) == 1  # the step is one commit
+
+    # the floor, on a chain task of its own in a database of its own
+    task_id, device_id, nodes, fence = await _prepare_store(tmp_path / "floor", 3, floor_db)
+    if guarded:
+        await _hold_lease(asyncpg_dsn(floor_db))
+    sa_engine = create_async_engine(floor_db)
+    writer = PostgresWriter(sa_engine)
+    conn = await asyncpg.connect(asyncpg_dsn(floor_db))
+    try:
+        step = pg_floor_step(writer, task_id, device_id, nodes, fence, guarded)
+        first = json.loads(await step(0, None))
+        calls.clear()
+        ended = [{"call_id": c["call_id"], "status": "success", "result": {"ok": True}} for c in first["commands"]]
+        await step(1, json.dumps(ended))
+        landed = await conn.fetchval(
+            "SELECT count(*) FROM attempts WHERE batch_id = $1 AND status = 'succeeded'", first["batch_id"]
+        )
+    finally:
+        await conn.close()
+        await writer.close()
+        await sa_engine.dispose()
+    assert landed == 1
+    assert calls == engine
+    assert engine[0][-1] is guarded

@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.util
 import inspect
 import os
+import signal
 import sys
 import threading
 import time
@@ -98,6 +99,15 @@ def _install() -> None:
     sys.meta_path.insert(0, Finder())
     threading.Thread(target=keep_dumping, name="bench-timeline", daemon=True).start()
     atexit.register(dump)  # the last second's notes too (a short run has no other)
+    # uvicorn ends a SIGTERM'd server by raising the signal again, with its default action: the
+    # process dies there and atexit never runs. Dump first.
+    raise_signal = signal.raise_signal
+
+    def dump_and_raise(sig: int) -> None:
+        dump()
+        raise_signal(sig)
+
+    signal.raise_signal = dump_and_raise
 
 
 if PREFIX:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, cast
 
 import orjson
-from sqlalchemy import Connection, Table, and_, bindparam, case, func, or_, select, update
+from sqlalchemy import Table, case, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,6 +39,7 @@ from orchestrator.store.models import (
     ServerMeta,
     Task,
 )
+from orchestrator.store.pg_writer import LeaseCheckFailed, PostgresReader, PostgresWriter
 from orchestrator.store.sqlite_writer import SqliteWriter, sqlite_datetime
 
 ACTIVE_TASK_STATES = ("planning", "running")
@@ -219,8 +220,13 @@ class Store:
         # thread, a single thread hop per transaction (aiosqlite hops once per statement, which
         # made a commit ~10x slower). Postgres keeps the async driver.
         self._sqlite: SqliteWriter | None = None
+        self._postgres: PostgresWriter | None = None
+        self._reader: PostgresReader | None = None
         if is_sqlite(url):
             self._sqlite = SqliteWriter(url)
+        else:  # the group commit in three round trips, and the hot reads in one, on connections of their own
+            self._postgres = PostgresWriter(self.engine)
+            self._reader = PostgresReader(self.engine)
 
     @property
     def sqlite(self) -> SqliteWriter | None:
@@ -229,6 +235,9 @@ class Store:
         return self._sqlite
 
     async def close(self) -> None:
+        for own in (self._postgres, self._reader):
+            if own is not None:
+                await own.close()
         await self.engine.dispose()
         if self._sqlite is not None:
             self._sqlite.close()
@@ -307,7 +316,10 @@ class Store:
         Every write of the orchestrator comes here. On SQLite it runs on the event loop's own
         thread through one connection: a short transaction beats a thread hop (whose GIL hand-over
         alone cost more than the commit), and with a single writer no transaction can ever wait
-        on another one that needs the loop to finish. Raises `WriteConflict` on a uniqueness clash.
+        on another one that needs the loop to finish. On Postgres it is three round trips on a
+        connection of its own (`PostgresWriter`). With a `guard`, the transaction's first statement
+        checks (and locks) the lease row: a writer whose lease was taken over writes nothing and
+        gets `LeaseLost` (SPEC section 7: fencing). Raises `WriteConflict` on a uniqueness clash.
         """
         try:
             if self._sqlite is not None:
@@ -317,8 +329,17 @@ class Store:
                     (_table(Event), changes.events) if changes.events else None,
                     [(_table(m), keys) for m, keys in changes.deletes.items() if keys],
                 )
-            async with self.engine.begin() as conn:
-                return await conn.run_sync(_write, changes)
+            assert self._postgres is not None
+            return await self._postgres.write(
+                _inserts_in_order(changes.inserts),
+                [(_table(m), list(by_key.items())) for m, by_key in changes.updates.items() if by_key],
+                [(_table(m), keys) for m, keys in changes.deletes.items() if keys],
+                (_table(Event), changes.events) if changes.events else None,
+                changes.guard,
+            )
+        except LeaseCheckFailed as exc:
+            name, holder, fence = changes.guard or ("", "", 0)
+            raise LeaseLost(f"lease '{name}' (fence {fence}) is no longer held by {holder}") from exc
         except (sqlite3.IntegrityError, IntegrityError) as exc:
             if "unique" in str(exc).lower():
                 raise WriteConflict(str(exc)) from exc
@@ -332,26 +353,24 @@ class Store:
         Every REST request asks this, so it is read like `events_after`: on SQLite straight from
         the writer's connection on this thread (an indexed read; through the ORM it was a session,
         a thread hop and a rollback, slowest exactly when the engine keeps the loop busy), on
-        Postgres as one Core query."""
+        Postgres in one round trip on the reader's own connection (`PostgresReader`)."""
         if self._sqlite is not None:
             rows = self._sqlite.read(
                 "SELECT id, role FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", (key_hash,)
             )
             return (str(rows[0][0]), str(rows[0][1])) if rows else None
-        keys = _table(ApiKey)
-        q = select(keys.c.id, keys.c.role).where(keys.c.key_hash == key_hash, keys.c.revoked_at.is_(None))
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(q)).first()
-        return (str(row[0]), str(row[1])) if row else None
+        assert self._reader is not None
+        found = await self._reader.fetch(
+            "SELECT id, role FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", key_hash
+        )
+        return (str(found[0][0]), str(found[0][1])) if found else None
 
     async def api_key_active(self, key_id: str) -> bool:
         """Whether key `key_id` exists and is not revoked (long-lived streams re-check their key)."""
         if self._sqlite is not None:
             return bool(self._sqlite.read("SELECT 1 FROM api_keys WHERE id = ? AND revoked_at IS NULL", (key_id,)))
-        keys = _table(ApiKey)
-        async with self.engine.connect() as conn:
-            q = select(keys.c.id).where(keys.c.id == key_id, keys.c.revoked_at.is_(None))
-            return (await conn.execute(q)).first() is not None
+        assert self._reader is not None
+        return bool(await self._reader.fetch("SELECT 1 FROM api_keys WHERE id = $1 AND revoked_at IS NULL", key_id))
 
     async def count_api_keys(self) -> int:
         async with self.sessions() as s:
@@ -622,8 +641,9 @@ class Store:
         if self._sqlite is not None:
             rows = self._sqlite.read("SELECT state FROM tasks WHERE id = ?", (task_id,))
             return str(rows[0][0]) if rows else None
-        async with self.sessions() as s:
-            return await s.scalar(select(Task.state).where(Task.id == task_id))
+        assert self._reader is not None
+        found = await self._reader.fetch("SELECT state FROM tasks WHERE id = $1", task_id)
+        return str(found[0][0]) if found else None
 
     async def events_after(self, task_id: str, after: int, limit: int = 1000) -> list[StoredEvent]:
         """Task `task_id`'s events with ids above `after`, oldest first, at most `limit`.
@@ -631,22 +651,23 @@ class Store:
         Every open event stream asks this after each commit that touches its task, so it is
         read without the ORM: on SQLite straight from the writer's connection on this thread
         (an indexed read of committed rows, ~50 us, where the ORM and a thread hop cost ~1 ms of
-        CPU and contended for the GIL with the engine), on Postgres as one Core query."""
+        CPU and contended for the GIL with the engine), on Postgres in one round trip on the
+        reader's own connection (`PostgresReader`)."""
         if self._sqlite is not None:
             rows = self._sqlite.read(
                 "SELECT id, type, node_id, data FROM events WHERE task_id = ? AND id > ? ORDER BY id LIMIT ?",
                 (task_id, after, limit),
             )
             return [StoredEvent(int(i), str(t), n, text=d) for i, t, n, d in rows]
-        events = _table(Event)
-        q = (
-            select(events.c.id, events.c.type, events.c.node_id, events.c.data)
-            .where(events.c.task_id == task_id, events.c.id > after)
-            .order_by(events.c.id)
-            .limit(limit)
+        assert self._reader is not None
+        rows = await self._reader.fetch(
+            "SELECT id, type, node_id, data FROM events WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            task_id,
+            after,
+            limit,
         )
-        async with self.engine.connect() as conn:
-            return [StoredEvent(int(i), str(t), n, dict(d or {})) for i, t, n, d in (await conn.execute(q)).all()]
+        # the JSON as stored (asyncpg hands it over as text): parsed only if a reader looks inside
+        return [StoredEvent(int(i), str(t), n, text=d if d != "null" else None) for i, t, n, d in rows]
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
         """Take or renew lease `name` for `holder`; its fence (bumped on a new holder), or None.
@@ -743,60 +764,9 @@ class Store:
             return RuntimeSnapshot(devices, bundles)
 
 
-def _write(conn: Connection, changes: ChangeSet) -> list[int]:
-    """The group commit in SQLAlchemy Core: executemany inserts, keyed updates, events.
-
-    With a `guard`, the first statement checks (and locks) the lease row: a writer whose lease
-    was taken over writes nothing (SPEC section 7: fencing)."""
-    if changes.guard is not None:
-        name, holder, fence = changes.guard
-        leases = _table(Lease)
-        held = conn.execute(
-            select(leases.c.fence)
-            .where(
-                leases.c.name == name,
-                leases.c.holder == holder,
-                leases.c.fence == fence,
-                leases.c.expires_at > func.now(),
-            )
-            .with_for_update()
-        ).first()
-        if held is None:
-            raise LeaseLost(f"lease '{name}' (fence {fence}) is no longer held by {holder}")
-    for model in _INSERT_ORDER:
-        rows = changes.inserts.get(model)
-        if rows:
-            conn.execute(_table(model).insert(), rows)
-    for model, by_key in changes.updates.items():
-        table = _table(model)
-        pk = list(table.primary_key.columns)
-        rows = [
-            {f"k_{c.name}": v for c, v in zip(pk, key, strict=True)} | {f"v_{k}": v for k, v in values.items()}
-            for key, values in by_key.items()
-        ]
-        for group in _group_by_columns(rows):
-            columns = [k[2:] for k in group[0] if k.startswith("v_")]
-            stmt = (
-                table.update()
-                .where(and_(*(c == bindparam(f"k_{c.name}") for c in pk)))
-                .values({name: bindparam(f"v_{name}") for name in columns})
-            )
-            conn.execute(stmt, group)
-    for model, keys in changes.deletes.items():
-        table = _table(model)
-        pk = list(table.primary_key.columns)
-        for key in keys:
-            conn.execute(table.delete().where(and_(*(c == v for c, v in zip(pk, key, strict=True)))))
-    if not changes.events:
-        return []
-    events = _table(Event)
-    result = conn.execute(events.insert().returning(events.c.id, sort_by_parameter_order=True), changes.events)
-    return [int(r[0]) for r in result]
-
-
 def _inserts_in_order(inserts: dict[type[Base], list[dict[str, Any]]]) -> list[tuple[Table, list[dict[str, Any]]]]:
-    """Each model's new rows, parents before children: in `_INSERT_ORDER`, as `_write` inserts them
-    (sorting the few models a commit has, not walking the whole order)."""
+    """Each model's new rows, parents before children, in `_INSERT_ORDER` (sorting the few models a
+    commit has, not walking the whole order)."""
     models = sorted((m for m, rows in inserts.items() if rows and m in _INSERT_RANK), key=_INSERT_RANK.__getitem__)
     return [(_table(m), inserts[m]) for m in models]
 
@@ -817,13 +787,6 @@ def id_prefix(column: Any, ref: str, kind: str) -> Any:
 
 def _table(model: type[Base]) -> Table:
     return cast(Table, model.__table__)
-
-
-def _group_by_columns(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    groups: dict[frozenset[str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        groups[frozenset(r)].append(r)
-    return list(groups.values())
 
 
 def _chunks(items: list[str], size: int) -> list[list[str]]:

@@ -96,11 +96,52 @@ MUTANTS: list[Mutant] = [
     Mutant(
         id="store-ignores-lease-fence",
         rule="The store refuses a guarded commit whose lease fence is no longer the lease's current one.",
-        file="orchestrator/store/repo.py",
-        original="                leases.c.fence == fence,\n",
-        replacement="",
+        file="orchestrator/store/pg_writer.py",
+        original='    " AND fence = {fence} AND expires_at > now() FOR UPDATE) AS held"\n',
+        replacement='    " AND expires_at > now() FOR UPDATE) AS held"\n',
         caught_by=(
             "tests/unit/store/test_lease_guard.py::test_a_writer_whose_lease_went_to_another_and_came_back_cannot_write_under_its_old_fence",
+        ),
+    ),
+    Mutant(
+        id="store-commit-skips-lease-check",
+        rule="A guarded commit begins by checking and locking the lease row: a writer that lost it writes nothing.",
+        file="orchestrator/store/pg_writer.py",
+        original='        begin = "BEGIN" if guard is None else _lease_check(guard)\n',
+        replacement='        begin = "BEGIN"\n',
+        caught_by=(
+            "tests/unit/store/test_pg_writer.py::test_a_guarded_commit_under_a_lost_lease_writes_nothing_and_the_writer_goes_on",
+            "tests/unit/store/test_lease_guard.py::test_a_writer_whose_lease_expired_or_was_taken_over_writes_nothing",
+        ),
+    ),
+    Mutant(
+        id="store-lease-check-ignores-expiry",
+        rule="A guarded commit writes only while its lease is unexpired, not merely still named for it.",
+        file="orchestrator/store/pg_writer.py",
+        original='    " AND fence = {fence} AND expires_at > now() FOR UPDATE) AS held"\n',
+        replacement='    " AND fence = {fence} FOR UPDATE) AS held"\n',
+        caught_by=(
+            "tests/unit/store/test_lease_guard.py::test_a_writer_whose_lease_expired_or_was_taken_over_writes_nothing",
+        ),
+    ),
+    Mutant(
+        id="store-lease-literal-ignores-backslashes",
+        rule="The lease check's literal text reads as the holder's name on any server, never as SQL.",
+        file="orchestrator/store/pg_writer.py",
+        original="""    return "E'" + text.replace("\\\\", "\\\\\\\\").replace("'", "''") + "'"\n""",
+        replacement="""    return "'" + text.replace("'", "''") + "'"\n""",
+        caught_by=(
+            "tests/unit/store/test_pg_writer.py::test_a_lease_holder_with_a_quote_in_its_name_is_checked_as_written",
+        ),
+    ),
+    Mutant(
+        id="store-updates-a-row-before-its-insert",
+        rule="A row inserted and updated in one commit is inserted first: a statement sees rows as they were before.",
+        file="orchestrator/store/pg_writer.py",
+        original="        if first and rest and _touched_again(inserts, updates, deletes):\n",
+        replacement="        if first and rest and _touched_again(inserts, [], deletes):\n",
+        caught_by=(
+            "tests/unit/store/test_pg_writer.py::test_the_postgres_group_commit_writes_the_rows_sqlalchemy_writes",
         ),
     ),
     # ------------------------------------------------------------------ sha256 on both ends

@@ -254,11 +254,11 @@ def _table_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
 
 async def test_the_sqlite_group_commit_writes_the_rows_sqlalchemy_writes(tmp_path: Path) -> None:
     """The SQLite writer (planned statements, multi-row inserts, its own converters) against the
-    SQLAlchemy Core commit the Postgres path runs, on two copies of one database: the same rows
-    and values in every table, and the same event ids."""
+    plain SQLAlchemy Core commit, on two copies of one database: the same rows and values in every
+    table, and the same event ids."""
     from sqlalchemy import create_engine
 
-    from orchestrator.store.repo import _write
+    from tests.unit.store.reference_commit import reference_write
 
     fast, reference = tmp_path / "fast.db", tmp_path / "reference.db"
     await asyncio.to_thread(upgrade, f"sqlite+aiosqlite:///{fast}")
@@ -268,7 +268,7 @@ async def test_the_sqlite_group_commit_writes_the_rows_sqlalchemy_writes(tmp_pat
     await store.close()
     engine = create_engine(f"sqlite:///{reference}")
     with engine.begin() as conn:
-        assert _write(conn, _a_busy_change_set()) == ids == list(range(1, 8))
+        assert reference_write(conn, _a_busy_change_set()) == ids == list(range(1, 8))
     engine.dispose()
     written, expected = _table_rows(fast), _table_rows(reference)
     assert len(written["nodes"]) == 300 and len(written["edges"]) == 298 and len(written["events"]) == 7
