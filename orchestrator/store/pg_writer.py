@@ -151,6 +151,66 @@ class PostgresReader:
             await reader.close()
 
 
+# Take or renew a lease in one statement (its own transaction): the row made if missing, and
+# taken only if free, ours, expired, or held by a session that is gone (its backend is not in
+# `pg_stat_activity`: the process that opened it died, and Postgres ended the backend when the
+# kernel closed its socket). A lease with no session recorded (renewed by a replica from before
+# `holder_pid`) is taken only once it has expired. The fence goes up for a new holder; the
+# session taking or renewing it is recorded. On conflict the row is locked and the condition read
+# on its newest version: of two replicas racing, one wins. A guarded commit holds the row
+# (`FOR UPDATE`) until it ends, so a takeover waits for it.
+_ACQUIRE = """
+INSERT INTO leases AS l (name, holder, fence, expires_at, holder_pid)
+VALUES ($1, $2, 1, now() + make_interval(secs => $3), pg_backend_pid())
+ON CONFLICT (name) DO UPDATE SET
+    holder = excluded.holder,
+    fence = CASE WHEN l.holder = excluded.holder THEN l.fence ELSE l.fence + 1 END,
+    expires_at = excluded.expires_at,
+    holder_pid = excluded.holder_pid
+WHERE l.holder = excluded.holder OR l.holder IS NULL OR l.expires_at < now()
+    OR (l.holder_pid IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid))
+RETURNING fence
+"""
+_RELEASE = "UPDATE leases SET expires_at = now() WHERE name = $1 AND holder = $2"
+
+
+class PostgresLease(_OwnConnection):
+    """Leases taken, renewed and released on one connection held for the process's life: its
+    backend's pid, recorded on the lease, says whether the holder lives (its session does as long
+    as its process does). A lost connection is made again and the statement asked once more: a
+    renewal with the new connection records its pid (a takeover in the gap is a failover: the
+    writer's fenced commits and the next renewal find the lease lost)."""
+
+    async def acquire(self, name: str, holder: str, ttl_s: float) -> int | None:
+        found = await self._once(_ACQUIRE, name, holder, float(ttl_s))
+        return int(found) if found is not None else None
+
+    async def release(self, name: str, holder: str) -> None:
+        await self._once(_RELEASE, name, holder)
+
+    async def _once(self, sql: str, *args: Any) -> Any:
+        async with self._lock:
+            for attempt in (1, 2):
+                conn = await self._connection()
+                try:
+                    return await conn.fetchval(sql, *args)
+                except asyncpg.PostgresError as exc:
+                    if conn.is_closed():
+                        self._drop()
+                        if attempt == 1:
+                            continue
+                    raise _as_sqlalchemy(sql, exc, conn.is_closed()) from exc
+                except Exception as exc:  # the driver's own: the connection lost or unusable
+                    self._drop()
+                    if attempt == 1:
+                        continue
+                    raise DBAPIError(sql, None, exc, connection_invalidated=True) from exc
+                except BaseException:
+                    self._drop()  # cancelled while the statement was out: the connection is in doubt
+                    raise
+        raise AssertionError("unreachable")
+
+
 class PostgresWriter(_OwnConnection):
     def __init__(self, engine: AsyncEngine) -> None:
         super().__init__(engine)
