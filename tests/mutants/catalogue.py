@@ -129,10 +129,10 @@ MUTANTS: list[Mutant] = [
         rule="A lease is taken before its expiry only when its holder's Postgres session is gone.",
         file="orchestrator/store/pg_writer.py",
         original=(
-            "    OR (l.holder_pid IS NOT NULL AND NOT EXISTS"
-            " (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid))\n"
+            "        OR (l.holder_pid IS NOT NULL AND NOT EXISTS"
+            " (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid)))\n"
         ),
-        replacement="    OR l.holder_pid IS NOT NULL\n",
+        replacement="        OR l.holder_pid IS NOT NULL)\n",
         caught_by=(
             "tests/unit/store/test_lease_guard.py::test_a_lease_whose_holder_session_is_gone_is_taken_at_once_and_its_old_holder_writes_nothing",
         ),
