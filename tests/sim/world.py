@@ -29,6 +29,7 @@ from orchestrator.domain.controls import ControlAction
 from orchestrator.domain.edits import AddEdge, AddNode, EditList, RemoveEdge, RemoveNode, UpdateNode
 from orchestrator.domain.model import CommandSpec, DagSpec, EdgeSpec, Liveness, NodeSpec, TaskState
 from orchestrator.domain.schedule import TICK_LABEL
+from orchestrator.engine.approvals import REFUSALS
 from orchestrator.engine.controls import controls_of, wire_state
 from orchestrator.engine.core import Engine
 from orchestrator.engine.intake import Submission
@@ -1257,12 +1258,16 @@ class World:
 
     def check_refused(self) -> None:
         """Results the store refused for their data, in a step the engine survived: their attempt
-        ended `input_refused` in that step (memory agreeing with the store is checked next)."""
+        ended `input_refused` in that step (memory agreeing with the store is checked next); or,
+        when a person had refused one of its commands, with that refusal's code, which wins
+        however the attempt ends (`Runs.end_attempt`; neither is ever retried)."""
         refused, self.store.refused = sorted(self.store.refused), set()
         for batch_id in refused:
             row = self.store.table(Attempt).get((batch_id,))
-            code = (row.error or {}).get("code") if row is not None else None
-            if row is None or row.ended_at is None or code != "input_refused":
+            error = (row.error or {}) if row is not None else {}
+            code = error.get("code")
+            by_person = code in REFUSALS.values() and "the store refused" in str(error.get("message"))
+            if row is None or row.ended_at is None or (code != "input_refused" and not by_person):
                 self.fail(
                     f"the store refused the results of {batch_id}, but its attempt is {row and row.status} {code}"
                 )
@@ -1373,7 +1378,7 @@ class World:
                 outcomes.check_verified(self.fail, f"{task_id}/{nid}", node.state, spec, ran, max(self.skew.values()))
                 continue
             kids = [c for c in children if c.node_id == nid]
-            outcomes.check_fan_out(self.fail, f"{task_id}/{nid}", node, kids, ran)
+            outcomes.check_fan_out(self.fail, f"{task_id}/{nid}", node, kids, ran, max(self.skew.values()))
             for c in kids:
                 own = [a for a in ran if a.device_id == c.device_id]
                 outcomes.check_verified(
