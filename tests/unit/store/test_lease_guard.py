@@ -172,3 +172,21 @@ async def test_a_lease_renewed_without_a_session_is_taken_only_once_it_has_expir
     assert await b.acquire_lease(LEASE, "replica-b", 30) is None
     await _sql(b, f"UPDATE leases SET expires_at = now() - interval '1 second' WHERE name = '{LEASE}' RETURNING 1")
     assert await b.acquire_lease(LEASE, "replica-b", 30) == fence + 2
+
+
+async def test_a_holder_whose_lease_connection_was_lost_renews_on_a_new_one_and_keeps_its_term(
+    stores: tuple[Store, Store],
+) -> None:
+    a, b = stores
+    fence = await a.acquire_lease(LEASE, "replica-a", 30)
+    assert fence is not None
+    pid = await _holder_pid(a)
+    assert pid is not None
+    assert await _sql(b, f"SELECT pg_terminate_backend({pid}, 5000)")
+    await _session_ends(b, pid)
+    assert await a.acquire_lease(LEASE, "replica-a", 30) == fence  # renewed first: the same term
+    renewed = await _holder_pid(a)
+    assert renewed not in (None, pid)  # its new session recorded
+    assert await b.acquire_lease(LEASE, "replica-b", 30) is None
+    await a.write(new_task("t1", (LEASE, "replica-a", fence)))
+    assert await a.get_task("t1") is not None
