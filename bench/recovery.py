@@ -10,8 +10,9 @@ simulated devices reconnect as the agent does (`--policy backoff`: device_agent.
 With `--store postgres` the orchestrator runs on a throwaway durable Postgres (bench/stores.py).
 With `--replicas N` (N > 1, with Redis) the devices are spread over the replicas in turn, and the
 replica that leads the engine is killed (-9) and not restarted: the devices it held dial the next
-replica, as an agent with `--also-server` does, and another replica takes the engine lease once
-the dead one's lapses (`--lease-ttl-s`, default the product's). The times are then counted from
+replica, as an agent with `--also-server` does, and another replica takes the engine lease as
+soon as the dead one's Postgres session is gone (within a follower's half-second try; the lease's
+expiry, `--lease-ttl-s`, only for a leader that hangs). The times are then counted from
 the kill, and "the API is ready" is "another replica leads"; a node in flight is running again
 once its device is linked to a live replica and a replica leads.
 

@@ -1,10 +1,12 @@
 """Several `orrery serve` replicas on Postgres and Redis (SPEC section 7).
 
 Every replica serves the REST API, server-sent events and device WebSockets. One of them, the
-holder of the `engine` lease in Postgres (a row with an expiry and a fencing counter, taken by a
-single conditional UPDATE), runs the engine; every engine commit re-checks that lease inside its
-transaction, so a replica that lost it cannot write. The rules that keep the guarantees when
-Redis loses messages (docs/replicas.md has them in full):
+holder of the `engine` lease in Postgres (a row with an expiry, a fencing counter and the
+holder's Postgres session, taken by a single conditional statement), runs the engine; every
+engine commit re-checks that lease inside its transaction, so a replica that lost it cannot
+write. A leader that died is succeeded as soon as its Postgres session is gone; one that hangs,
+at its lease's expiry. The rules that keep the guarantees when Redis loses messages
+(docs/replicas.md has them in full):
 
 - Postgres is the only truth. A Redis message is a hint that something changed in the store, or
   a frame on its way to a socket; losing any of them delays work and never loses it.
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("orrery.cluster")
 
 LEASE = "engine"
+FOLLOWER_TRY_S = 0.5  # a follower tries for the lease at least this often (the leader renews every ttl/3)
 RPC_ATTEMPT_S = 5.0  # one try of a cross-replica request, before it is asked again
 REDIS_OP_S = 5.0  # one Redis command; an unresponsive Redis must not stall a replica
 # Presence is "<replica>|<epoch>"; a claim replaces it only with an epoch at least as new.
@@ -142,8 +145,11 @@ class RedisCluster:
     # ================================================================ the engine lease
 
     async def _elect(self) -> None:
+        """Renew every ttl/3 while leading; while following, try every `min(ttl/3, 0.5 s)` (one
+        statement): a leader whose Postgres session is gone (its process died) is succeeded at
+        once, not at its lease's expiry."""
         while not self._stopping and not self._lost:
-            await asyncio.sleep(self.ttl_s / 3)
+            await asyncio.sleep(self.ttl_s / 3 if self._leader else min(self.ttl_s / 3, FOLLOWER_TRY_S))
             try:
                 await self._try_lead()
             except asyncio.CancelledError:

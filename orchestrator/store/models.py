@@ -305,6 +305,9 @@ class Lease(Base):
     holder: Mapped[str | None] = mapped_column(String(80))
     fence: Mapped[int] = mapped_column(BigInteger, default=0)
     expires_at: Mapped[datetime | None]
+    # The Postgres backend (`pg_backend_pid()`) of the session that last took or renewed it: once
+    # that session is gone the holder is dead, and the lease may be taken before it expires.
+    holder_pid: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ServerMeta(Base):

@@ -151,6 +151,74 @@ class PostgresReader:
             await reader.close()
 
 
+# Take or renew a lease in one statement (its own transaction): taken only if free, ours,
+# expired, or held by a session that is gone (its backend is not in `pg_stat_activity`: the
+# process that opened it died, and Postgres ended the backend when the kernel closed its socket);
+# the row made if there is none. A lease with no session recorded (renewed by a replica from
+# before `holder_pid`) is taken only once it has expired. The fence goes up for a new holder; the
+# session taking or renewing it is recorded. A row another transaction changes meanwhile is read
+# again at its newest version before it is updated: of two replicas racing, one wins. A guarded
+# commit holds the row (`FOR UPDATE`) until it ends, so a takeover waits for it; a refused try
+# locks nothing, so it never holds up the leader's commits.
+_ACQUIRE = """
+WITH taken AS (
+    UPDATE leases AS l SET
+        holder = $2,
+        fence = CASE WHEN l.holder = $2 THEN l.fence ELSE l.fence + 1 END,
+        expires_at = now() + make_interval(secs => $3),
+        holder_pid = pg_backend_pid()
+    WHERE l.name = $1 AND (l.holder = $2 OR l.holder IS NULL OR l.expires_at < now()
+        OR (l.holder_pid IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid)))
+    RETURNING l.fence
+), made AS (
+    INSERT INTO leases (name, holder, fence, expires_at, holder_pid)
+    SELECT $1, $2, 1, now() + make_interval(secs => $3), pg_backend_pid()
+    WHERE NOT EXISTS (SELECT 1 FROM leases WHERE name = $1)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING fence
+)
+SELECT fence FROM taken UNION ALL SELECT fence FROM made
+"""
+_RELEASE = "UPDATE leases SET expires_at = now() WHERE name = $1 AND holder = $2"
+
+
+class PostgresLease(_OwnConnection):
+    """Leases taken, renewed and released on one connection held for the process's life: its
+    backend's pid, recorded on the lease, says whether the holder lives (its session does as long
+    as its process does). A lost connection is made again and the statement asked once more: a
+    renewal with the new connection records its pid (a takeover in the gap is a failover: the
+    writer's fenced commits and the next renewal find the lease lost)."""
+
+    async def acquire(self, name: str, holder: str, ttl_s: float) -> int | None:
+        found = await self._once(_ACQUIRE, name, holder, float(ttl_s))
+        return int(found) if found is not None else None
+
+    async def release(self, name: str, holder: str) -> None:
+        await self._once(_RELEASE, name, holder)
+
+    async def _once(self, sql: str, *args: Any) -> Any:
+        async with self._lock:
+            for attempt in (1, 2):
+                conn = await self._connection()
+                try:
+                    return await conn.fetchval(sql, *args)
+                except asyncpg.PostgresError as exc:
+                    if conn.is_closed():
+                        self._drop()
+                        if attempt == 1:
+                            continue
+                    raise _as_sqlalchemy(sql, exc, conn.is_closed()) from exc
+                except Exception as exc:  # the driver's own: the connection lost or unusable
+                    self._drop()
+                    if attempt == 1:
+                        continue
+                    raise DBAPIError(sql, None, exc, connection_invalidated=True) from exc
+                except BaseException:
+                    self._drop()  # cancelled while the statement was out: the connection is in doubt
+                    raise
+        raise AssertionError("unreachable")
+
+
 class PostgresWriter(_OwnConnection):
     def __init__(self, engine: AsyncEngine) -> None:
         super().__init__(engine)

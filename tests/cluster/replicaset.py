@@ -28,8 +28,8 @@ class ReplicaSet(Fleet):
             ORRERY_REDIS_URL=redis_url,
             ORRERY_SECRET_KEY=secrets.token_hex(32),
             ORRERY_ADMIN_KEY=self.admin_key,
-            ORRERY_LEASE_TTL_S="3",
-            **{f"ORRERY_{k.upper()}": v for k, v in settings.items()},
+            # a short lease unless the test names one (`lease_ttl_s=...`)
+            **{"ORRERY_LEASE_TTL_S": "3", **{f"ORRERY_{k.upper()}": v for k, v in settings.items()}},
         )
         self.replicas = [
             Replica(

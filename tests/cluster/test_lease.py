@@ -1,9 +1,13 @@
-"""The engine lease, in-process against a real Postgres and Redis: a replica that lost it stops
-for good, and cannot start a second engine loop on its old engine while it shuts down."""
+"""The engine lease against a real Postgres and Redis: a replica that lost it stops for good, and
+cannot start a second engine loop on its old engine while it shuts down (in-process); a killed
+leader is succeeded as soon as its Postgres session ends, long before its lease expires."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import signal
+import time
 from pathlib import Path
 
 from sqlalchemy import text
@@ -13,6 +17,10 @@ from orchestrator.config import Settings
 from orchestrator.store.migrate import upgrade
 from orchestrator.store.repo import Store
 from tests.cluster.inprocess import replica
+from tests.cluster.replicaset import ReplicaSet
+from tests.support import shell, wait_until
+
+TTL_S = 30.0  # long: only a takeover before the expiry passes the bounds below
 
 
 async def test_a_replica_that_lost_the_lease_never_leads_again_even_when_it_is_free(
@@ -56,3 +64,37 @@ async def test_a_replica_that_lost_the_lease_never_leads_again_even_when_it_is_f
         await engine.stop()
         await redis.aclose()
         await store.close()
+
+
+def test_a_killed_leader_is_succeeded_long_before_its_lease_expires_and_its_task_finishes(
+    tmp_path: Path, postgres_db: str, redis_db: str
+) -> None:
+    """`kill -9` of the leader: the kernel closes its sockets, Postgres ends its session, and a
+    follower (trying every 0.5 s) takes the lease at once, with the next fence; the task running
+    on a device of the follower finishes there. Every wait is bounded well below the 30 s TTL,
+    which a takeover at the expiry could not meet."""
+    with ReplicaSet(tmp_path, postgres_db, redis_db, lease_ttl_s=f"{TTL_S:g}") as rs:
+        leader = rs.leader()
+        other = next(r for r in rs.replicas if r is not leader)
+        fence = leader.status()["cluster"]["fence"]
+        agent = rs.agent_on(other, "survivor")
+        steps = [f"s{i}" for i in range(4)]
+        dag = {
+            "nodes": [{"id": s, "commands": [shell(["sh", "-c", f"echo {s} >> ran.txt; sleep 0.5"])]} for s in steps],
+            "edges": [{"from": x, "to": y} for x, y in itertools.pairwise(steps)],
+        }
+        with other.client() as c:
+            task = c.post("/v1/tasks", json={"dag": dag}).json()
+        ran = agent.workspace / "ran.txt"
+        wait_until(lambda: ran.exists() and len(ran.read_text().split()) >= 1, 60, "the first step to run")
+        killed = time.monotonic()
+        leader.kill(signal.SIGKILL)
+        rs.server = other
+        wait_until(other.is_leader, 8, "the follower to lead, long before the lease expires")
+        done = rs.wait_task(task["id"], timeout=TTL_S - 10 - (time.monotonic() - killed))
+        finished = time.monotonic() - killed
+        assert done["state"] == "succeeded", done
+        assert finished < TTL_S - 5, f"the task ended {finished:.1f}s after the kill"
+        assert other.status()["cluster"]["fence"] == fence + 1
+        assert ran.read_text().split() == steps  # each step ran exactly once
+        assert all(len(n["attempts"]) == 1 for n in done["nodes"])

@@ -125,6 +125,19 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        id="lease-taken-from-a-live-holder",
+        rule="A lease is taken before its expiry only when its holder's Postgres session is gone.",
+        file="orchestrator/store/pg_writer.py",
+        original=(
+            "        OR (l.holder_pid IS NOT NULL AND NOT EXISTS"
+            " (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid)))\n"
+        ),
+        replacement="        OR l.holder_pid IS NOT NULL)\n",
+        caught_by=(
+            "tests/unit/store/test_lease_guard.py::test_a_lease_whose_holder_session_is_gone_is_taken_at_once_and_its_old_holder_writes_nothing",
+        ),
+    ),
+    Mutant(
         id="store-lease-literal-ignores-backslashes",
         rule="The lease check's literal text reads as the holder's name on any server, never as SQL.",
         file="orchestrator/store/pg_writer.py",

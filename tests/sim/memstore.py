@@ -103,6 +103,7 @@ class Lease:
     holder: str | None = None
     fence: int = 0
     expires: float = 0.0
+    session: int | None = None  # the holder's database session (`holder_pid`); None: not recorded
 
 
 @dataclass
@@ -116,6 +117,7 @@ class MemStore:
     on_write: Callable[[ChangeSet], None] | None = None  # checks on every applied change set
     poison: bool = False  # refuse writes carrying POISON (a seed's fault)
     refused: set[str] = field(default_factory=set)  # batches whose results were refused for POISON
+    sessions_gone: set[int] = field(default_factory=set)  # lease holders' sessions that ended
     _seq: int = 0
 
     def fork(self) -> MemStore:
@@ -213,16 +215,22 @@ class MemStore:
 
     # ------------------------------------------------------------------ leases and sessions
 
-    def take_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
-        """`acquire_lease`: free, expired or ours -> ours (fence bumped for a new holder)."""
+    def take_lease(self, name: str, holder: str, ttl_s: float, session: int | None = None) -> int | None:
+        """`acquire_lease`: free, expired, ours, or held by a session that is gone -> ours (fence
+        bumped for a new holder), recording the taker's session."""
         lease = self.leases.setdefault(name, Lease())
         now = self.clock()
-        if lease.holder not in (None, holder) and lease.expires > now:
+        dead = lease.session is not None and lease.session in self.sessions_gone
+        if lease.holder not in (None, holder) and lease.expires > now and not dead:
             return None
         if lease.holder != holder:
             lease.fence += 1
-        lease.holder, lease.expires = holder, now + ttl_s
+        lease.holder, lease.expires, lease.session = holder, now + ttl_s, session
         return lease.fence
+
+    def end_session(self, session: int) -> None:
+        """A lease holder's database session ends (its backend gone from `pg_stat_activity`)."""
+        self.sessions_gone.add(session)
 
     def expire_lease(self, name: str) -> None:
         lease = self.leases.get(name)

@@ -18,7 +18,11 @@ TERMINAL = ("succeeded", "failed", "skipped", "cancelled")
 UNKNOWN = ("uncertain", "device_lost")
 
 
-def check_fan_out(fail: Fail, where: str, node: Node, kids: list[NodeChild], attempts: list[Attempt]) -> None:
+def check_fan_out(
+    fail: Fail, where: str, node: Node, kids: list[NodeChild], attempts: list[Attempt], skew_s: float = 0.0
+) -> None:
+    """How a fan-out node ended follows from its children; canaries went first and max_parallel
+    was kept (attempts' times compared within `skew_s`: each is stamped by its leader's clock)."""
     spec = NodeSpec.model_validate(node.spec)
     fan = spec.for_each
     assert fan is not None
@@ -38,9 +42,9 @@ def check_fan_out(fail: Fail, where: str, node: Node, kids: list[NodeChild], att
     if any(c.state == "skipped" for c in kids) and not halted:
         fail(f"{where} skipped children although its rollout never halted")
     _check_ending(fail, where, node, kids, failed, halted, fan.failure_budget, canary)
-    _check_canaries(fail, where, kids, attempts, canary)
+    _check_canaries(fail, where, kids, attempts, canary, skew_s)
     if fan.max_parallel is not None:
-        _check_parallel(fail, where, kids, attempts, fan.max_parallel)
+        _check_parallel(fail, where, kids, attempts, fan.max_parallel, skew_s)
 
 
 def _check_ending(
@@ -74,7 +78,9 @@ def _check_ending(
         fail(f"{where} was skipped but has children")
 
 
-def _check_canaries(fail: Fail, where: str, kids: list[NodeChild], attempts: list[Attempt], canary: int) -> None:
+def _check_canaries(
+    fail: Fail, where: str, kids: list[NodeChild], attempts: list[Attempt], canary: int, skew_s: float
+) -> None:
     if not canary or len(kids) <= canary:
         return
     first = kids[:canary]
@@ -86,18 +92,24 @@ def _check_canaries(fail: Fail, where: str, kids: list[NodeChild], attempts: lis
         fail(f"{where} ran a child past its canaries although a canary did not succeed")
         return
     done = max(c.finished_at for c in first if c.finished_at is not None)
-    if min(started) < done:
+    if min(started).timestamp() < done.timestamp() - skew_s:
         fail(f"{where} started a child past its canaries before they had all succeeded")
 
 
-def _check_parallel(fail: Fail, where: str, kids: list[NodeChild], attempts: list[Attempt], most: int) -> None:
+def _check_parallel(
+    fail: Fail, where: str, kids: list[NodeChild], attempts: list[Attempt], most: int, skew_s: float
+) -> None:
+    """At each child's start, the children surely running then (by times within `skew_s`)."""
     spans = []
     for c in kids:
         own = [a for a in attempts if a.device_id == c.device_id and a.ended_at is not None]
         if own:
-            spans.append((min(a.started_at for a in own), max(a.ended_at for a in own if a.ended_at is not None)))
-    for start, _ in spans:
-        running = sum(1 for s, e in spans if s <= start < e)
+            ended = max(a.ended_at for a in own if a.ended_at is not None)
+            spans.append((min(a.started_at for a in own).timestamp(), ended.timestamp()))
+    for i, (start, _) in enumerate(spans):
+        running = sum(
+            1 for j, (s, e) in enumerate(spans) if (start < e if j == i else s + skew_s <= start and start + skew_s < e)
+        )
         if running > most:
             fail(f"{where} had {running} children running at once, above max_parallel {most}")
 

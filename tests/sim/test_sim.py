@@ -44,6 +44,13 @@ def test_a_seed_replays_exactly() -> None:
     assert first.digest != other.digest
 
 
+def test_a_seed_whose_leader_loses_its_lease_session_replays_exactly() -> None:
+    """Determinism holds through the takeover from a session gone, the old engine acting on."""
+    first, again = simulate(STORM_SEEDS + 3), simulate(STORM_SEEDS + 3)
+    assert first.coverage["lease taken from a session gone"] and first.coverage["old engine's commit refused"]
+    assert (first.digest, first.steps) == (again.digest, again.steps)
+
+
 def test_the_simulated_engine_runs_its_tasks_to_their_end() -> None:
     """The sweep proves something only if its engine runs: steps are taken and tasks end (an
     engine that fails to start would leave every invariant vacuously true)."""
@@ -90,8 +97,9 @@ def test_the_runs_reach_every_person_and_control_path() -> None:
     operator, the expiry, a cancel), the device's own decision holding against a request that
     came second, emergency stops applied and lifted by a resume, safety budgets tripped, the
     kill switch refusing work, commands outliving a crashed agent and killed by its restart,
-    schedule ticks making their tasks, and results the store refused isolated (their attempt
-    ended `input_refused`, memory agreeing with the store)."""
+    schedule ticks making their tasks, results the store refused isolated (their attempt
+    ended `input_refused`, memory agreeing with the store), and a leader whose lease session
+    ended succeeded at once while its old engine acted on until a commit of its was refused."""
     seen = _coverage()
     wanted = [
         "approval approved by owner",
@@ -109,6 +117,8 @@ def test_the_runs_reach_every_person_and_control_path() -> None:
         "orphan killed",
         "schedule tick's task",
         "input refused by the store",
+        "lease taken from a session gone",
+        "old engine's commit refused",
     ]
     missing = [w for w in wanted if not seen[w]]
     assert not missing, f"not reached: {missing}; reached: {dict(seen)}"

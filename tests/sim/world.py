@@ -29,6 +29,7 @@ from orchestrator.domain.controls import ControlAction
 from orchestrator.domain.edits import AddEdge, AddNode, EditList, RemoveEdge, RemoveNode, UpdateNode
 from orchestrator.domain.model import CommandSpec, DagSpec, EdgeSpec, Liveness, NodeSpec, TaskState
 from orchestrator.domain.schedule import TICK_LABEL
+from orchestrator.engine.approvals import REFUSALS
 from orchestrator.engine.controls import controls_of, wire_state
 from orchestrator.engine.core import Engine
 from orchestrator.engine.intake import Submission
@@ -52,7 +53,7 @@ from orchestrator.engine.schedule_records import ChangeSchedule, ScheduleAction
 from orchestrator.engine.times import utc
 from orchestrator.engine.writer import refused_data
 from orchestrator.store.models import Approval, Attempt, Device, Edge, Node, NodeChild, Task
-from orchestrator.store.repo import ChangeSet, WriteConflict
+from orchestrator.store.repo import ChangeSet, LeaseLost, WriteConflict
 from protocol.codec import encode
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -320,7 +321,7 @@ class Gateway:
             then(ok, value)
             self._pump(conn)
 
-        self.world.submit(item, answer)
+        self.world.submit(item, answer, self.replica)
 
     def _hello(self, conn: Conn, hello: Hello) -> None:
         w = self.world
@@ -543,6 +544,14 @@ class World:
         storm = seed >= STORM_SEEDS
         self.poison_rate = self.poison_rng.uniform(0.03, 0.1) if storm else self.poison_rng.choice((0.0, 0.0, 0.05))
         self.store.poison = self.poison_rate > 0
+        # The leader's lease session lost while its process lives on (its connection to the store
+        # cut): its own generator too, so seeds without this fault run as before. In a storm,
+        # always on.
+        self.session_rng = Random(seed + 0x5E55)
+        session_rate = self.session_rng.uniform(0.0, 0.03)
+        self.session_loss = (
+            self.session_rng.uniform(0.01, 0.05) if storm else self.session_rng.choice((0.0, 0.0, session_rate))
+        )
         self.events: list[tuple[float, int, Callable[[], None], str]] = []
         self.seq = itertools.count()
         self.ids = itertools.count(1)
@@ -552,6 +561,14 @@ class World:
         self.tasks: dict[str, Submitted] = {}
         self.engine: Engine | None = None
         self.leader: str | None = None
+        # Each replica's lease session (`holder_pid`), and the engine of a leader succeeded while
+        # it lives on: it acts until a commit of its is refused or its renewal finds the lease lost.
+        self.lease_sessions = {r: i for i, r in enumerate(REPLICAS, 1)}
+        self.session_ids = itertools.count(len(REPLICAS) + 1)
+        self.stale: Engine | None = None
+        self.stale_replica: str | None = None
+        self.stale_inbox: list[tuple[Input, Callable[[bool, Any], None] | None]] = []
+        self.stale_due = False
         self.inbox: list[tuple[Input, Callable[[bool, Any], None] | None]] = []
         self.step_due = False
         self.steps = 0
@@ -630,12 +647,18 @@ class World:
 
     def notify(self, item: Input, replica: str) -> None:
         """A hint for the engine: direct on the leader's replica, else over the lossy bus."""
+        if self.stale is not None and replica == self.stale_replica:  # it believes it still leads
+            self.submit_stale(item, None)
+            return
         if replica == self.leader and self.engine is not None:
             self.submit(item, None)
             return
         self.bus(lambda: self.submit(item, None), f"hint {type(item).__name__}")
 
-    def submit(self, item: Input, reply: Callable[[bool, Any], None] | None) -> None:
+    def submit(self, item: Input, reply: Callable[[bool, Any], None] | None, replica: str | None = None) -> None:
+        if replica is not None and self.stale is not None and replica == self.stale_replica:
+            self.submit_stale(item, reply)  # a gateway of the replica that believes it still leads
+            return
         if self.engine is None:
             if reply is not None:
                 reply(False, None)
@@ -656,7 +679,7 @@ class World:
 
     def start_engine(self, replica: str) -> None:
         self.restarting = False
-        fence = self.store.take_lease(LEASE, replica, 1e9)
+        fence = self.store.take_lease(LEASE, replica, 1e9, self.lease_sessions[replica])
         if fence is None:
             self.at(1.0, partial(self.start_engine, replica), "engine start")
             return
@@ -832,7 +855,93 @@ class World:
                 self._engine_gone(old)
 
             self.at(self.rng.uniform(0.2, 3.0), takeover, "takeover")
+        if self.engine is not None and self.stale is None and self.session_rng.random() < self.session_loss:
+            self.lose_session()
         self.at(1.0, self.chaos, "chaos")
+
+    # ------------------------------------------------------------------ a leader's session lost
+
+    def lose_session(self) -> None:
+        """The leader's lease session ends while its process lives on (its connection to the
+        store cut): the other replica, trying for the lease, finds that session gone and takes
+        the lease at once, with the next fence, and starts its engine from the store. The old
+        engine runs on (inputs from its own replica, which believes it still leads, and its
+        timers) until a commit of its is refused (`LeaseLost`) or its next renewal, on a new
+        connection, finds the lease lost; then it stops (the cluster's `_lose_lead`)."""
+        old, replica = self.engine, self.leader
+        assert old is not None and replica is not None
+        other = next(r for r in REPLICAS if r != replica)
+        self.log("fault", f"the lease session of {replica} ends; {other} takes the lease at once")
+        self.seen["lease taken from a session gone"] += 1
+        self.store.end_session(self.lease_sessions[replica])
+        self.lease_sessions[replica] = next(self.session_ids)  # its lease connection made again
+        self.stale, self.stale_replica = old, replica
+        self.stale_inbox, self.inbox = self.inbox, []  # what was submitted to it stays its own
+        self.engine = None
+        if self.stale_inbox:
+            self._stale_step_soon()
+        notice = self.session_rng.uniform(0.05, 3.0)
+        self.at(notice, partial(self.stale_stops, old, "its renewal finds the lease lost"), "renewal")
+        self.at(self.session_rng.uniform(0.0, 1.0), partial(self.stale_tick, old), "old engine's timers")
+        self.start_engine(other)
+
+    def submit_stale(self, item: Input, reply: Callable[[bool, Any], None] | None) -> None:
+        self.stale_inbox.append((item, reply))
+        self._stale_step_soon()
+
+    def _stale_step_soon(self) -> None:
+        if not self.stale_due:
+            self.stale_due = True
+            self.at(0.0, self.stale_step, "old engine step")
+
+    def stale_tick(self, engine: Engine) -> None:
+        if self.stale is engine:
+            self._stale_step_soon()
+            self.at(1.0, partial(self.stale_tick, engine), "old engine's timers")
+
+    def stale_step(self) -> None:
+        """A step of the old engine: a commit of its is refused (the lease has a new fence), and
+        then it stops; a step that commits nothing answers from its memory."""
+        self.stale_due = False
+        engine = self.stale
+        if engine is None:
+            return
+        items, self.stale_inbox = self.stale_inbox, []
+        futures = []
+        for item, reply in items:
+            item.done = self.loop.create_future()
+            futures.append((item.done, reply))
+            self.log("input", f"old engine on {self.stale_replica}: {_describe(item)}")
+        try:
+            self._run(engine.step([item for item, _ in items]))
+        except LeaseLost as exc:
+            self.seen["old engine's commit refused"] += 1
+            self.stale_stops(engine, f"a commit of its was refused: {exc}")
+            for _, reply in futures:
+                if reply is not None:
+                    reply(False, None)
+            return
+        except Exception as exc:
+            self.fail(f"the old engine's step failed otherwise than on its lost lease: {exc!r}")
+        for fut, reply in futures:
+            if reply is None:
+                continue
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                reply(True, fut.result())
+            else:
+                reply(False, None)
+
+    def stale_stops(self, engine: Engine, why: str) -> None:
+        """The old engine stops for good; what waits on it is refused (its connections close
+        unacknowledged, its requests are asked again)."""
+        if self.stale is not engine:
+            return
+        self.log("engine", f"old engine on {self.stale_replica} stops: {why}")
+        self.stale, self.stale_replica = None, None
+        pending, self.stale_inbox = self.stale_inbox, []
+        for _, reply in pending:
+            if reply is not None:
+                reply(False, None)
 
     # ------------------------------------------------------------------ the fleet and its work
 
@@ -861,7 +970,9 @@ class World:
     def _ask(self, item: Input, answered: Callable[[bool, Any], None]) -> None:
         """A request from the API of a random replica to the engine leader; the answer may be lost."""
         replica = self.rng.choice(REPLICAS)
-        if replica == self.leader and self.engine is not None:
+        if self.stale is not None and replica == self.stale_replica:  # it believes it still leads
+            self.submit_stale(item, answered)
+        elif replica == self.leader and self.engine is not None:
             self.submit(item, answered)
         else:
             self.bus(lambda: self.submit(item, lambda ok, v: self.bus(lambda: answered(ok, v), "answer")), "ask")
@@ -1026,7 +1137,9 @@ class World:
                 self.at(self.rng.uniform(0.5, 20.0), partial(self.cancel_task, sub.task_id), "cancel")
 
         replica = self.rng.choice(REPLICAS)
-        if replica == self.leader and self.engine is not None:
+        if self.stale is not None and replica == self.stale_replica:  # it believes it still leads
+            self.submit_stale(item, answered)
+        elif replica == self.leader and self.engine is not None:
             self.submit(item, answered)
         else:
             # Across replicas it arrives as the wire makes it: maybe asked before (cluster/wire.py).
@@ -1257,12 +1370,16 @@ class World:
 
     def check_refused(self) -> None:
         """Results the store refused for their data, in a step the engine survived: their attempt
-        ended `input_refused` in that step (memory agreeing with the store is checked next)."""
+        ended `input_refused` in that step (memory agreeing with the store is checked next); or,
+        when a person had refused one of its commands, with that refusal's code, which wins
+        however the attempt ends (`Runs.end_attempt`; neither is ever retried)."""
         refused, self.store.refused = sorted(self.store.refused), set()
         for batch_id in refused:
             row = self.store.table(Attempt).get((batch_id,))
-            code = (row.error or {}).get("code") if row is not None else None
-            if row is None or row.ended_at is None or code != "input_refused":
+            error = (row.error or {}) if row is not None else {}
+            code = error.get("code")
+            by_person = code in REFUSALS.values() and "the store refused" in str(error.get("message"))
+            if row is None or row.ended_at is None or (code != "input_refused" and not by_person):
                 self.fail(
                     f"the store refused the results of {batch_id}, but its attempt is {row and row.status} {code}"
                 )
@@ -1373,7 +1490,7 @@ class World:
                 outcomes.check_verified(self.fail, f"{task_id}/{nid}", node.state, spec, ran, max(self.skew.values()))
                 continue
             kids = [c for c in children if c.node_id == nid]
-            outcomes.check_fan_out(self.fail, f"{task_id}/{nid}", node, kids, ran)
+            outcomes.check_fan_out(self.fail, f"{task_id}/{nid}", node, kids, ran, max(self.skew.values()))
             for c in kids:
                 own = [a for a in ran if a.device_id == c.device_id]
                 outcomes.check_verified(
