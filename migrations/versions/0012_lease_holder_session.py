@@ -7,8 +7,10 @@ Create Date: 2026-12-05
 `leases.holder_pid` records `pg_backend_pid()` of the session that last took or renewed the
 lease. When that session is gone from `pg_stat_activity` (its process died, and Postgres ended
 its backend when the kernel closed the socket), another replica may take the lease before it
-expires. Expand only: a nullable column, which a replica of the previous revision keeps working
-beside. Its renewals do not write the column, so on Postgres a trigger keeps the column only
+expires; `leases.renewed_at` says when, so that a session ended by a Postgres restart since
+(which ends every session, a living holder's too) does not count. Expand only: nullable
+columns, which a replica of the previous revision keeps working beside. Its renewals do not
+write them, so on Postgres a trigger keeps the column only
 when the session writing the row is the one it names and clears it otherwise: a lease taken or
 renewed by an older replica carries no pid (never a dead one left from the holder before it),
 and is taken only once it has expired.
@@ -43,6 +45,7 @@ _TRIGGER = (
 def upgrade() -> None:
     with op.batch_alter_table("leases") as batch:
         batch.add_column(sa.Column("holder_pid", sa.BigInteger(), nullable=True))
+        batch.add_column(sa.Column("renewed_at", sa.DateTime(timezone=True), nullable=True))
     if op.get_bind().dialect.name == "postgresql":
         op.execute(_FUNCTION)
         op.execute(_TRIGGER)
@@ -53,4 +56,5 @@ def downgrade() -> None:
         op.execute("DROP TRIGGER leases_holder_pid ON leases")
         op.execute("DROP FUNCTION leases_holder_pid_of_writer()")
     with op.batch_alter_table("leases") as batch:
+        batch.drop_column("renewed_at")
         batch.drop_column("holder_pid")

@@ -308,6 +308,9 @@ class Lease(Base):
     # The Postgres backend (`pg_backend_pid()`) of the session that last took or renewed it: once
     # that session is gone the holder is dead, and the lease may be taken before it expires.
     holder_pid: Mapped[int | None] = mapped_column(BigInteger)
+    # When that session last took or renewed it: a session gone with a Postgres restart since
+    # then says nothing of its holder, whose lease then waits for its expiry.
+    renewed_at: Mapped[datetime | None]
 
 
 class ServerMeta(Base):

@@ -153,26 +153,30 @@ class PostgresReader:
 
 # Take or renew a lease in one statement (its own transaction): taken only if free, ours,
 # expired, or held by a session that is gone (its backend is not in `pg_stat_activity`: the
-# process that opened it died, and Postgres ended the backend when the kernel closed its socket);
-# the row made if there is none. A lease with no session recorded (renewed by a replica from
+# process that opened it died, and Postgres ended the backend when the kernel closed its socket)
+# since this Postgres started: a restart ends every session, the living holders' too, so a lease
+# last renewed before it waits for its expiry (its holder reconnects and renews meanwhile). The
+# row is made if there is none. A lease with no session recorded (renewed by a replica from
 # before `holder_pid`) is taken only once it has expired. The fence goes up for a new holder; the
-# session taking or renewing it is recorded. A row another transaction changes meanwhile is read
-# again at its newest version before it is updated: of two replicas racing, one wins. A guarded
-# commit holds the row (`FOR UPDATE`) until it ends, so a takeover waits for it; a refused try
-# locks nothing, so it never holds up the leader's commits.
+# session taking or renewing it, and when, are recorded. A row another transaction changes
+# meanwhile is read again at its newest version before it is updated: of two replicas racing, one
+# wins. A guarded commit holds the row (`FOR UPDATE`) until it ends, so a takeover waits for it; a
+# refused try locks nothing, so it never holds up the leader's commits.
 _ACQUIRE = """
 WITH taken AS (
     UPDATE leases AS l SET
         holder = $2,
         fence = CASE WHEN l.holder = $2 THEN l.fence ELSE l.fence + 1 END,
         expires_at = now() + make_interval(secs => $3),
-        holder_pid = pg_backend_pid()
+        holder_pid = pg_backend_pid(),
+        renewed_at = now()
     WHERE l.name = $1 AND (l.holder = $2 OR l.holder IS NULL OR l.expires_at < now()
-        OR (l.holder_pid IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid)))
+        OR (l.holder_pid IS NOT NULL AND l.renewed_at > pg_postmaster_start_time()
+            AND NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid)))
     RETURNING l.fence
 ), made AS (
-    INSERT INTO leases (name, holder, fence, expires_at, holder_pid)
-    SELECT $1, $2, 1, now() + make_interval(secs => $3), pg_backend_pid()
+    INSERT INTO leases (name, holder, fence, expires_at, holder_pid, renewed_at)
+    SELECT $1, $2, 1, now() + make_interval(secs => $3), pg_backend_pid(), now()
     WHERE NOT EXISTS (SELECT 1 FROM leases WHERE name = $1)
     ON CONFLICT (name) DO NOTHING
     RETURNING fence

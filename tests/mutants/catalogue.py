@@ -125,14 +125,21 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        id="lease-taken-after-a-postgres-restart",
+        rule="A session ended by a Postgres restart since the lease's last renewal does not count as a dead holder.",
+        file="orchestrator/store/pg_writer.py",
+        original="        OR (l.holder_pid IS NOT NULL AND l.renewed_at > pg_postmaster_start_time()\n",
+        replacement="        OR (l.holder_pid IS NOT NULL\n",
+        caught_by=(
+            "tests/unit/store/test_lease_guard.py::test_a_lease_whose_holder_session_ended_with_a_postgres_restart_waits_for_its_expiry",
+        ),
+    ),
+    Mutant(
         id="lease-taken-from-a-live-holder",
         rule="A lease is taken before its expiry only when its holder's Postgres session is gone.",
         file="orchestrator/store/pg_writer.py",
-        original=(
-            "        OR (l.holder_pid IS NOT NULL AND NOT EXISTS"
-            " (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid)))\n"
-        ),
-        replacement="        OR l.holder_pid IS NOT NULL)\n",
+        original="            AND NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = l.holder_pid)))\n",
+        replacement="            ))\n",
         caught_by=(
             "tests/unit/store/test_lease_guard.py::test_a_lease_whose_holder_session_is_gone_is_taken_at_once_and_its_old_holder_writes_nothing",
         ),

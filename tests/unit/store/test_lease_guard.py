@@ -127,6 +127,32 @@ async def test_a_lease_whose_holder_session_is_gone_is_taken_at_once_and_its_old
     assert await b.get_task("t3") is not None
 
 
+async def test_a_lease_whose_holder_session_ended_with_a_postgres_restart_waits_for_its_expiry(
+    stores: tuple[Store, Store],
+) -> None:
+    """A Postgres restart ends every session, a living leader's too: a lease last renewed before
+    the server (re)started says nothing of its holder, who reconnects and renews; taken only
+    once it has expired."""
+    a, b = stores
+    fence = await a.acquire_lease(LEASE, "replica-a", 2)
+    assert fence is not None
+    pid = await _holder_pid(a)
+    assert pid is not None
+    # As after a restart: A's last renewal came before the server started, and its session is gone.
+    # (The trigger that keeps holder_pid to its own session is set aside for this one write.)
+    async with b.engine.begin() as conn:
+        await conn.execute(text("ALTER TABLE leases DISABLE TRIGGER leases_holder_pid"))
+        await conn.execute(text("UPDATE leases SET renewed_at = pg_postmaster_start_time() - interval '1 second'"))
+        await conn.execute(text("ALTER TABLE leases ENABLE TRIGGER leases_holder_pid"))
+    assert await _sql(b, f"SELECT pg_terminate_backend({pid}, 5000)")
+    await _session_ends(b, pid)
+    assert await b.acquire_lease(LEASE, "replica-b", 30) is None  # not expired: refused
+    async with asyncio.timeout(10):  # its 2 s expiry passes: taken then
+        while (taken := await b.acquire_lease(LEASE, "replica-b", 30)) is None:
+            await asyncio.sleep(0.1)
+    assert taken == fence + 1
+
+
 async def test_a_lease_whose_holder_closed_its_store_without_releasing_is_taken_at_once(
     stores: tuple[Store, Store], postgres_db: str
 ) -> None:
