@@ -17,11 +17,6 @@ from typing import Any
 from fastapi import FastAPI, WebSocket
 from fastapi.openapi.docs import swagger_ui_default_parameters
 from fastapi.responses import HTMLResponse
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import __version__, web
@@ -32,7 +27,7 @@ from orchestrator.artifacts.service import Artifacts
 from orchestrator.bus.local import LocalBus
 from orchestrator.bus.redis import RedisBus
 from orchestrator.cluster import Cluster, LocalCluster
-from orchestrator.cluster.replicas import RedisCluster
+from orchestrator.cluster.replicas import RedisCluster, redis_client
 from orchestrator.config import Settings
 from orchestrator.domain.model import Role
 from orchestrator.engine.core import Engine
@@ -166,14 +161,7 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
     await bootstrap_admin_key(store, hasher, data_dir, settings.admin_key)
     redis = None
     if settings.redis_url:
-        # A restarted Redis leaves dead connections in the pool: retry a command on a fresh one
-        # (briefly) instead of losing the frame or hint it carried.
-        redis = Redis.from_url(
-            settings.redis_url,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            health_check_interval=30,
-        )
+        redis = redis_client(settings.redis_url)
     bus = RedisBus(redis) if redis is not None else LocalBus()
     engine = Engine(settings, store, bus)
     engine.metrics.stop_gc_watch = engine.metrics.gc_pauses.watch()

@@ -37,7 +37,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from redis import asyncio as aioredis
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from orchestrator.bus import keys
 from orchestrator.cluster import ClusterUnavailable, DeviceSockets, wire
@@ -60,6 +65,8 @@ LEASE = "engine"
 FOLLOWER_TRY_S = 0.5  # a follower tries for the lease at least this often (the leader renews every ttl/3)
 RPC_ATTEMPT_S = 5.0  # one try of a cross-replica request, before it is asked again
 REDIS_OP_S = 5.0  # one Redis command; an unresponsive Redis must not stall a replica
+PUBLISH_BATCH = 256  # messages sent in one pipeline at most
+REDIS_CONNECTIONS = 100  # a replica's connections to Redis at most (the subscription's among them)
 # Presence is "<replica>|<epoch>"; a claim replaces it only with an epoch at least as new.
 _CLAIM = """
 local cur = redis.call('get', KEYS[1])
@@ -71,6 +78,24 @@ redis.call('set', KEYS[1], ARGV[1], 'EX', ARGV[3])
 return 1
 """
 _RELEASE_IF_MINE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+def redis_client(url: str) -> Redis:
+    """The replica's Redis client. A command waits (up to REDIS_OP_S) for a free connection of the
+    pool rather than failing at once when every one is busy: a fan-out's hundreds of relayed
+    results at once would otherwise lose their requests and answers to "Too many connections",
+    and wait out a whole RPC_ATTEMPT_S before asking again. A restarted Redis leaves dead
+    connections in the pool: a command is retried (briefly) on a fresh one, instead of losing the
+    frame or hint it carried."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        timeout=REDIS_OP_S,
+        max_connections=REDIS_CONNECTIONS,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        health_check_interval=30,
+    )
+    return Redis.from_pool(pool)
 
 
 class RedisCluster:
@@ -346,12 +371,17 @@ class RedisCluster:
     # ================================================================ Redis plumbing
 
     async def _publish(self) -> None:
-        """One task sends everything, in order: a frame never overtakes an earlier one."""
+        """One task sends everything, in order: a frame never overtakes an earlier one. What has
+        queued up meanwhile goes in one pipeline (one write, one wait for Redis's answers), not
+        one round trip per message: a leader's step sends many frames to followers at once."""
         while True:
-            kind, target, body = await self._out.get()
+            batch = [await self._out.get()]
+            while len(batch) < PUBLISH_BATCH and not self._out.empty():
+                batch.append(self._out.get_nowait())
+            kind = batch[0][0]
             try:
                 async with asyncio.timeout(REDIS_OP_S):
-                    await self._publish_one(kind, target, body)
+                    await self._publish_batch(batch)
                 if self._failing_since is not None:
                     log.warning("Redis takes our messages again after %.1fs", time.monotonic() - self._failing_since)
                     self._failing_since = None
@@ -362,28 +392,41 @@ class RedisCluster:
                     self._failing_since = time.monotonic()
                     log.warning("could not publish to Redis (%s: %s); carrying on without it", kind, exc)
 
-    async def _publish_one(self, kind: str, target: str, body: dict[str, Any]) -> None:
+    async def _publish_batch(self, batch: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """The messages in order through one pipeline; a frame whose device's replica must first
+        be looked up sends what precedes it, then looks (so the order holds)."""
         ttl = int(max(self.settings.heartbeat_timeout_s, 1))
-        if kind == "publish":
-            await self.redis.publish(target, orjson.dumps(body))
-        elif kind == "presence":
-            value = f"{self.replica_id}|{body['epoch']}"
-            await self.redis.eval(_CLAIM, 1, keys.presence(target), value, body["epoch"], ttl)
-        elif kind == "absent":
-            value = f"{self.replica_id}|{body['epoch']}"
-            await self.redis.eval(_RELEASE_IF_MINE, 1, keys.presence(target), value)
-        elif kind == "route":
-            replica = body.pop("to", None)
-            if replica is None:
-                holder = await self.redis.get(keys.presence(target))
-                if holder is None:
-                    log.warning("no replica holds device %s; the frame waits for its next connection", target)
-                    return
-                replica = _text(holder).rsplit("|", 1)[0]
-            if replica == self.replica_id:
-                self._relay(body)
+        pipe = self.redis.pipeline(transaction=False)
+        queued = 0
+        for kind, target, body in batch:
+            if kind == "publish":
+                pipe.publish(target, orjson.dumps(body))
+            elif kind == "presence":
+                value = f"{self.replica_id}|{body['epoch']}"
+                pipe.eval(_CLAIM, 1, keys.presence(target), value, body["epoch"], ttl)
+            elif kind == "absent":
+                value = f"{self.replica_id}|{body['epoch']}"
+                pipe.eval(_RELEASE_IF_MINE, 1, keys.presence(target), value)
+            elif kind == "route":
+                replica = body.pop("to", None)
+                if replica is None:
+                    if queued:
+                        await pipe.execute()
+                        queued = 0
+                    holder = await self.redis.get(keys.presence(target))
+                    if holder is None:
+                        log.warning("no replica holds device %s; the frame waits for its next connection", target)
+                        continue
+                    replica = _text(holder).rsplit("|", 1)[0]
+                if replica == self.replica_id:
+                    self._relay(body)
+                    continue
+                pipe.publish(keys.replica_out(replica), orjson.dumps(body))
             else:
-                await self.redis.publish(keys.replica_out(replica), orjson.dumps(body))
+                continue
+            queued += 1
+        if queued:
+            await pipe.execute()
 
     async def _listen(self) -> None:
         channels = [keys.INBOX, keys.LEADER, keys.replica_out(self.replica_id), keys.replica_replies(self.replica_id)]

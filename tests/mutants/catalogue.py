@@ -125,6 +125,16 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        id="redis-burst-fails-fast",
+        rule="A replica's Redis command waits for a free connection of its pool, never fails for want of one.",
+        file="orchestrator/cluster/replicas.py",
+        original="    pool = aioredis.BlockingConnectionPool.from_url(\n        url,\n        timeout=REDIS_OP_S,\n",
+        replacement="    pool = aioredis.ConnectionPool.from_url(\n        url,\n",
+        caught_by=(
+            "tests/unit/test_redis_client.py::test_a_burst_beyond_the_pool_waits_for_connections_and_loses_nothing",
+        ),
+    ),
+    Mutant(
         id="lease-taken-after-a-postgres-restart",
         rule="A session ended by a Postgres restart since the lease's last renewal does not count as a dead holder.",
         file="orchestrator/store/pg_writer.py",
