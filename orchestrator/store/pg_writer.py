@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]  # no stubs; its objects are Any here
@@ -95,23 +95,22 @@ class _OwnConnection:
         if conn is not None:
             conn.terminate()
 
-
-class _ReaderConnection(_OwnConnection):
-    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        """The rows of one read. A connection found lost is made again and the read asked once
-        more (a read changes nothing), as the pool's ping did."""
+    async def _twice(self, sql: str, call: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
+        """`call` (one statement, `sql`) on the connection, one user at a time. A connection found
+        lost is made again and `call` made once more: only for a statement that is safe to ask
+        twice (a read; a lease statement, which decides from the row as it then is)."""
         async with self._lock:
             for attempt in (1, 2):
                 conn = await self._connection()
                 try:
-                    return list(await conn.fetch(sql, *args))
+                    return await call(conn)
                 except asyncpg.PostgresError as exc:
                     if conn.is_closed():
                         self._drop()
                         if attempt == 1:
                             continue
                     raise _as_sqlalchemy(sql, exc, conn.is_closed()) from exc
-                except asyncpg.DataError as exc:  # an argument it cannot send: the query's fault
+                except asyncpg.DataError as exc:  # an argument it cannot send: the statement's fault
                     raise DataError(sql, None, exc) from exc
                 except Exception as exc:  # the driver's own: the connection lost or unusable
                     self._drop()
@@ -119,9 +118,16 @@ class _ReaderConnection(_OwnConnection):
                         continue
                     raise DBAPIError(sql, None, exc, connection_invalidated=True) from exc
                 except BaseException:
-                    self._drop()  # cancelled while the read was out: the connection is in doubt
+                    self._drop()  # cancelled while the statement was out: the connection is in doubt
                     raise
         raise AssertionError("unreachable")
+
+
+class _ReaderConnection(_OwnConnection):
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        """The rows of one read. A connection found lost is made again and the read asked once
+        more (a read changes nothing), as the pool's ping did."""
+        return list(await self._twice(sql, lambda conn: conn.fetch(sql, *args)))
 
 
 class PostgresReader:
@@ -201,26 +207,7 @@ class PostgresLease(_OwnConnection):
         await self._once(_RELEASE, name, holder)
 
     async def _once(self, sql: str, *args: Any) -> Any:
-        async with self._lock:
-            for attempt in (1, 2):
-                conn = await self._connection()
-                try:
-                    return await conn.fetchval(sql, *args)
-                except asyncpg.PostgresError as exc:
-                    if conn.is_closed():
-                        self._drop()
-                        if attempt == 1:
-                            continue
-                    raise _as_sqlalchemy(sql, exc, conn.is_closed()) from exc
-                except Exception as exc:  # the driver's own: the connection lost or unusable
-                    self._drop()
-                    if attempt == 1:
-                        continue
-                    raise DBAPIError(sql, None, exc, connection_invalidated=True) from exc
-                except BaseException:
-                    self._drop()  # cancelled while the statement was out: the connection is in doubt
-                    raise
-        raise AssertionError("unreachable")
+        return await self._twice(sql, lambda conn: conn.fetchval(sql, *args))
 
 
 class PostgresWriter(_OwnConnection):
