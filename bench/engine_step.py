@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import re
 import shutil
@@ -49,7 +48,7 @@ from bench.rtt_floor import harness
 from bench.stores import add_store_options, check_refused, check_store_options, labels, postgres_database, refuse_store
 from orchestrator.app import tune_gc
 from protocol.messages import CommandBatch
-from tests.unit.engine.harness import results
+from tests.unit.engine.harness import chain_dag, results
 
 WARMUP = 20
 
@@ -74,12 +73,7 @@ async def chain(nodes: int, commits: list[float] | None = None, database_url: st
         try:
             device = await h.enroll("d1")
             await h.connect(device)
-            ids = [f"n{i}" for i in range(nodes)]
-            dag = {
-                "nodes": [{"id": n, "commands": [{"tool": "sim.act", "arguments": {"text": "x"}}]} for n in ids],
-                "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
-            }
-            await h.submit(dag)
+            await h.submit(chain_dag(nodes))
             if commits is not None:
                 commits.clear()  # the submission's own
             times = []

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import sqlite3
 import statistics
@@ -370,16 +369,15 @@ async def _prepare_store(tmp: Path, nodes: int, database_url: str | None = None)
     """A migrated store (the SQLite file in `tmp`, or the Postgres database at `database_url`)
     with a chain task of `nodes` no-op nodes for one connected device, set up by the real engine:
     (task id, device id, node ids, the device's next fence)."""
+    from tests.unit.engine.harness import chain_dag
+
     h = await harness(tmp, database_url)
     try:
         device = await h.enroll("floor")
         await h.connect(device)
-        ids = [f"n{i}" for i in range(nodes + 1)]
-        dag = {
-            "nodes": [{"id": n, "commands": [{"tool": "sim.act", "arguments": {"text": "x"}}]} for n in ids],
-            "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
-        }
+        dag = chain_dag(nodes + 1)
         await h.submit(dag)  # (the harness's devices have the `sim` tools) n0 is assigned; the floor runs n1 on
+        ids = [n["id"] for n in dag["nodes"]]
         return h.links.sent[-1].message.task_id, device, ids[1:], int(h.links.sent[-1].message.fence) + 1
     finally:
         await h.close()

@@ -6,7 +6,6 @@ throwaway Postgres, to check it runs with a production's durability."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 from bench.stores import DURABLE_POSTGRES, POSTGRES_SERVER_ENV, REDIS_ENV, postgres_database
 from tests.services import asyncpg_dsn, fresh_database, run_async
 from tests.support import ROOT, child_env
-from tests.unit.engine.harness import results
+from tests.unit.engine.harness import chain_dag, results
 
 TIMEOUT_S = 240
 
@@ -259,12 +258,7 @@ async def test_the_postgres_floor_writes_what_the_engine_writes_there_for_a_chai
     try:
         device = await h.enroll("d1")
         await h.connect(device)
-        ids = [f"n{i}" for i in range(6)]
-        dag = {
-            "nodes": [{"id": n, "commands": [{"tool": "sim.act", "arguments": {"text": "x"}}]} for n in ids],
-            "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
-        }
-        await h.submit(dag)
+        await h.submit(chain_dag(6))
         for i in range(4):
             frame = results(device, h.links.sent[-1].message)
             if i == 2:  # a step in the middle of the chain: one node ends, the next starts

@@ -5,7 +5,6 @@ for a chained node, its agent the statements the ledger issues for a batch, and 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import re
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 from bench.rtt_floor import EVENTS_SQL, NEXT_EVENT_SQL, RECEIPT_SQL, RESULTS_SQL, SERVER_SQL, STARTED_SQL
 from device_agent.ledger import Ledger
 from protocol.messages import Command, CommandBatch, Result
-from tests.unit.engine.harness import Harness, results
+from tests.unit.engine.harness import Harness, chain_dag, results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,12 +32,7 @@ async def test_the_floor_writes_what_the_engine_writes_for_a_chained_node(tmp_pa
     try:
         device = await h.enroll("d1")
         await h.connect(device)
-        ids = [f"n{i}" for i in range(6)]
-        dag = {
-            "nodes": [{"id": n, "commands": [{"tool": "sim.act", "arguments": {"text": "x"}}]} for n in ids],
-            "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
-        }
-        await h.submit(dag)
+        await h.submit(chain_dag(6))
         writer = h.store._sqlite
         assert writer is not None
         traced: list[str] = []

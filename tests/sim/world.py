@@ -732,9 +732,7 @@ class World:
         if self.engine is engine:
             self.engine = None
             pending, self.inbox = self.inbox, []
-            for _, reply in pending:
-                if reply is not None:
-                    reply(False, None)
+            _refuse(pending)
         self._restart_soon()
 
     def _restart_soon(self) -> None:
@@ -778,18 +776,10 @@ class World:
             # The step's own inputs get no answer from a dead engine either: their gateways close
             # those connections unacknowledged (the cluster's request times out, or the process
             # dies with its sockets), and the devices resume and send again.
-            for _, reply in futures:
-                if reply is not None:
-                    reply(False, None)
+            _refuse(futures)
             return
         self.store.fail_next = 0
-        for fut, reply in futures:
-            if reply is None:
-                continue
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                reply(True, fut.result())
-            else:
-                reply(False, None)
+        _answer(futures)
         self.check_refused()
         self.check_step(engine)
 
@@ -917,19 +907,11 @@ class World:
         except LeaseLost as exc:
             self.seen["old engine's commit refused"] += 1
             self.stale_stops(engine, f"a commit of its was refused: {exc}")
-            for _, reply in futures:
-                if reply is not None:
-                    reply(False, None)
+            _refuse(futures)
             return
         except Exception as exc:
             self.fail(f"the old engine's step failed otherwise than on its lost lease: {exc!r}")
-        for fut, reply in futures:
-            if reply is None:
-                continue
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                reply(True, fut.result())
-            else:
-                reply(False, None)
+        _answer(futures)
 
     def stale_stops(self, engine: Engine, why: str) -> None:
         """The old engine stops for good; what waits on it is refused (its connections close
@@ -939,9 +921,7 @@ class World:
         self.log("engine", f"old engine on {self.stale_replica} stops: {why}")
         self.stale, self.stale_replica = None, None
         pending, self.stale_inbox = self.stale_inbox, []
-        for _, reply in pending:
-            if reply is not None:
-                reply(False, None)
+        _refuse(pending)
 
     # ------------------------------------------------------------------ the fleet and its work
 
@@ -1609,3 +1589,24 @@ def simulate(seed: int, fault_s: float = 40.0, heal_s: float = 200.0) -> Outcome
     return Outcome(
         seed, not error, world.trace.digest(), error, world.report(), world.steps, world.trace.count, seen, ended
     )
+
+
+Reply = Callable[[bool, Any], None]
+
+
+def _refuse(waiting: list[tuple[Any, Reply | None]]) -> None:
+    """Refuse every waiting input: its gateway closes the connection unacknowledged."""
+    for _, reply in waiting:
+        if reply is not None:
+            reply(False, None)
+
+
+def _answer(futures: list[tuple[Any, Reply | None]]) -> None:
+    """Answer each waiting input with its step's outcome: the value, or refused."""
+    for fut, reply in futures:
+        if reply is None:
+            continue
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            reply(True, fut.result())
+        else:
+            reply(False, None)

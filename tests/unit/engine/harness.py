@@ -323,5 +323,14 @@ def one_node(node_id: str = "n", tool_name: str = "sim.act", **extra: Any) -> di
     return {"nodes": [{"id": node_id, "commands": [{"tool": tool_name}], **extra}]}
 
 
+def chain_dag(count: int) -> dict[str, Any]:
+    """A DAG of `count` no-op `sim.act` nodes n0 -> n1 -> ..., each waiting on the one before."""
+    names = [f"n{i}" for i in range(count)]
+    return {
+        "nodes": [{"id": n, "commands": [{"tool": "sim.act", "arguments": {"text": "x"}}]} for n in names],
+        "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(names)],
+    }
+
+
 def ids(items: Iterable[CommandBatch]) -> list[str]:
     return [b.batch_id for b in items]

@@ -92,6 +92,21 @@ async def _holder_pid(store: Store) -> int | None:
     return int(found) if isinstance(found, int) else None
 
 
+async def _take(store: Store, ttl_s: float = 30) -> tuple[int, int]:
+    """Replica A takes the lease on `store`: (its fence, the pid of the session it recorded)."""
+    fence = await store.acquire_lease(LEASE, "replica-a", ttl_s)
+    assert fence is not None
+    pid = await _holder_pid(store)
+    assert pid is not None
+    return fence, pid
+
+
+async def _terminate(store: Store, pid: int) -> None:
+    """End backend `pid` from `store`'s pool (its process killed, say), and wait until it is gone."""
+    assert await _sql(store, f"SELECT pg_terminate_backend({pid}, 5000)")
+    await _session_ends(store, pid)
+
+
 async def _session_ends(store: Store, pid: int) -> None:
     """Wait (bounded, well below any lease's TTL) until backend `pid` is gone from Postgres."""
     async with asyncio.timeout(5):
@@ -103,16 +118,12 @@ async def test_a_lease_whose_holder_session_is_gone_is_taken_at_once_and_its_old
     stores: tuple[Store, Store],
 ) -> None:
     a, b = stores
-    fence = await a.acquire_lease(LEASE, "replica-a", 30)
-    assert fence is not None
+    fence, pid = await _take(a)
     await a.write(new_task("t1", (LEASE, "replica-a", fence)))
-    pid = await _holder_pid(a)
-    assert pid is not None
     assert await b.acquire_lease(LEASE, "replica-b", 30) is None  # A's session lives: refused
     assert await b.acquire_lease(LEASE, "replica-b", 30) is None
     # A's lease session ends (its process killed, say) while A's writer lives on.
-    assert await _sql(b, f"SELECT pg_terminate_backend({pid}, 5000)")
-    await _session_ends(b, pid)
+    await _terminate(b, pid)
     started = asyncio.get_running_loop().time()
     taken = await b.acquire_lease(LEASE, "replica-b", 30)  # long before the 30 s expiry
     assert taken == fence + 1
@@ -134,18 +145,14 @@ async def test_a_lease_whose_holder_session_ended_with_a_postgres_restart_waits_
     the server (re)started says nothing of its holder, who reconnects and renews; taken only
     once it has expired."""
     a, b = stores
-    fence = await a.acquire_lease(LEASE, "replica-a", 2)
-    assert fence is not None
-    pid = await _holder_pid(a)
-    assert pid is not None
+    fence, pid = await _take(a, 2)
     # As after a restart: A's last renewal came before the server started, and its session is gone.
     # (The trigger that keeps holder_pid to its own session is set aside for this one write.)
     async with b.engine.begin() as conn:
         await conn.execute(text("ALTER TABLE leases DISABLE TRIGGER leases_holder_pid"))
         await conn.execute(text("UPDATE leases SET renewed_at = pg_postmaster_start_time() - interval '1 second'"))
         await conn.execute(text("ALTER TABLE leases ENABLE TRIGGER leases_holder_pid"))
-    assert await _sql(b, f"SELECT pg_terminate_backend({pid}, 5000)")
-    await _session_ends(b, pid)
+    await _terminate(b, pid)
     assert await b.acquire_lease(LEASE, "replica-b", 30) is None  # not expired: refused
     async with asyncio.timeout(10):  # its 2 s expiry passes: taken then
         while (taken := await b.acquire_lease(LEASE, "replica-b", 30)) is None:
@@ -157,10 +164,7 @@ async def test_a_lease_whose_holder_closed_its_store_without_releasing_is_taken_
     stores: tuple[Store, Store], postgres_db: str
 ) -> None:
     a, b = stores
-    fence = await a.acquire_lease(LEASE, "replica-a", 30)
-    assert fence is not None
-    pid = await _holder_pid(a)
-    assert pid is not None
+    fence, pid = await _take(a)
     assert await b.acquire_lease(LEASE, "replica-b", 30) is None
     await a.close()  # its connections closed, the lease not released (it expires in 30 s)
     await _session_ends(b, pid)
@@ -180,10 +184,7 @@ async def test_a_lease_renewed_without_a_session_is_taken_only_once_it_has_expir
     """A replica from before `holder_pid` renews the lease without it: the session the column
     named is not the one writing, so the column is cleared, and the lease waits for its expiry."""
     a, b = stores
-    fence = await a.acquire_lease(LEASE, "replica-a", 30)
-    assert fence is not None
-    pid = await _holder_pid(a)
-    assert pid is not None
+    fence, pid = await _take(a)
     # An older replica (as its code wrote it: no holder_pid) takes the lease from A.
     await _sql(
         b,
@@ -204,12 +205,8 @@ async def test_a_holder_whose_lease_connection_was_lost_renews_on_a_new_one_and_
     stores: tuple[Store, Store],
 ) -> None:
     a, b = stores
-    fence = await a.acquire_lease(LEASE, "replica-a", 30)
-    assert fence is not None
-    pid = await _holder_pid(a)
-    assert pid is not None
-    assert await _sql(b, f"SELECT pg_terminate_backend({pid}, 5000)")
-    await _session_ends(b, pid)
+    fence, pid = await _take(a)
+    await _terminate(b, pid)
     assert await a.acquire_lease(LEASE, "replica-a", 30) == fence  # renewed first: the same term
     renewed = await _holder_pid(a)
     assert renewed not in (None, pid)  # its new session recorded
