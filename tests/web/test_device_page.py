@@ -125,7 +125,10 @@ def test_a_busy_devices_batch_links_to_its_task(web_fleet: Fleet, watched: Watch
     )
     try:
         page = sign_in(watched, web_fleet)
-        link = page.wait_for_selector(f"{device_row('beta', 'busy')} a.current-task[data-task-id='{task['id']}']")
+        # A locator, not an element handle: the device list is drawn again on each poll, and a
+        # handle taken before a redraw is detached from the page by the time it is clicked.
+        link = page.locator(f"{device_row('beta', 'busy')} a.current-task[data-task-id='{task['id']}']")
+        link.wait_for()
         assert "held" in link.inner_text()
         link.click()
         page.wait_for_selector(node_sel("held", "running"))
