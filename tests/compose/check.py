@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -247,7 +248,15 @@ def expect_exactly_once(dep: Deployment, run: Run, host_workspace: Path, what: s
     twice = [i for i in run.ids if counts[i] > 1]
     say(f"{what}: task {task['state']}, nodes {dict(states)}, lost {len(lost)}, ran twice {len(twice)}")
     if task["state"] != "succeeded" or lost or twice:
-        raise CheckFailed(f"{what}: state {task['state']}, nodes {dict(states)}, lost {lost}, twice {twice}")
+        unlike = [
+            {k: n.get(k) for k in ("id", "state", "device_id", "error", "attempts")}
+            for n in task["nodes"]
+            if n["state"] != "succeeded" or n["id"] in lost or n["id"] in twice
+        ]
+        raise CheckFailed(
+            f"{what}: state {task['state']}, nodes {dict(states)}, lost {lost}, twice {twice}; "
+            f"those nodes: {json.dumps(unlike)[:3000]}"
+        )
 
 
 @contextlib.contextmanager
@@ -343,6 +352,18 @@ def check(dep: Deployment, workdir: Path) -> None:
     say("6. the sample agent, its volume lost, took its device over again")
 
 
+def report_failure(dep: Deployment, workdir: Path) -> None:
+    """What a failure needs to be understood from the end of a long CI log: every service's last
+    lines, then the replicas' warnings and errors of the whole run, then the host agent's log."""
+    print(dep.compose("logs", "--tail=40", capture=True)[-20000:], flush=True)
+    logs = dep.compose("logs", "--no-color", "orchestrator", capture=True)
+    notable = [line for line in logs.splitlines() if " WARNING " in line or " ERROR " in line]
+    print("the replicas' warnings and errors:", *notable[-60:], sep="\n", flush=True)
+    host_log = workdir / "host-agent.log"
+    if host_log.exists():
+        print("the host agent's log (its end):", host_log.read_text(errors="replace")[-4000:], sep="\n", flush=True)
+
+
 def leftovers() -> list[str]:
     found = []
     for kind in ("container", "volume", "network"):
@@ -367,16 +388,18 @@ def main() -> int:
             failed = exc
             say(f"FAILED: {exc}")
             with contextlib.suppress(Exception):
-                print(dep.compose("logs", "--tail=40", capture=True)[-20000:], flush=True)
+                report_failure(dep, workdir)
         finally:
             with contextlib.suppress(CheckFailed):
-                dep.compose("down", "-v", "--remove-orphans")
+                dep.compose("down", "-v", "--remove-orphans", capture=True)
         left = leftovers()
         if left:
             say(f"FAILED: down -v left {left}")
             return 1
         say("7. down -v left no container, volume or network")
         if failed is not None:
+            where = " < ".join(f"{f.name}:{f.lineno}" for f in traceback.extract_tb(failed.__traceback__)[::-1])
+            say(f"FAILED (repeated after the logs above; {type(failed).__name__} in {where}): {failed}")
             return 1
     say("all checks passed")
     return 0
