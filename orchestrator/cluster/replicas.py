@@ -120,6 +120,7 @@ class RedisCluster:
         self._became_leader = asyncio.Event()
         self._stopping = False
         self._failing_since: float | None = None  # Redis refuses our publishes since then
+        self._fleet: tuple[int, list[DeviceRun]] | None = None  # (catalogue version, devices) on a follower
 
     # ================================================================ lifecycle
 
@@ -365,8 +366,18 @@ class RedisCluster:
         """Against the fleet as the store has it (the engine may live on another replica)."""
         return validate_against(spec, await self.devices(), self.settings.dag_limits)
 
-    async def devices(self) -> list[DeviceRun]:
-        return [device_from_row(row) for row in await self.store.list_devices()]
+    async def devices(self, fresh: bool = False) -> list[DeviceRun]:
+        """The leader's engine holds the fleet (as on one process). A follower keeps a copy read
+        from the store, read again only when the store's device catalogue version moved (every
+        committed change the checks look at moves it): one small read per submission rather than
+        every device row parsed. Busy flags are not part of that version: `fresh` reads the rows
+        (a dry run says which device a node would run on now)."""
+        if self._leader and self._became_leader.is_set():
+            return list(self.engine.devices.values())
+        version = await self.store.device_catalog_version()
+        if fresh or self._fleet is None or self._fleet[0] != version:
+            self._fleet = (version, [device_from_row(row) for row in await self.store.list_devices()])
+        return list(self._fleet[1])
 
     # ================================================================ Redis plumbing
 
@@ -439,10 +450,13 @@ class RedisCluster:
                     async for raw in pubsub.listen():
                         if raw.get("type") != "message":
                             continue
+                        channel = _text(raw["channel"])
+                        if channel == keys.INBOX and not self._leader:
+                            continue  # the leader's: a follower need not parse other followers' requests
                         try:
-                            await self._dispatch(_text(raw["channel"]), orjson.loads(raw["data"]))
+                            await self._dispatch(channel, orjson.loads(raw["data"]))
                         except Exception:  # one bad message must not cost the subscription
-                            log.exception("could not handle a message on %s", _text(raw["channel"]))
+                            log.exception("could not handle a message on %s", channel)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
