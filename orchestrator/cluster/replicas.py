@@ -214,6 +214,7 @@ class RedisCluster:
         if not self._hearing:
             self.engine.notify(Hearing(False))
         self._became_leader.set()
+        self._ask_again()  # our own requests now go to our own engine
         log.warning("replica %s now leads the engine (fence %d)", self.replica_id, fence)
         self._out.put_nowait(("publish", keys.LEADER, {"replica": self.replica_id, "fence": fence}))
         self.report(self.gateway.link_report())
@@ -271,11 +272,11 @@ class RedisCluster:
                 fut.set_exception(ClusterUnavailable(f"no engine leader answered within {limit:g}s; retry later"))
 
     async def _ask(self, body: dict[str, Any], wait_s: float) -> dict[str, Any] | None:
-        """One request through Redis; the leader's answer, or None if none came in `wait_s`."""
+        """One request through Redis; the leader's answer, or None if none came in `wait_s` or a
+        new leader took over meanwhile (`_ask_again`: the request may have gone to a dead one)."""
         request_id = secrets.token_hex(8)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = reply
-        leading = asyncio.ensure_future(self._became_leader.wait())
         started = time.monotonic()
         try:
             request = {
@@ -287,15 +288,22 @@ class RedisCluster:
             async with asyncio.timeout(wait_s):
                 await self.redis.publish(keys.INBOX, orjson.dumps(request))
             left = max(0.0, wait_s - (time.monotonic() - started))
-            await asyncio.wait({reply, leading}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({reply}, timeout=left)
         except Exception as exc:  # Redis refused or timed out: wait a little, then ask again
             log.warning("could not reach the engine leader through Redis (%s)", exc)
             await asyncio.sleep(min(0.5, max(0.0, wait_s - (time.monotonic() - started))))
             return None
         finally:
-            leading.cancel()
             self._pending.pop(request_id, None)
         return reply.result() if reply.done() else None
+
+    def _ask_again(self) -> None:
+        """A replica (this one, or another) now leads: every request waiting for an answer is
+        asked again at once, not at the end of its try (RPC_ATTEMPT_S): it may have gone to the
+        leader that died, or to nobody. Each is idempotent, so one answered twice is harmless."""
+        for reply in self._pending.values():
+            if not reply.done():
+                reply.set_result(None)
 
     async def _serve_input(self, message: dict[str, Any]) -> None:
         try:
@@ -481,6 +489,7 @@ class RedisCluster:
             if message.get("replica") != self.replica_id:
                 if self._leader:  # someone else holds the lease now: we must have lost it
                     await self._try_lead()
+                self._ask_again()
                 self.report(self.gateway.link_report())  # the new leader need not wait for a report
         elif channel == keys.replica_replies(self.replica_id):
             fut = self._pending.get(str(message.get("id")))

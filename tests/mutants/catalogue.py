@@ -163,6 +163,16 @@ MUTANTS: list[Mutant] = [
         caught_by=("tests/unit/store/test_device_catalog.py::test_on_sqlite",),
     ),
     Mutant(
+        id="relay-waits-out-a-dead-leaders-try",
+        rule="A follower's unanswered requests are asked again as soon as another replica announces it leads.",
+        file="orchestrator/cluster/replicas.py",
+        original="                    await self._try_lead()\n                self._ask_again()\n",
+        replacement="                    await self._try_lead()\n",
+        caught_by=(
+            "tests/unit/test_relay_new_leader.py::test_a_request_is_asked_again_at_once_when_a_new_leader_announces_itself",
+        ),
+    ),
+    Mutant(
         id="lease-taken-after-a-postgres-restart",
         rule="A session ended by a Postgres restart since the lease's last renewal does not count as a dead holder.",
         file="orchestrator/store/pg_writer.py",
