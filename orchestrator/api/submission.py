@@ -241,7 +241,7 @@ async def dry_run(store: Store, cluster: Cluster, settings: Settings, body: Task
         return {"valid": not problems, "problems": problems, "warnings": [], "nodes": []}
     if refused := nul_problems(spec):
         return {"valid": False, "problems": [p.as_dict() for p in refused], "warnings": [], "nodes": []}
-    devices = await cluster.devices()
+    devices = await cluster.devices(fresh=True)
     policies = await device_policies(store)
     answer = validation.dry_run(spec, devices, settings.dag_limits, policies)
     answer["warnings"] += await waiting_warnings(store, spec, devices, settings.queue_timeout_s)

@@ -60,8 +60,9 @@ class Cluster(Protocol):
 
     async def validate(self, spec: DagSpec) -> list[Problem]: ...
 
-    async def devices(self) -> list[DeviceRun]:
-        """The fleet as submission checks see it (catalogues, placement facts), a snapshot."""
+    async def devices(self, fresh: bool = False) -> list[DeviceRun]:
+        """The fleet as submission checks see it (catalogues, placement facts), a snapshot;
+        `fresh`: with every device's busy flag as of now (a replica may keep the rest)."""
         ...
 
     def device_connected(self, device_id: str, epoch: int) -> None: ...
@@ -109,7 +110,7 @@ class LocalCluster:
     async def validate(self, spec: DagSpec) -> list[Problem]:
         return self.engine.validate(spec)
 
-    async def devices(self) -> list[DeviceRun]:
+    async def devices(self, fresh: bool = False) -> list[DeviceRun]:
         return list(self.engine.devices.values())
 
     def device_connected(self, device_id: str, epoch: int) -> None:

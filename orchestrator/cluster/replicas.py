@@ -120,6 +120,7 @@ class RedisCluster:
         self._became_leader = asyncio.Event()
         self._stopping = False
         self._failing_since: float | None = None  # Redis refuses our publishes since then
+        self._fleet: tuple[int, list[DeviceRun]] | None = None  # (catalogue version, devices) on a follower
 
     # ================================================================ lifecycle
 
@@ -213,6 +214,7 @@ class RedisCluster:
         if not self._hearing:
             self.engine.notify(Hearing(False))
         self._became_leader.set()
+        self._ask_again()  # our own requests now go to our own engine
         log.warning("replica %s now leads the engine (fence %d)", self.replica_id, fence)
         self._out.put_nowait(("publish", keys.LEADER, {"replica": self.replica_id, "fence": fence}))
         self.report(self.gateway.link_report())
@@ -270,11 +272,11 @@ class RedisCluster:
                 fut.set_exception(ClusterUnavailable(f"no engine leader answered within {limit:g}s; retry later"))
 
     async def _ask(self, body: dict[str, Any], wait_s: float) -> dict[str, Any] | None:
-        """One request through Redis; the leader's answer, or None if none came in `wait_s`."""
+        """One request through Redis; the leader's answer, or None if none came in `wait_s` or a
+        new leader took over meanwhile (`_ask_again`: the request may have gone to a dead one)."""
         request_id = secrets.token_hex(8)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = reply
-        leading = asyncio.ensure_future(self._became_leader.wait())
         started = time.monotonic()
         try:
             request = {
@@ -286,15 +288,22 @@ class RedisCluster:
             async with asyncio.timeout(wait_s):
                 await self.redis.publish(keys.INBOX, orjson.dumps(request))
             left = max(0.0, wait_s - (time.monotonic() - started))
-            await asyncio.wait({reply, leading}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({reply}, timeout=left)
         except Exception as exc:  # Redis refused or timed out: wait a little, then ask again
             log.warning("could not reach the engine leader through Redis (%s)", exc)
             await asyncio.sleep(min(0.5, max(0.0, wait_s - (time.monotonic() - started))))
             return None
         finally:
-            leading.cancel()
             self._pending.pop(request_id, None)
         return reply.result() if reply.done() else None
+
+    def _ask_again(self) -> None:
+        """A replica (this one, or another) now leads: every request waiting for an answer is
+        asked again at once, not at the end of its try (RPC_ATTEMPT_S): it may have gone to the
+        leader that died, or to nobody. Each is idempotent, so one answered twice is harmless."""
+        for reply in self._pending.values():
+            if not reply.done():
+                reply.set_result(None)
 
     async def _serve_input(self, message: dict[str, Any]) -> None:
         try:
@@ -365,8 +374,18 @@ class RedisCluster:
         """Against the fleet as the store has it (the engine may live on another replica)."""
         return validate_against(spec, await self.devices(), self.settings.dag_limits)
 
-    async def devices(self) -> list[DeviceRun]:
-        return [device_from_row(row) for row in await self.store.list_devices()]
+    async def devices(self, fresh: bool = False) -> list[DeviceRun]:
+        """The leader's engine holds the fleet (as on one process). A follower keeps a copy read
+        from the store, read again only when the store's device catalogue version moved (every
+        committed change the checks look at moves it): one small read per submission rather than
+        every device row parsed. Busy flags are not part of that version: `fresh` reads the rows
+        (a dry run says which device a node would run on now)."""
+        if self._leader and self._became_leader.is_set():
+            return list(self.engine.devices.values())
+        version = await self.store.device_catalog_version()
+        if fresh or self._fleet is None or self._fleet[0] != version:
+            self._fleet = (version, [device_from_row(row) for row in await self.store.list_devices()])
+        return list(self._fleet[1])
 
     # ================================================================ Redis plumbing
 
@@ -439,10 +458,13 @@ class RedisCluster:
                     async for raw in pubsub.listen():
                         if raw.get("type") != "message":
                             continue
+                        channel = _text(raw["channel"])
+                        if channel == keys.INBOX and not self._leader:
+                            continue  # the leader's: a follower need not parse other followers' requests
                         try:
-                            await self._dispatch(_text(raw["channel"]), orjson.loads(raw["data"]))
+                            await self._dispatch(channel, orjson.loads(raw["data"]))
                         except Exception:  # one bad message must not cost the subscription
-                            log.exception("could not handle a message on %s", _text(raw["channel"]))
+                            log.exception("could not handle a message on %s", channel)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -467,6 +489,7 @@ class RedisCluster:
             if message.get("replica") != self.replica_id:
                 if self._leader:  # someone else holds the lease now: we must have lost it
                     await self._try_lead()
+                self._ask_again()
                 self.report(self.gateway.link_report())  # the new leader need not wait for a report
         elif channel == keys.replica_replies(self.replica_id):
             fut = self._pending.get(str(message.get("id")))

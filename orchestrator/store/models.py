@@ -87,6 +87,18 @@ class Device(Base):
     control: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
+class DeviceCatalog(Base):
+    """One row: `version` grows with every committed change to what submission checks read of the
+    devices (their rows come and go; names, labels, platforms, tools, states, controls). Triggers
+    keep it (migration 0013): a replica that validates away from the engine keeps its copy of the
+    fleet and reads the devices again only when this moved."""
+
+    __tablename__ = "device_catalog"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class Task(Base):
     __tablename__ = "tasks"
     __table_args__ = (Index("ix_tasks_name", "name", "created_at"),)

@@ -135,6 +135,44 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        id="follower-fleet-never-read-again",
+        rule="A follower reads the devices again whenever the store's device catalogue version moved.",
+        file="orchestrator/cluster/replicas.py",
+        original="if fresh or self._fleet is None or self._fleet[0] != version:",
+        replacement="if fresh or self._fleet is None:",
+        caught_by=(
+            "tests/unit/store/test_device_catalog.py::test_a_follower_validates_against_its_copy_and_reads_it_again_when_the_version_moved",
+        ),
+    ),
+    Mutant(
+        id="device-catalog-counted-at-each-change",
+        rule="The device catalogue version is counted at commit: unseen before it, no lock held long.",
+        file="migrations/versions/0013_device_catalog_version.py",
+        original=" ON devices DEFERRABLE INITIALLY DEFERRED",
+        replacement=" ON devices NOT DEFERRABLE INITIALLY IMMEDIATE",
+        caught_by=(
+            "tests/unit/store/test_device_catalog.py::test_on_postgres_a_change_counts_at_its_commit_and_two_writers_never_wait_on_the_count",
+        ),
+    ),
+    Mutant(
+        id="device-catalog-blind-to-liveness",
+        rule="Every device column a submission's checks read moves the catalogue version (its liveness too).",
+        file="migrations/versions/0013_device_catalog_version.py",
+        original='    "liveness",\n',
+        replacement="",
+        caught_by=("tests/unit/store/test_device_catalog.py::test_on_sqlite",),
+    ),
+    Mutant(
+        id="relay-waits-out-a-dead-leaders-try",
+        rule="A follower's unanswered requests are asked again as soon as another replica announces it leads.",
+        file="orchestrator/cluster/replicas.py",
+        original="                    await self._try_lead()\n                self._ask_again()\n",
+        replacement="                    await self._try_lead()\n",
+        caught_by=(
+            "tests/unit/test_relay_new_leader.py::test_a_request_is_asked_again_at_once_when_a_new_leader_announces_itself",
+        ),
+    ),
+    Mutant(
         id="lease-taken-after-a-postgres-restart",
         rule="A session ended by a Postgres restart since the lease's last renewal does not count as a dead holder.",
         file="orchestrator/store/pg_writer.py",

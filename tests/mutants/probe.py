@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("orchestrator", "device_agent", "protocol", "orrery")
+PACKAGES = ("orchestrator", "device_agent", "protocol", "orrery", "migrations")
 # Prototypes in the simulator whose rules have mutants too (tests/mutants/catalogue.py, PROTOTYPES).
 PROTOTYPE_MODULES = ("tests.sim.shards",)
 _failed: list[str] = []
