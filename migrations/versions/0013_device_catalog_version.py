@@ -11,12 +11,14 @@ engine writes at every dispatch (fence, current batch, last seen, session epoch)
 A replica away from the engine keeps its copy of the fleet and reads the devices again only when
 the version moved: one small read per submission instead of every device row.
 
-On Postgres the count is taken by a deferred constraint trigger, at commit: a transaction locks
-the one row last, after every other row it touches, so two transactions never wait on each
-other through it (no deadlock), and a reader never sees the new version before the change is
-committed. Expand only: a replica of the previous revision writes devices as before, and the
-triggers count its changes too. A later migration that rebuilds `devices` on SQLite (a batch
-alter copies the table) must make the SQLite triggers again.
+The count is taken by a deferred constraint trigger, at commit: a transaction locks the one
+row last, after every other row it touches, so two transactions never wait on each other through
+it (no deadlock), and a reader never sees the new version before the change is committed.
+Postgres only, as replicas are: on SQLite (one process, whose checks read the engine's memory)
+the table is made but no trigger, so the engine's writes there pay nothing for it, and a
+replica on SQLite reads every row (`Store.device_catalog_version` is None there). Expand only: a
+replica of the previous revision writes devices as before, and the triggers count its changes
+too.
 """
 
 from __future__ import annotations
@@ -57,13 +59,6 @@ def _pg_changed() -> str:
     return " OR ".join(f"OLD.{c}::text IS DISTINCT FROM NEW.{c}::text" for c in WATCHED)
 
 
-def _sqlite_changed() -> str:
-    return " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in WATCHED)
-
-
-_BUMP_SQLITE = "BEGIN UPDATE device_catalog SET version = version + 1 WHERE id = 1; END"
-
-
 def upgrade() -> None:
     op.create_table(
         "device_catalog",
@@ -82,12 +77,6 @@ def upgrade() -> None:
                 f"CREATE CONSTRAINT TRIGGER {name} AFTER {event} ON devices DEFERRABLE INITIALLY DEFERRED"
                 f" FOR EACH ROW{when} EXECUTE PROCEDURE device_catalog_bump()"
             )
-    else:
-        op.execute(f"CREATE TRIGGER device_catalog_inserted AFTER INSERT ON devices {_BUMP_SQLITE}")
-        op.execute(f"CREATE TRIGGER device_catalog_deleted AFTER DELETE ON devices {_BUMP_SQLITE}")
-        op.execute(
-            f"CREATE TRIGGER device_catalog_changed AFTER UPDATE ON devices WHEN {_sqlite_changed()} {_BUMP_SQLITE}"
-        )
 
 
 def downgrade() -> None:
@@ -95,7 +84,4 @@ def downgrade() -> None:
         op.execute("DROP TRIGGER device_catalog_rows ON devices")
         op.execute("DROP TRIGGER device_catalog_changes ON devices")
         op.execute("DROP FUNCTION device_catalog_bump()")
-    else:
-        for name in ("device_catalog_inserted", "device_catalog_deleted", "device_catalog_changed"):
-            op.execute(f"DROP TRIGGER {name}")
     op.drop_table("device_catalog")

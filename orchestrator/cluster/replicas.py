@@ -383,8 +383,10 @@ class RedisCluster:
         if self._leader and self._became_leader.is_set():
             return list(self.engine.devices.values())
         version = await self.store.device_catalog_version()
-        if fresh or self._fleet is None or self._fleet[0] != version:
-            self._fleet = (version, [device_from_row(row) for row in await self.store.list_devices()])
+        if fresh or version is None or self._fleet is None or self._fleet[0] != version:
+            devices = [device_from_row(row) for row in await self.store.list_devices()]
+            self._fleet = (version, devices) if version is not None else None
+            return list(devices)
         return list(self._fleet[1])
 
     # ================================================================ Redis plumbing

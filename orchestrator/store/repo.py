@@ -532,16 +532,15 @@ class Store:
         async with self.sessions() as s:
             return list((await s.execute(select(Device).order_by(Device.name))).scalars().all())
 
-    async def device_catalog_version(self) -> int:
+    async def device_catalog_version(self) -> int | None:
         """Grows with every committed change submission checks read of the devices (migration
-        0013's triggers): one small read, on Postgres one round trip (`PostgresReader`)."""
-        sql = "SELECT version FROM device_catalog WHERE id = 1"
+        0013's triggers): one round trip (`PostgresReader`). None on SQLite, which keeps no
+        version (one process there checks against its engine's memory)."""
         if self._sqlite is not None:
-            rows = self._sqlite.read(sql, ())
-        else:
-            assert self._reader is not None
-            rows = await self._reader.fetch(sql)
-        return int(rows[0][0]) if rows else -1
+            return None
+        assert self._reader is not None
+        rows = await self._reader.fetch("SELECT version FROM device_catalog WHERE id = 1")
+        return int(rows[0][0]) if rows else None
 
     async def queue_lengths(self) -> dict[str, int]:
         async with self.sessions() as s:
