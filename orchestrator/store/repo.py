@@ -15,7 +15,7 @@ from typing import Any, cast
 import orjson
 from sqlalchemy import Table, case, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from orchestrator.store.db import is_sqlite, make_engine, make_sessionmaker
@@ -41,6 +41,8 @@ from orchestrator.store.models import (
 )
 from orchestrator.store.pg_writer import LeaseCheckFailed, PostgresLease, PostgresReader, PostgresWriter
 from orchestrator.store.sqlite_writer import SqliteWriter, sqlite_datetime
+
+UNDEFINED_TABLE = "42P01"  # Postgres's SQLSTATE for a table that does not exist
 
 ACTIVE_TASK_STATES = ("planning", "running")
 MIN_PREFIX = 4  # an id prefix shorter than this is not looked up (too many matches to be useful)
@@ -534,12 +536,18 @@ class Store:
 
     async def device_catalog_version(self) -> int | None:
         """Grows with every committed change submission checks read of the devices (migration
-        0013's triggers): one round trip (`PostgresReader`). None on SQLite, which keeps no
-        version (one process there checks against its engine's memory)."""
+        0013's triggers): one round trip (`PostgresReader`). None where no version is kept: on
+        SQLite (one process there checks against its engine's memory), and on a schema from
+        before 0013 (a replica started before the migration ran reads every row meanwhile)."""
         if self._sqlite is not None:
             return None
         assert self._reader is not None
-        rows = await self._reader.fetch("SELECT version FROM device_catalog WHERE id = 1")
+        try:
+            rows = await self._reader.fetch("SELECT version FROM device_catalog WHERE id = 1")
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
+                return None
+            raise
         return int(rows[0][0]) if rows else None
 
     async def queue_lengths(self) -> dict[str, int]:

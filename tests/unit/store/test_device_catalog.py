@@ -19,7 +19,7 @@ import asyncpg
 from orchestrator.cluster.replicas import redis_client
 from orchestrator.config import Settings
 from orchestrator.engine import controls, restore
-from orchestrator.store.migrate import upgrade
+from orchestrator.store.migrate import downgrade, upgrade
 from orchestrator.store.models import Device
 from orchestrator.store.repo import ChangeSet, Store
 from tests.cluster.inprocess import replica
@@ -174,6 +174,13 @@ async def test_a_follower_validates_against_its_copy_and_reads_it_again_when_the
         assert [(d.id, d.labels) for d in changed] == [("dev_f1", {"k": "b"})]
         await store.add(Device, device("dev_f2", "f2"))
         assert sorted(d.id for d in await follower.devices()) == ["dev_f1", "dev_f2"]
+
+        # A schema from before the version (this replica started before the migration ran):
+        # every row is read, as before it.
+        await asyncio.to_thread(downgrade, postgres_db, "0012")
+        assert await store.device_catalog_version() is None
+        await store.update(Device, ("dev_f2",), labels={"k": "c"})
+        assert {d.id: d.labels for d in await follower.devices()}["dev_f2"] == {"k": "c"}
     finally:
         await redis.aclose()
         await store.close()
