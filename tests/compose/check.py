@@ -91,8 +91,12 @@ class Deployment:
         env = env.replace("ORRERY_SECRET_KEY=\n", f"ORRERY_SECRET_KEY={secrets.token_hex(32)}\n")
         env = env.replace("ORRERY_ADMIN_KEY=\n", f"ORRERY_ADMIN_KEY={self.admin_key}\n")
         env += f"LB_PORT={self.port}\n"
-        # Short heartbeats, so a killed replica's devices move over within seconds.
-        env += "ORRERY_HEARTBEAT_INTERVAL_S=1\nORRERY_HEARTBEAT_TIMEOUT_S=5\n"
+        # Short heartbeats, so a killed replica's devices move over within seconds. The timeout
+        # must outlast a device's way back through nginx: a reconnect sent to the killed
+        # replica's address (still in nginx's DNS cache) waits out `proxy_connect_timeout` before
+        # the next address is tried; at 5 s the new leader, which takes over within a second,
+        # judged a device reconnecting that way offline and its running batch lost.
+        env += "ORRERY_HEARTBEAT_INTERVAL_S=1\nORRERY_HEARTBEAT_TIMEOUT_S=15\n"
         (self.dir / ".env").write_text(env)
 
     def compose(self, *args: str, capture: bool = False) -> str:
