@@ -491,9 +491,8 @@ class RedisCluster:
             self.report(self.gateway.link_report())
 
     async def _dispatch(self, channel: str, message: dict[str, Any]) -> None:
-        if channel == keys.INBOX:
-            if self._leader:
-                self._serve_input(message)
+        if channel == keys.INBOX:  # heard by the leader only (`_listen` skips it on a follower)
+            self._serve_input(message)
         elif channel == keys.LEADER:
             if message.get("replica") != self.replica_id:
                 if self._leader:  # someone else holds the lease now: we must have lost it
