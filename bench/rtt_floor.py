@@ -19,9 +19,9 @@ results: `bench/rtt.py`'s sample (an attempt's `started_at` to its `ended_at`) w
 
 With `--store postgres` the server's transaction runs on a throwaway Postgres with a
 production's durability (bench/stores.py: `synchronous_commit=on`, `fsync=on`): the same rows,
-written by the store's own writer (`pg_floor_step`), so in the engine's three round trips per
-commit (BEGIN, one statement of CTEs over `unnest`, COMMIT; with `--guard`, BEGIN carries the
-engine lease's check and row lock, as a replicated leader's commit does).
+written by the store's own writer (`pg_floor_step`), so in the engine's one round trip per
+commit (one statement of CTEs over `unnest`, committed on its own; with `--guard`, its first part
+checks and locks the engine lease's row, as a replicated leader's commit does).
 The agent's ledger is SQLite on every store, as the real agent's.
 
     python bench/rtt_floor.py [--nodes 1000] [--echo 2000] [--store sqlite|postgres] [--guard]
@@ -203,8 +203,8 @@ def pg_floor_step(
     """The floor's step on Postgres: the rows the engine's group commit writes for a chained node
     (node i-1's attempt ended and the node succeeded, node i's attempt inserted, the device's
     fence, node i running, five events, numbered by Postgres), handed to the store's own
-    writer (`PostgresWriter`), so its round trips are the engine's: BEGIN (with `guard`, the
-    engine lease's check and row lock in the same message), one statement, COMMIT."""
+    writer (`PostgresWriter`), so its round trip is the engine's: one statement, committed on its
+    own (with `guard`, the engine lease's check and row lock its first part)."""
     from orchestrator.store.models import Attempt, Device, Event, Node
 
     attempts, devices, rows, events = (_table(m) for m in (Attempt, Device, Node, Event))

@@ -1,19 +1,23 @@
-"""The group commit on Postgres, in three round trips through one asyncpg connection of its own.
+"""The group commit on Postgres, most often in one round trip, through one asyncpg connection of
+its own.
 
 Through SQLAlchemy's pool a step's commit made a dozen round trips, each a network hop to a
 Postgres elsewhere: the pool's ping on checkout (BEGIN, a query, ROLLBACK), BEGIN, the lease
-check, one statement per table and set of columns, the events, COMMIT. Here it makes three:
+check, one statement per table and set of columns, the events, COMMIT. Here a commit is one
+statement, sent on its own (no `BEGIN`): Postgres runs it as a transaction of its own and commits
+it before it answers, so one round trip writes the step. The statement:
 
-1. `BEGIN` and the lease check in one message (the lease row read and locked, as the first
-   statement of the transaction: a writer whose lease was taken over writes nothing);
-2. one statement that writes every row of the step: each insert, update and delete is a
-   data-modifying CTE over `unnest` of one array per column (one statement whatever the number of
-   rows), the events last, returning their ids in order;
-3. `COMMIT`, awaited: nothing of the step is said before it returns.
+- first reads and locks the engine lease's row (`FOR UPDATE`, when the commit is guarded): a
+  writer whose lease was taken over or has expired fails the statement, so writes nothing, and a
+  takeover waits for the commit to end;
+- writes every row of the step: each insert, update and delete is a data-modifying CTE over
+  `unnest` of one array per column (one statement whatever the number of rows), the events last,
+  returning their ids in order.
 
 A row updated or deleted in the step it was inserted in needs the insert to have run first (a
 statement's CTEs all see the rows as they were when it started), so then the inserts go in a
-statement of their own before the rest: four round trips. Each column's value goes through the
+statement of their own, which checks the lease, before the rest, in an explicit transaction:
+`BEGIN`, the two statements, `COMMIT`, four round trips. Each column's value goes through the
 column's own bind processor (as SQLAlchemy's insert would; JSON as the store's own compact text),
 so the rows read back as the ones SQLAlchemy would have written. Errors come back as SQLAlchemy's
 (`IntegrityError`, `DataError`, `DBAPIError` with `connection_invalidated` for a lost connection),
@@ -42,12 +46,12 @@ from orchestrator.store.jsontext import json_text
 Guard = tuple[str, str, int]  # (lease, holder, fence)
 READERS = 4  # connections for the hot reads: event streams read after every commit, side by side
 STATEMENT_CACHE = 512  # prepared statements kept: a commit's statement depends on which tables it touches
-# The lease check as the transaction's first statement: 1/0 (SQLSTATE 22012) when the lease row is
-# not (name, holder, fence) unexpired; FOR UPDATE holds it until COMMIT, so no new leader can
-# take the lease while this transaction writes.
+# The lease check, the commit's statement's first part: 1/0 (SQLSTATE 22012) when the lease row is
+# not (name, holder, fence) unexpired; FOR UPDATE holds it until the commit ends, so no new leader
+# can take the lease while this transaction writes. Its three parameters follow the rows' arrays.
 _LEASE_CHECK = (
-    "BEGIN; SELECT 1 / count(*) FROM (SELECT 1 FROM leases WHERE name = {name} AND holder = {holder}"
-    " AND fence = {fence} AND expires_at > now() FOR UPDATE) AS held"
+    "lease AS (SELECT 1 / count(*) AS held FROM (SELECT 1 FROM leases WHERE name = ${n}::text"
+    " AND holder = ${n1}::text AND fence = ${n2}::bigint AND expires_at > now() FOR UPDATE) AS l)"
 )
 _DIVISION_BY_ZERO = "22012"
 _LENGTH = re.compile(r"\(\d+\)")  # VARCHAR(40) -> VARCHAR
@@ -226,25 +230,29 @@ class PostgresWriter(_OwnConnection):
     ) -> list[int]:
         """One transaction; the ids given to the events, in order. Raises `LeaseCheckFailed` when
         the guard no longer holds (nothing written)."""
-        statements = self._statements(inserts, updates, deletes, events)
-        begin = "BEGIN" if guard is None else _lease_check(guard)
+        statements = self._statements(inserts, updates, deletes, events, guard)
+        if not statements:
+            return []
+        apart = len(statements) > 1  # an explicit transaction around them; else the one commits itself
         async with self._lock:
             conn = await self._connection()
-            sql = begin
+            sql = "BEGIN"
             try:
-                try:
+                if apart:
                     await conn.execute(sql)
-                except asyncpg.PostgresError as exc:
-                    if guard is not None and exc.sqlstate == _DIVISION_BY_ZERO:
-                        raise LeaseCheckFailed() from exc
-                    raise
                 ids: list[int] = []
-                for sql, args in statements:
-                    found = await conn.fetchval(sql, *args)
+                for i, (sql, args) in enumerate(statements):
+                    try:
+                        found = await conn.fetchval(sql, *args, column=int(guard is not None and i == 0))
+                    except asyncpg.PostgresError as exc:
+                        if guard is not None and i == 0 and exc.sqlstate == _DIVISION_BY_ZERO:
+                            raise LeaseCheckFailed() from exc
+                        raise
                     if isinstance(found, list):
                         ids = [int(i) for i in found]
-                sql = "COMMIT"
-                await conn.execute(sql)
+                if apart:
+                    sql = "COMMIT"
+                    await conn.execute(sql)
                 return ids
             except BaseException as exc:
                 lost = not await self._rollback(conn, exc)
@@ -259,11 +267,13 @@ class PostgresWriter(_OwnConnection):
                 raise
 
     async def _rollback(self, conn: asyncpg.Connection, exc: BaseException) -> bool:
-        """End a failed transaction; whether the connection is kept. One in doubt (lost, or the
-        write cancelled while a statement was out) is dropped instead."""
+        """End a failed transaction (a statement sent on its own ended its own); whether the
+        connection is kept. One in doubt (lost, or the write cancelled while a statement was out)
+        is dropped instead."""
         if isinstance(exc, asyncpg.PostgresError | LeaseCheckFailed) and not conn.is_closed():
             try:
-                await asyncio.wait_for(conn.execute("ROLLBACK"), 5)
+                if conn.is_in_transaction():
+                    await asyncio.wait_for(conn.execute("ROLLBACK"), 5)
                 return True
             except Exception:  # dropped below: the next write starts on a new connection
                 pass
@@ -278,9 +288,11 @@ class PostgresWriter(_OwnConnection):
         updates: list[tuple[Table, list[tuple[tuple[Any, ...], dict[str, Any]]]]],
         deletes: list[tuple[Table, list[tuple[Any, ...]]]],
         events: tuple[Table, list[dict[str, Any]]] | None,
+        guard: Guard | None,
     ) -> list[tuple[str, list[Any]]]:
         """The statements of a commit with their arguments: one, or two when a row inserted in
-        it is also updated or deleted in it (the insert must come first)."""
+        it is also updated or deleted in it (the insert must come first); the first checks the
+        lease when the commit is guarded."""
         first: list[tuple[Any, ...]] = []  # parts: (kind, table, columns, arrays)
         for table, rows in inserts:
             first.extend(self._insert_parts(table, rows))
@@ -298,8 +310,8 @@ class PostgresWriter(_OwnConnection):
         if not first and not rest:
             return []
         if first and rest and _touched_again(inserts, updates, deletes):
-            return [self._statement(first), self._statement(rest)]
-        return [self._statement(first + rest)]
+            return [self._statement(first, guard), self._statement(rest, None)]
+        return [self._statement(first + rest, guard)]
 
     def _insert_parts(self, table: Table, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         """One part per set of columns (defaults of the columns a row leaves out filled in, as
@@ -355,15 +367,20 @@ class PostgresWriter(_OwnConnection):
             )
         return found
 
-    def _statement(self, parts: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
-        shape = tuple((kind, table.name, names) for kind, table, names, _ in parts)
+    def _statement(self, parts: list[tuple[Any, ...]], guard: Guard | None) -> tuple[str, list[Any]]:
+        shape = (guard is not None, *((kind, table.name, names) for kind, table, names, _ in parts))
         sql = self._sql.get(shape)
         if sql is None:
-            sql = self._sql[shape] = self._plan(parts)
-        return sql, [array for *_, arrays in parts for array in arrays]
+            sql = self._sql[shape] = self._plan(parts, guard is not None)
+        args = [array for *_, arrays in parts for array in arrays]
+        if guard is not None:
+            args.extend(guard)
+        return sql, args
 
-    def _plan(self, parts: list[tuple[Any, ...]]) -> str:
-        """WITH p0 AS (...), p1 AS (...) SELECT <the events' ids, in order, or NULL>."""
+    def _plan(self, parts: list[tuple[Any, ...]], guarded: bool) -> str:
+        """WITH [lease AS (...),] p0 AS (...), p1 AS (...) SELECT [the lease's check,] <the events'
+        ids, in order, or NULL>. The check is the first thing the statement does: Postgres runs
+        the main query's subqueries first, in order, and the parts it does not read after it."""
         ctes: list[str] = []
         n = 0  # parameters so far
         returns = "NULL"
@@ -391,7 +408,10 @@ class PostgresWriter(_OwnConnection):
                 else:
                     body = f"DELETE FROM {target} AS t USING unnest({source}) AS v({alias}) WHERE {match}"
             ctes.append(f"p{i} AS ({body})")
-        return f"WITH {', '.join(ctes)} SELECT {returns}"
+        if not guarded:
+            return f"WITH {', '.join(ctes)} SELECT {returns}"
+        lease = _LEASE_CHECK.format(n=n + 1, n1=n + 2, n2=n + 3)
+        return f"WITH {lease}, {', '.join(ctes)} SELECT (SELECT held FROM lease), {returns}"
 
 
 def _processor(type_: Any, dialect: Any) -> Callable[[Any], Any] | None:
@@ -428,20 +448,6 @@ def _touched_again(
         if table.name in new and any(key in new[table.name] for key, _ in keyed):
             return True
     return any(table.name in new and any(key in new[table.name] for key in keys) for table, keys in deletes)
-
-
-def _lease_check(guard: Guard) -> str:
-    name, holder, fence = guard
-    return _LEASE_CHECK.format(name=_literal(name), holder=_literal(holder), fence=int(fence))
-
-
-def _literal(text: str) -> str:
-    """A string literal for the simple-query protocol: an escape string (E'...'), read the same
-    whatever `standard_conforming_strings` says, its backslashes and quotes doubled. The lease's
-    name and holder are the server's own (a holder is a replica's configured or made-up name)."""
-    if "\x00" in text:
-        raise ValueError("a lease name or holder holds a NUL")
-    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def _as_sqlalchemy(sql: str, exc: asyncpg.PostgresError, lost: bool) -> DBAPIError:

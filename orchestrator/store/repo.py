@@ -227,7 +227,7 @@ class Store:
         self._lease: PostgresLease | None = None
         if is_sqlite(url):
             self._sqlite = SqliteWriter(url)
-        else:  # the group commit in three round trips, and the hot reads in one, on connections of their own
+        else:  # the group commit in one round trip (most often), the hot reads in one, on connections of their own
             self._postgres = PostgresWriter(self.engine)
             self._reader = PostgresReader(self.engine)
             self._lease = PostgresLease(self.engine)  # its session says the holder lives
@@ -320,8 +320,8 @@ class Store:
         Every write of the orchestrator comes here. On SQLite it runs on the event loop's own
         thread through one connection: a short transaction beats a thread hop (whose GIL hand-over
         alone cost more than the commit), and with a single writer no transaction can ever wait
-        on another one that needs the loop to finish. On Postgres it is three round trips on a
-        connection of its own (`PostgresWriter`). With a `guard`, the transaction's first statement
+        on another one that needs the loop to finish. On Postgres it is one statement, one round trip,
+        on a connection of its own (`PostgresWriter`). With a `guard`, the transaction first
         checks (and locks) the lease row: a writer whose lease was taken over writes nothing and
         gets `LeaseLost` (SPEC section 7: fencing). Raises `WriteConflict` on a uniqueness clash.
         """
