@@ -56,7 +56,10 @@ KIND_NOTES = {
         "budget that was breached, and why the browser profile's network proxy refused a URL "
         "(the browser tool's call then fails with `tool_error`)."
     ),
-    "cli": "Errors the `orrery` client commands report themselves (the server's own codes pass through).",
+    "cli": (
+        "Errors the `orrery` client commands and the Python SDK (`orrery.Client`) report themselves (the "
+        "server's own codes pass through)."
+    ),
     "close": "WebSocket close codes of the device connection (SPEC section 4).",
 }
 
@@ -261,6 +264,7 @@ _AGENT = [
 _CLI = [
     ("unreachable", "the server could not be reached (connection refused, DNS, TLS, timeout); the message says which"),
     ("bad_response", "the server answered with something that is not JSON (not an Orrery server?)"),
+    ("wait_timeout", "the Python SDK's `wait` gave up after its timeout; the task goes on"),
 ]
 
 CODES: tuple[Code, ...] = (
