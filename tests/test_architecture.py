@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,40 @@ def test_the_shared_layer_imports_nothing_of_the_project() -> None:
     shared = {path: names for path, names in imports("orrery").items() if path != "orrery/cli.py"}
     internal = {"protocol", "orchestrator", "device_agent", "migrations"}
     assert [f"{f}: {n}" for f, names in shared.items() for n in sorted(names) if n.split(".")[0] in internal] == []
+
+
+SDK_DEPENDENCIES = {"httpx2", "pydantic", "anyio"}  # all in the base install (pyproject.toml)
+
+
+def test_the_sdk_imports_only_the_standard_library_and_its_http_and_model_libraries() -> None:
+    """orrery/sdk/ (docs/sdk.md) runs in any program and on a device install: the standard
+    library, httpx2, anyio and pydantic, and nothing of the project outside itself."""
+    foreign = [
+        f"{file}: {name}"
+        for file, names in imports("orrery/sdk").items()
+        for name in sorted(names)
+        if not (
+            name.split(".")[0] in sys.stdlib_module_names | SDK_DEPENDENCIES | {"__future__"}
+            or name == "orrery.sdk"
+            or name.startswith("orrery.sdk.")
+        )
+    ]
+    assert foreign == []
+    assert "httpx2" in imports("orrery/sdk")["orrery/sdk/client.py"]  # the check reads something
+
+
+def test_import_orrery_leaves_the_sdk_for_first_use() -> None:
+    """The agent and the server import `orrery.logs` at start-up: the package's `__init__` may
+    import the SDK only inside functions (its lazy `__getattr__`) or for type checking."""
+    tree = ast.parse((ROOT / "orrery" / "__init__.py").read_text())
+    eager = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    ]
+    assert [name for name in eager if name and name.startswith("orrery")] == []
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
 
 
 def test_both_sides_use_only_the_shared_part_of_orrery() -> None:

@@ -1,0 +1,265 @@
+"""`orrery.Client`: the REST API from synchronous Python (SPEC section 3). `AsyncClient`
+(orrery/sdk/aio.py) has the same methods, each `async`."""
+
+from __future__ import annotations
+
+import ssl
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, TypeVar
+
+import httpx2
+from pydantic import BaseModel
+
+import orrery.sdk.calls as api
+from orrery.sdk.calls import Call, DagLike, Decision
+from orrery.sdk.config import default_api_key, default_server, server_url
+from orrery.sdk.models import (
+    Approval,
+    Artifact,
+    Cancelling,
+    Device,
+    Enrollment,
+    Event,
+    Page,
+    Task,
+    Tool,
+    Validation,
+)
+from orrery.sdk.stream import EventFeed
+from orrery.sdk.transport import deadline, headers, past, stream_timeout, timed_out, unreachable
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class Client:
+    """A client of one orchestrator. `server` defaults to `ORRERY_URL` (else
+    `http://$ORRERY_HOST:$ORRERY_PORT`), `api_key` to `ORRERY_API_KEY` (else the admin key in
+    `$ORRERY_DATA_DIR/admin.key`). `transport`: an httpx2 transport to use instead of the
+    network (a WSGI app, a mock). Use it as a context manager, or `close()` it.
+
+    Every method raises an `OrreryError` subclass on failure: the server's problem (with its
+    stable `code`), or `Unavailable` (code `unreachable`) when the server cannot be reached."""
+
+    def __init__(
+        self,
+        server: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx2.BaseTransport | None = None,
+        verify: ssl.SSLContext | str | bool = True,
+    ) -> None:
+        self.server = server_url(server or default_server())
+        self.api_key = api_key or default_api_key()
+        self.timeout = timeout
+        self._http = httpx2.Client(
+            base_url=self.server, headers=headers(self.api_key), timeout=timeout, transport=transport, verify=verify
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- tasks
+
+    def submit(
+        self,
+        dag: DagLike | None = None,
+        *,
+        request: str | None = None,
+        name: str | None = None,
+        priority: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Task:
+        """Submit a task: a DAG (a `Dag`, or a `{nodes, edges, name?}` dict) or a plain-language
+        `request` for the planner. The same `idempotency_key` and body return the task made
+        before; the same key with another body is a `Conflict`."""
+        body = api.submission(dag, request=request, name=name, priority=priority, labels=labels)
+        return self._run(api.submit(body, idempotency_key))
+
+    def validate(
+        self,
+        dag: DagLike | None = None,
+        *,
+        request: str | None = None,
+        name: str | None = None,
+        priority: int | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Validation:
+        """A dry run of `submit`: whether it is valid, its problems and warnings, and where each
+        node would run now. Creates nothing."""
+        body = api.submission(dag, request=request, name=name, priority=priority, labels=labels)
+        return self._run(api.validate(body))
+
+    def task(self, task_id: str) -> Task:
+        """A task (by id, unique id prefix or name) with its nodes and edges."""
+        return self._run(api.task(task_id))
+
+    def tasks(self, state: str | None = None, *, page_size: int = 100) -> Iterator[Task]:
+        """Every task, newest first (only those in `state`, if given), page after page."""
+        return self._pages(lambda cursor: api.tasks_page(state, page_size, cursor))
+
+    def tasks_page(self, state: str | None = None, limit: int = 50, cursor: str | None = None) -> Page[Task]:
+        """One page of tasks; pass its `next_cursor` as `cursor` for the next."""
+        return self._run(api.tasks_page(state, limit, cursor))
+
+    def cancel(self, task_id: str) -> Cancelling:
+        """Cancel a task: its queued and pending nodes are cancelled, running batches stopped."""
+        return self._run(api.cancel(task_id))
+
+    def rerun(self, task_id: str, from_node: str | None = None) -> Task:
+        """Run an ended task again as a new task: all of it, or `from_node` and what follows it."""
+        return self._run(api.rerun(task_id, from_node))
+
+    def events(self, task_id: str, after: int = 0) -> Iterator[Event]:
+        """The task's events after event id `after`, as they happen, until its last one. A
+        dropped connection is reopened after the last event received: none is lost or repeated."""
+        return self._follow(EventFeed(task_id, after), None, None)
+
+    def wait(self, task_id: str, timeout: float | None = None) -> Task:
+        """Follow the task's events until it ends; the ended task. `WaitTimeout` after
+        `timeout` seconds (the task goes on)."""
+        until = deadline(timeout)
+        task = self.task(task_id)
+        if not task.ended:
+            for _ in self._follow(EventFeed(task.id), until, timeout):
+                pass
+            task = self.task(task.id)
+        return task
+
+    # ---------------------------------------------------------------- devices
+
+    def devices(self) -> list[Device]:
+        """Every device, with state, labels, info, tools and current work."""
+        return self._run(api.devices())
+
+    def device(self, device_id: str) -> Device:
+        """A device by id, unique id prefix or name."""
+        return self._run(api.device(device_id))
+
+    def device_tools(self, device_id: str) -> list[Tool]:
+        """The tool catalogue a device reported."""
+        return self.device(device_id).tools
+
+    def enroll(self, name: str, labels: Mapping[str, str] | None = None) -> Enrollment:
+        """Enroll a device (admin): its id and its token, shown this once."""
+        return self._run(api.enroll(name, labels))
+
+    # ---------------------------------------------------------------- approvals
+
+    def approvals(
+        self,
+        state: str | None = "pending",
+        *,
+        task_id: str | None = None,
+        order: Literal["oldest", "newest"] = "oldest",
+        page_size: int = 100,
+    ) -> Iterator[Approval]:
+        """Approvals (pending ones by default, oldest first: the order to decide them in)."""
+        return self._pages(lambda cursor: api.approvals_page(state, task_id, order, page_size, cursor))
+
+    def approval(self, approval_id: str) -> Approval:
+        return self._run(api.approval(approval_id))
+
+    def decide(self, approval_id: str, decision: Decision, reason: str = "") -> Approval:
+        """`approve` or `deny` a pending approval; the approval as it now stands (its
+        `requested_state` is set if its device has not confirmed yet)."""
+        return self._run(api.decide(approval_id, decision, reason))
+
+    # ---------------------------------------------------------------- artifacts
+
+    def artifacts(self, task_id: str, *, history: bool = False, page_size: int = 100) -> Iterator[Artifact]:
+        """A task's artifacts, newest first: each name's newest version, or every version."""
+        return self._pages(lambda cursor: api.artifacts_page(task_id, history, page_size, cursor))
+
+    def artifact(self, task_id: str, name: str, version: int | None = None) -> Artifact:
+        """One artifact: its newest version, or `version`."""
+        return self._run(api.artifact(task_id, name, version))
+
+    def artifact_content(self, task_id: str, name: str, version: int | None = None) -> bytes:
+        """An artifact's bytes."""
+        return self._run(api.artifact_content(task_id, name, version))
+
+    # ---------------------------------------------------------------- any other route
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Any route of the API (`/v1/...`), for what has no method here: its JSON answer
+        (None when empty), or the `OrreryError` its problem means."""
+        return self._run(Call(method, path, _as_is, dict(params or {}), json, dict(headers or {})))
+
+    # ---------------------------------------------------------------- the wire
+
+    def _run(self, call: Call[T]) -> T:
+        try:
+            resp = self._http.request(
+                call.method, call.path, params=call.params or None, json=call.json, headers=call.headers or None
+            )
+        except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
+            raise unreachable(exc, self.server) from None
+        return call.answer(resp.status_code, resp.content, self.api_key is not None)
+
+    def _pages(self, page: Callable[[str | None], Call[Page[M]]]) -> Iterator[M]:
+        cursor: str | None = None
+        while True:
+            got = self._run(page(cursor))
+            yield from got.items
+            if not got.next_cursor:
+                return
+            cursor = got.next_cursor
+
+    def _follow(self, feed: EventFeed, until: float | None, timeout: float | None) -> Iterator[Event]:
+        """The events of `feed`'s task until its last one; reopens a dropped stream (see
+        `EventFeed`); `WaitTimeout` once `until` (a `time.monotonic()`) has passed."""
+        while True:
+            try:
+                with self._http.stream(
+                    "GET", feed.path, params=feed.params, timeout=stream_timeout(self.timeout, until)
+                ) as resp:
+                    if resp.status_code == 204:  # the task has ended and nothing follows `after`
+                        return
+                    if resp.status_code >= 400:
+                        error = api.problem(resp.status_code, resp.read(), self.api_key is not None)
+                        if resp.status_code != 503 or not feed.opened:
+                            raise error
+                        why = error.detail
+                    else:
+                        feed.opened = True
+                        for sse in httpx2.EventSource(resp):
+                            event = feed.take(sse)
+                            if event is not None:
+                                yield event
+                            if feed.ended:
+                                return
+                            if past(until):
+                                raise timed_out(feed.task_id, timeout)
+                        why = "the stream ended before the task's last event"
+            except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
+                if past(until):
+                    raise timed_out(feed.task_id, timeout) from None
+                if not feed.opened:
+                    raise unreachable(exc, self.server) from None
+                why = str(exc) or type(exc).__name__
+            delay = feed.dropped(why)
+            if until is not None and time.monotonic() + delay >= until:
+                raise timed_out(feed.task_id, timeout)
+            time.sleep(delay)
+
+
+def _as_is(data: Any) -> Any:
+    return data
