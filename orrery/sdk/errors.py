@@ -66,12 +66,12 @@ class RateLimited(OrreryError):
 
 class Unavailable(OrreryError):
     """503 (the cluster or its database cannot answer now: retry), or no answer at all: the
-    server cannot be reached (code `unreachable`) or answered with something that is not JSON
-    (code `bad_response`)."""
+    server cannot be reached, or an event stream could not be resumed (code `unreachable`)."""
 
 
 class ServerError(OrreryError):
-    """Any other status (a 500 is the server's bug: its log says more)."""
+    """Any other status (a 500 is the server's bug: its log says more), or an answer that is not
+    the API's: not JSON, or not the shape asked for (code `bad_response`)."""
 
 
 class WaitTimeout(OrreryError):

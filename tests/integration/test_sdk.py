@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -265,6 +266,28 @@ def test_a_bad_key_is_unauthorized(fleet: SdkFleet) -> None:
     with fleet.client(key="not-a-key") as stranger, pytest.raises(Unauthorized) as refused:
         stranger.devices()
     assert (refused.value.status, refused.value.code) == (401, "unauthorized")
+
+
+def test_no_key_at_all_is_unauthorized_and_says_where_a_key_is_found(
+    fleet: SdkFleet, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("ORRERY_API_KEY", raising=False)
+    monkeypatch.setenv("ORRERY_DATA_DIR", str(tmp_path))  # no admin.key there
+    with Client(fleet.url) as keyless, pytest.raises(Unauthorized) as refused:
+        keyless.tasks_page()
+    assert refused.value.code == "unauthorized"
+    assert "ORRERY_API_KEY" in refused.value.detail and "admin.key" in refused.value.detail
+
+
+def test_the_key_of_a_local_server_is_found_in_its_data_directory(
+    fleet: SdkFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ORRERY_API_KEY", raising=False)
+    monkeypatch.setenv("ORRERY_DATA_DIR", str(fleet.fleet.server.data_dir))
+    monkeypatch.setenv("ORRERY_URL", f"{fleet.url.replace('http://', 'ws://')}/v1/agent")  # as an agent is given it
+    with Client() as local:
+        assert local.server == fleet.url
+        assert [d.name for d in local.devices()] == ["sim-1"]
 
 
 def test_a_viewer_may_read_but_submitting_is_forbidden(fleet: SdkFleet, client: Client) -> None:
