@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from orrery import (
 )
 from orrery.sdk import Event, Task
 from tests.simdevice import DEFAULT_TOOLS, SimFleet, tool
-from tests.support import Fleet, TcpProxy
+from tests.support import Fleet, TcpProxy, wait_until
 
 GATE = "sim.gate"  # a read-only tool that returns once the test opens its gate (arguments: {"gate": name})
 
@@ -208,6 +209,37 @@ def test_the_event_stream_resumes_after_a_dropped_connection_without_loss_or_dup
         assert len({e.id for e in seen}) == len(seen)
         assert seen[-1].ends_task and seen[-1].state == "succeeded"
         assert [(e.type, e.node_id, e.state) for e in seen] == [(e.type, e.node_id, e.state) for e in everything]
+    finally:
+        fleet.gates.open(gate)
+        proxy.close()
+
+
+def test_the_event_stream_waits_out_an_outage_that_refuses_its_reconnections(fleet: SdkFleet, client: Client) -> None:
+    gate = fleet.gates.new()
+    proxy = TcpProxy(fleet.fleet.server.port)
+    healer: threading.Thread | None = None
+
+    def heal(refused_from: int) -> None:
+        """Once two reconnections were refused, the way is open again and the task goes on."""
+        wait_until(lambda: proxy.attempts >= refused_from + 2, 10, "two refused reconnections")
+        proxy.resume()
+        fleet.gates.open(gate)
+
+    try:
+        task = client.submit(gated(gate, "outage"))
+        seen: list[Event] = []
+        with fleet.client(proxy.url) as through_proxy:
+            for event in through_proxy.events(task.id):
+                seen.append(event)
+                if healer is None and (event.node_id, event.state) == ("held", "running"):
+                    healer = threading.Thread(target=heal, args=(proxy.attempts,))
+                    proxy.pause()
+                    healer.start()
+        assert healer is not None
+        healer.join(10)
+        assert proxy.attempts >= 3 and proxy.connections >= 2
+        assert [e.id for e in seen] == [e.id for e in client.events(task.id)]
+        assert seen[-1].ends_task
     finally:
         fleet.gates.open(gate)
         proxy.close()
