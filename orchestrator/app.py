@@ -19,7 +19,7 @@ from fastapi.openapi.docs import swagger_ui_default_parameters
 from fastapi.responses import HTMLResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestrator import __version__, web
+from orchestrator import __version__, mcp_endpoint, web
 from orchestrator.api import agent_artifacts, approvals, artifacts, devices, errors, health, keys, schedules, tasks
 from orchestrator.api.deps import Components
 from orchestrator.api.errors import problem_response
@@ -50,7 +50,8 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
         comp = await start_components(settings, migrate)
         app.state.components = comp
         try:
-            yield
+            async with mcp.manager.run():
+                yield
         finally:
             await stop_components(comp)
 
@@ -70,6 +71,7 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
         app.include_router(router)
     web.mount(app)
     install_docs(app)
+    mcp = mcp_endpoint.install(app, settings)
 
     @app.websocket("/v1/agent")
     async def agent_socket(ws: WebSocket) -> None:

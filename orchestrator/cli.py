@@ -1010,6 +1010,15 @@ def demo(
     raise typer.Exit(run_demo(console, data_dir, keep))
 
 
+@app.command("mcp")
+def mcp_stdio(server: ServerOpt = None, api_key: KeyOpt = None) -> None:
+    """Serve Orrery's MCP tools on stdin/stdout, for an AI assistant (an MCP host) that starts it."""
+    from orchestrator import __version__
+    from orrery.mcp_server import run_stdio
+
+    run_stdio(server, api_key, __version__)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m orchestrator.cli`: no Python traceback reaches the user (one line, exit 1)."""
     guarded(lambda: app(args=argv), needs_server=True)

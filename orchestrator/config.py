@@ -114,6 +114,15 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(
         default=16 * 1024, ge=1024, description="largest request head (request line and headers; else 431)"
     )
+    mcp_allowed_hosts: str = Field(
+        default="",
+        description="the MCP server at /mcp answers requests for loopback hosts and these too: comma-separated "
+        "host[:port] (host:* for any port), the names clients reach this server by (DNS rebinding protection)",
+    )
+    mcp_allowed_origins: str = Field(
+        default="",
+        description="browser origins (scheme://host[:port], :* for any port) allowed at /mcp besides loopback ones",
+    )
 
     llm_base_url: str | None = Field(
         default=None, description="an OpenAI-compatible endpoint; with llm_model unset there is no planner"

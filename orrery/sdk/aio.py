@@ -178,6 +178,10 @@ class AsyncClient:
     async def approval(self, approval_id: str) -> Approval:
         return await self._run(api.approval(approval_id))
 
+    async def approval_screenshot(self, approval_id: str) -> bytes:
+        """The PNG a GUI action's approval was planned on (`NotFound` for any other approval)."""
+        return await self._run(api.approval_screenshot(approval_id))
+
     async def decide(self, approval_id: str, decision: Decision, reason: str = "") -> Approval:
         """`approve` or `deny` a pending approval; the approval as it now stands (its
         `requested_state` is set if its device has not confirmed yet)."""

@@ -208,6 +208,10 @@ def approval(approval_id: str) -> Call[Approval]:
     return Call("GET", f"/v1/approvals/{_segment(approval_id)}", _model(Approval))
 
 
+def approval_screenshot(approval_id: str) -> Call[bytes]:
+    return Call("GET", f"/v1/approvals/{_segment(approval_id)}/screenshot", bytes, raw=True)
+
+
 def decide(approval_id: str, decision: Decision, reason: str = "") -> Call[Approval]:
     if decision not in ("approve", "deny"):
         raise InvalidRequest(0, "validation_error", f"a decision is 'approve' or 'deny', not {decision!r}")

@@ -169,6 +169,10 @@ class Client:
     def approval(self, approval_id: str) -> Approval:
         return self._run(api.approval(approval_id))
 
+    def approval_screenshot(self, approval_id: str) -> bytes:
+        """The PNG a GUI action's approval was planned on (`NotFound` for any other approval)."""
+        return self._run(api.approval_screenshot(approval_id))
+
     def decide(self, approval_id: str, decision: Decision, reason: str = "") -> Approval:
         """`approve` or `deny` a pending approval; the approval as it now stands (its
         `requested_state` is set if its device has not confirmed yet)."""
