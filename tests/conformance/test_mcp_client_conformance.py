@@ -31,6 +31,7 @@ PREFIX = Path(os.environ.get("ORRERY_TEST_MCP_CONFORMANCE_PREFIX", ROOT / ".ci" 
 NODE = PREFIX / "node_modules" / "node" / "bin" / "node"
 SUITE = PREFIX / "node_modules" / "@modelcontextprotocol" / "conformance"
 EXPECTED_FAILURES = Path(__file__).with_name("expected_failures.json")
+DOCS = ROOT / "docs" / "how-to" / "third-party-mcp.md"  # its table: scenario, result, reason
 INSTALL = f"npm install --prefix {PREFIX} node@{NODE_MAJOR} @modelcontextprotocol/conformance@{SUITE_VERSION}"
 CLIENT = f"{sys.executable} -m device_agent.conformance"  # the suite appends the server's URL
 SCENARIO_TIMEOUT_MS = 30_000
@@ -119,6 +120,12 @@ def run_scenario(scenario: str, results: Path) -> Outcome:
     return Outcome(scenario, run.returncode, checks, run.stdout + run.stderr)
 
 
+def docs_table() -> dict[str, tuple[str, str]]:
+    """The docs' conformance table: scenario -> (`passes` or `fails`, reason)."""
+    rows = re.findall(r"^\| `([^`]+)` \| (passes|fails) \| (.*) \|$", DOCS.read_text(), re.MULTILINE)
+    return {scenario: (result, reason) for scenario, result, reason in rows}
+
+
 def test_every_client_scenario_passes_unless_listed_as_an_expected_failure_and_every_listed_one_fails(
     tmp_path: Path,
 ) -> None:
@@ -127,6 +134,7 @@ def test_every_client_scenario_passes_unless_listed_as_an_expected_failure_and_e
     scenarios = client_scenarios()
     unknown = sorted(set(expected) - set(scenarios))
     assert not unknown, f"expected_failures.json names scenarios the suite does not have: {unknown}"
+    assert sorted(docs_table()) == sorted(scenarios), f"{DOCS} must have a row for each of {scenarios}"
     with ThreadPoolExecutor(PARALLEL) as pool:
         outcomes = list(pool.map(lambda s: run_scenario(s, tmp_path), scenarios))
     outcomes = [
@@ -139,6 +147,14 @@ def test_every_client_scenario_passes_unless_listed_as_an_expected_failure_and_e
         + "\n".join(failing or ["(none)"])
         + f"\nlisted scenarios that now pass (take them off the list and the docs' table): {fixed or '(none)'}"
     )
+
+
+def test_the_docs_table_says_what_expected_failures_json_says() -> None:
+    expected: dict[str, str] = json.loads(EXPECTED_FAILURES.read_text())
+    table = docs_table()
+    assert {s for s, (result, _) in table.items() if result == "fails"} == set(expected)
+    for scenario, reason in expected.items():
+        assert table[scenario] == ("fails", reason), scenario
 
 
 def test_ci_installs_the_suite_version_this_test_expects() -> None:
