@@ -60,8 +60,11 @@ class Outcome:
         return self.exit_code == 0 and any(c.get("status") == "SUCCESS" for c in self.checks)
 
     def summary(self) -> str:
-        bad = [f"{c['id']} {c['status']}: {c.get('errorMessage') or c.get('description')}" for c in self.checks]
-        bad = [line for line, c in zip(bad, self.checks, strict=True) if c.get("status") in ("FAILURE", "WARNING")]
+        bad = [
+            f"{c['id']} {c['status']}: {c.get('errorMessage') or c.get('description')}"
+            for c in self.checks
+            if c.get("status") in ("FAILURE", "WARNING")
+        ]
         return f"{self.scenario} (exit {self.exit_code}): " + ("; ".join(bad) or self.output[-1500:])
 
 
