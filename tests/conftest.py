@@ -58,6 +58,7 @@ HEAVY_FIRST: dict[str, int] = {
     "tests/gui/test_agent_node.py": 31,
     "tests/integration/test_fan_out_scale.py": 30,
     "tests/conformance/test_mcp_client_conformance.py": 30,  # 26 scenarios of the MCP suite, 4 at a time
+    "tests/conformance/test_mcp_server_conformance.py": 40,  # 32 scenarios, 4 at a time
     "tests/web/test_device_page.py": 30,
     "tests/integration/test_verified_outcomes.py": 28,
     "tests/web/test_security_headers.py": 28,

@@ -352,13 +352,17 @@ def fleet(tmp: Path, **server_env: str) -> Iterator[Fleet]:
 
 
 class TcpProxy:
-    """A loopback TCP proxy the test can sever, to cut live connections without killing anyone."""
+    """A loopback TCP proxy the test can sever, to cut live connections without killing anyone.
 
-    def __init__(self, target_port: int) -> None:
+    `request_head`: rewrites the first HTTP request head of each connection (its bytes up to the
+    blank line) before it goes on, e.g. to add a header a client under test cannot send."""
+
+    def __init__(self, target_port: int, request_head: Callable[[bytes], bytes] | None = None) -> None:
         import asyncio
         import threading
 
         self.target_port = target_port
+        self.request_head = request_head
         self.port = free_port()
         self.connections = 0
         self.attempts = 0  # every incoming connection, also those refused or failing upstream
@@ -399,6 +403,14 @@ class TcpProxy:
                 return
             self.connections += 1
             self._writers.update({writer, up_writer})
+            if self.request_head is not None:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    writer.close()
+                    up_writer.close()
+                    return
+                up_writer.write(self.request_head(head))
             await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
             self._writers.difference_update({writer, up_writer})
 
