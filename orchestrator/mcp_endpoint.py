@@ -31,7 +31,7 @@ from orchestrator.config import Settings
 from orchestrator.domain.model import Role
 from orchestrator.security import bearer
 from orrery.mcp_server import build_server
-from orrery.sdk import AsyncClient
+from orrery.sdk import AsyncClient, Unauthorized
 
 PATH = "/mcp"
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]"]
@@ -55,10 +55,11 @@ class McpEndpoint:
 
     @asynccontextmanager
     async def _client_for(self, ctx: Context) -> AsyncIterator[AsyncClient]:
-        headers = ctx.headers or {}
-        key = bearer(headers.get("authorization"))
+        key = bearer((ctx.headers or {}).get("authorization"))
+        if not key:  # checked before the MCP layer ran; never fall back to another key (the SDK's default)
+            raise Unauthorized(401, "unauthorized", "send an API key as 'Authorization: Bearer <key>'")
         transport = httpx2.ASGITransport(app=self._app)
-        async with AsyncClient(IN_PROCESS, key or "", transport=transport) as client:
+        async with AsyncClient(IN_PROCESS, key, transport=transport) as client:
             yield client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

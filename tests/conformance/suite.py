@@ -126,3 +126,13 @@ def docs_table(page: Path, heading: str) -> dict[str, tuple[str, str]]:
             break
         rows.extend(re.findall(r"^\| `([^`]+)` \| (passes|fails) \| (.*) \|$", line))
     return {scenario: (result, reason) for scenario, result, reason in rows}
+
+
+def hold_docs_table(expected_failures: Path, page: Path, heading: str) -> None:
+    """The docs' table lists as failing exactly the scenarios `expected_failures` lists, each
+    with the same reason."""
+    expected: dict[str, str] = json.loads(expected_failures.read_text())
+    table = docs_table(page, heading)
+    assert {s for s, (result, _) in table.items() if result == "fails"} == set(expected)
+    for scenario, reason in expected.items():
+        assert table[scenario] == ("fails", reason), scenario
