@@ -195,7 +195,7 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
-        id="store-two-statement-commit-skips-lease-check",
+        id="store-split-commit-skips-lease-check",
         rule="A guarded commit in two statements checks the lease in the first: a writer that lost it writes nothing.",
         file="orchestrator/store/pg_writer.py",
         original="            return [self._statement(first, guard), self._statement(rest, None)]\n",
