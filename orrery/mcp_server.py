@@ -53,9 +53,10 @@ DagArg = Annotated[
 RequestArg = Annotated[str | None, Field(description="instead of a DAG: what to do, in plain words, for the planner")]
 
 
-def build_server(client_for: ClientFor, version: str = "") -> MCPServer:
-    """The MCP server; `client_for(ctx)` opens the SDK client to use for one call."""
-    server = MCPServer("orrery", title="Orrery", instructions=INSTRUCTIONS, version=version)
+def build_server(client_for: ClientFor, version: str = "", log_level: Literal["INFO", "WARNING"] = "INFO") -> MCPServer:
+    """The MCP server; `client_for(ctx)` opens the SDK client to use for one call. `log_level`:
+    of the MCP SDK's own lines (each refused call is one at INFO), where no logging is set up yet."""
+    server = MCPServer("orrery", title="Orrery", instructions=INSTRUCTIONS, version=version, log_level=log_level)
 
     def api(ctx: Context) -> AbstractAsyncContextManager[AsyncClient]:
         return _client(client_for, ctx, ToolError)
@@ -267,4 +268,5 @@ def run_stdio(server: str | None = None, api_key: str | None = None, version: st
         async with AsyncClient(server, api_key) as client:
             yield client
 
-    build_server(client_for, version=version).run("stdio")
+    # the host shows a server's stderr to its user: only what needs attention
+    build_server(client_for, version=version, log_level="WARNING").run("stdio")
