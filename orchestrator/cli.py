@@ -20,13 +20,15 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator.client import Client, ClientError
 from orchestrator.config import Settings
 from orchestrator.dagfile import DagFileError, load_dag_file, locate
 from orchestrator.domain.model import DEVICE_NAME_WORDS
 from orrery.exits import guarded
 from orrery.logs import setup_logging
 from orrery.options import parse_labels
+from orrery.sdk import calls
+from orrery.sdk.client import Client
+from orrery.sdk.errors import OrreryError
 
 app = typer.Typer(
     add_completion=False,
@@ -61,9 +63,16 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def problem_lines(exc: ClientError) -> list[str]:
+# The SDK's words for a missing key name its argument; the CLI's name its option.
+NO_KEY = (
+    "no API key: pass --api-key, set ORRERY_API_KEY, "
+    "or set ORRERY_DATA_DIR to the server's data directory (it holds admin.key)"
+)
+
+
+def problem_lines(exc: OrreryError) -> list[str]:
     """An API problem as short lines: `code: detail`, then its further problems and candidates."""
-    lines = [f"{exc.code}: {exc.detail}"]
+    lines = [f"{exc.code}: {NO_KEY if exc.detail == calls.NO_KEY else exc.detail}"]
     problems = exc.body.get("problems") or []
     for p in problems[1:] if len(problems) > 1 else []:
         if isinstance(p, dict):
@@ -80,12 +89,18 @@ def _api(server: str | None, api_key: str | None) -> Iterator[Client]:
     try:
         with Client(server, api_key) as client:
             yield client
-    except ClientError as exc:
+    except OrreryError as exc:
         first, *rest = problem_lines(exc)
         err.print(Text.assemble(("error", "red"), " ", first), soft_wrap=True)
         for line in rest:
             err.print(Text(line), soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def _json(c: Client, call: calls.Call[Any]) -> Any:
+    """The server's JSON answer to a request the SDK builds, as it was sent: what `--json` prints
+    and the terminal views read."""
+    return c.request(call.method, call.path, params=call.params, json=call.json, headers=call.headers)
 
 
 def _version(value: bool) -> None:
@@ -233,7 +248,7 @@ def devices_enroll(
             2,
         )
     with _api(server, api_key) as c:
-        result = c.enroll(name, parse_labels(label))
+        result = _json(c, calls.enroll(name, parse_labels(label)))
     if json_out:
         _print_json(result)
     else:
@@ -251,7 +266,7 @@ def devices_enroll(
 def devices_list(json_out: JsonOpt = False, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
     """List devices with their state, labels, current batch and queue."""
     with _api(server, api_key) as c:
-        items = c.devices()
+        items = _json(c, calls.devices())["items"]
     if json_out:
         _print_json(items)
     else:
@@ -264,13 +279,13 @@ def devices_list(json_out: JsonOpt = False, server: ServerOpt = None, api_key: K
 def devices_show(device_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
     """One device as JSON."""
     with _api(server, api_key) as c:
-        _print_json(c.device(device_id))
+        _print_json(_json(c, calls.device(device_id)))
 
 
 CONFIRM_WAIT_S = 3.0  # how long `stop`, `resume` and `uncordon` wait to see the agent apply them
 
 
-def _applied(c: Any, result: dict[str, Any]) -> str:
+def _applied(c: Client, result: dict[str, Any]) -> str:
     """For a control the agent must apply (a stop, a resume, a budget reset): whether it has, after
     waiting a little for it. The orchestrator sends it until the agent reports it applied."""
     if result.get("control_applied", 0) >= result.get("control_generation", 0):
@@ -285,14 +300,17 @@ def _applied(c: Any, result: dict[str, Any]) -> str:
                 "see 'orrery devices show'"
             )
         time.sleep(0.1)
-        result = c.device(result["id"])
+        result = _json(c, calls.device(result["id"]))
     return "; applied by its agent" if result.get("control_generation") else ""
 
 
 def _device_action(action: str) -> Any:
     def command(device_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
         with _api(server, api_key) as c:
-            result = c.device_action(device_id, action)
+            if action == "revoke":
+                result = c.request("DELETE", f"/v1/devices/{device_id}")
+            else:
+                result = c.request("POST", f"/v1/devices/{device_id}/{action}")
             applied = _applied(c, result) if action in ("resume", "uncordon") else ""
         console.print(f"{device_id}: {result.get('state')}{applied}", markup=False, highlight=False)
 
@@ -322,7 +340,7 @@ def devices_stop(
     """Emergency stop: cancel the running batch now (processes killed, held GUI keys released),
     take no work, and refuse every action tool on the device until `orrery devices resume`."""
     with _api(server, api_key) as c:
-        result = c.stop_device(device_id, reason)
+        result = c.request("POST", f"/v1/devices/{device_id}/stop", json={"reason": reason})
         applied = _applied(c, result)
     state, why = str(result.get("state")), str(result.get("stop_reason") or "")
     # The reason reads "stopped by an operator (key ...): ..."; say "stopped" once.
@@ -349,7 +367,7 @@ def devices_label(
         else:
             _fail(f"{change!r}: give KEY=VALUE to set a label or KEY- to remove one", 2)
     with _api(server, api_key) as c:
-        result = c.label(device_id, labels)
+        result = c.request("PATCH", f"/v1/devices/{device_id}", json={"labels": labels})
     if json_out:
         _print_json(result)
     else:
@@ -363,7 +381,7 @@ def devices_rotate_token(
 ) -> None:
     """Give a device a new token (shown once); the old one stops working and its connection closes."""
     with _api(server, api_key) as c:
-        result = c.rotate_token(device_id)
+        result = c.request("POST", f"/v1/devices/{device_id}/token")
     if json_out:
         _print_json(result)
     else:
@@ -388,7 +406,7 @@ def devices_history(
     from orchestrator.console import history_table, print_table
 
     with _api(server, api_key) as c:
-        page = c.device_history(device_id, limit)
+        page = c.request("GET", f"/v1/devices/{device_id}/history", params={"limit": limit})
     if json_out:
         _print_json(page["items"])
     else:
@@ -458,8 +476,8 @@ def submit(
             body["name"] = name
     with _api(server, api_key) as c:
         try:
-            task = c.submit(body, idempotency_key)
-        except ClientError as exc:
+            task = _json(c, calls.submit(body, idempotency_key))
+        except OrreryError as exc:
             raise _in_file(file, exc) from None
         _print_warnings(task)
         if watch:
@@ -482,7 +500,7 @@ def tasks_list(
 ) -> None:
     """List tasks, newest first."""
     with _api(server, api_key) as c:
-        page = c.tasks(state, limit)
+        page = _json(c, calls.tasks_page(state, limit))
     if json_out:
         _print_json(page["items"])
     else:
@@ -503,7 +521,7 @@ def tasks_show(
     from orchestrator.console import device_names, llm_view, task_view
 
     with _api(server, api_key) as c:
-        data: Any = c.request("GET", f"/v1/tasks/{task_id}/llm")["items"] if llm else c.task(task_id)
+        data: Any = c.request("GET", f"/v1/tasks/{task_id}/llm")["items"] if llm else _json(c, calls.task(task_id))
         names = {} if json_out or llm else device_names(c)
     if json_out:
         _print_json(data)
@@ -541,7 +559,7 @@ def tasks_rerun(
 ) -> None:
     """Run a finished task again as a new task (whole, or from one node on)."""
     with _api(server, api_key) as c:
-        task = c.rerun(task_id, from_node)
+        task = _json(c, calls.rerun(task_id, from_node))
         if watch:
             task = _watch(c, task["id"])
     if json_out:
@@ -577,8 +595,8 @@ def validate(
     body = _dag_body(file, None)
     with _api(server, api_key) as c:
         try:
-            answer = c.validate(body)
-        except ClientError as exc:
+            answer = _json(c, calls.validate(body))
+        except OrreryError as exc:
             if exc.status != 422:
                 raise
             answer = {
@@ -605,7 +623,7 @@ def _placed(file: Path, problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return problems
 
 
-def _in_file(file: Path | None, exc: ClientError) -> ClientError:
+def _in_file(file: Path | None, exc: OrreryError) -> OrreryError:
     """A refused DAG read from `file`: its problems at the file:line:column they came from, as
     `orrery validate` shows them."""
     problems = exc.body.get("problems") if exc.status == 422 and file is not None else None
@@ -613,7 +631,7 @@ def _in_file(file: Path | None, exc: ClientError) -> ClientError:
         return exc
     _placed(file, problems)
     at = problems[0].get("position") if isinstance(problems[0], dict) else None
-    return ClientError(exc.status, exc.code, f"{at}: {exc.detail}" if at else exc.detail, exc.body)
+    return type(exc)(exc.status, exc.code, f"{at}: {exc.detail}" if at else exc.detail, exc.body)
 
 
 def _print_validation(answer: dict[str, Any]) -> None:
@@ -674,7 +692,7 @@ def tools(
     from orchestrator.console import tool_rows, tools_view
 
     with _api(server, api_key) as c:  # the server resolves an id, a unique id prefix or a name
-        devices = c.devices() if device is None else [c.device(device)]
+        devices = _json(c, calls.devices())["items"] if device is None else [_json(c, calls.device(device))]
     rows = tool_rows(devices)
     if json_out:
         _print_json(
@@ -703,7 +721,7 @@ def keys_create(
 ) -> None:
     """Create an API key (shown once)."""
     with _api(server, api_key) as c:
-        result = c.create_api_key(role, name)
+        result = c.request("POST", "/v1/api-keys", json={"role": role, "name": name})
     if json_out:
         _print_json(result)
     else:
@@ -719,7 +737,7 @@ def keys_list(
 ) -> None:
     """List API keys: id, role, name, created (never the key itself; it is shown once). Admin only."""
     with _api(server, api_key) as c:
-        items = c.api_keys(revoked)
+        items = _api_keys(c, revoked)
     if json_out:
         _print_json(items)
         return
@@ -732,11 +750,28 @@ def keys_list(
         console.print(line, markup=False, highlight=False)
 
 
+def _api_keys(c: Client, revoked: bool) -> list[dict[str, Any]]:
+    """Every API key (never its secret), page after page."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params: dict[str, str | int] = {
+            "limit": 500,
+            "revoked": str(revoked).lower(),
+            **({"cursor": cursor} if cursor else {}),
+        }
+        page = c.request("GET", "/v1/api-keys", params=params)
+        items += page["items"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return items
+
+
 @keys_app.command("revoke")
 def keys_revoke(key_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
     """Revoke an API key."""
     with _api(server, api_key) as c:
-        c.revoke_api_key(key_id)
+        c.request("DELETE", f"/v1/api-keys/{key_id}")
     console.print(f"revoked {key_id}")
 
 
@@ -755,7 +790,7 @@ def approvals_list(
 ) -> None:
     """Approvals, oldest first: by default the ones waiting for a decision."""
     with _api(server, api_key) as c:
-        page = c.approvals(None if state == "all" else state)
+        page = _json(c, calls.approvals_page(None if state == "all" else state))
         names = {} if json_out else _device_names(c, {a["device_id"] for a in page["items"]})
     if json_out:
         _print_json(page)
@@ -776,16 +811,16 @@ def _device_names(c: Client, device_ids: set[str]) -> dict[str, str]:
     """Each device's name, for a listing that holds ids (a device that cannot be read keeps its id)."""
     names: dict[str, str] = {}
     for device_id in sorted(device_ids):
-        with contextlib.suppress(ClientError):
-            names[device_id] = str(c.device(device_id).get("name") or "")
+        with contextlib.suppress(OrreryError):
+            names[device_id] = c.device(device_id).name
     return names
 
 
 def _decide_cli(
-    approval_id: str, decision: str, reason: str, json_out: bool, server: str | None, key: str | None
+    approval_id: str, decision: calls.Decision, reason: str, json_out: bool, server: str | None, key: str | None
 ) -> None:
     with _api(server, key) as c:
-        result = c.decide(approval_id, decision, reason)
+        result = _json(c, calls.decide(approval_id, decision, reason))
     if json_out:
         _print_json(result)
     elif result["state"] == "pending" and result.get("requested_state"):
@@ -858,7 +893,7 @@ def schedules_create(
     except DagFileError as exc:
         _fail(str(exc), 2)
     with _api(server, api_key) as c:
-        made = c.create_schedule(body)
+        made = c.request("POST", "/v1/schedules", json=body)
     _print_warnings(made)
     if json_out:
         _print_json(made)
@@ -873,7 +908,7 @@ def schedules_list(json_out: JsonOpt = False, server: ServerOpt = None, api_key:
     from orchestrator.schedule_console import schedules_table
 
     with _api(server, api_key) as c:
-        items = c.schedules()
+        items = _schedules(c)
     if json_out:
         _print_json(items)
     elif not items:
@@ -884,6 +919,25 @@ def schedules_list(json_out: JsonOpt = False, server: ServerOpt = None, api_key:
         print_table(console, schedules_table(items))
 
 
+def _schedules(c: Client) -> list[dict[str, Any]]:
+    """Every schedule, by name (page after page)."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params: dict[str, str | int] = {"limit": 500, **({"cursor": cursor} if cursor else {})}
+        page = c.request("GET", "/v1/schedules", params=params)
+        items += page["items"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return items
+
+
+def _schedule_ticks(c: Client, ref: str, limit: int, outcome: str | None = None) -> list[dict[str, Any]]:
+    params: dict[str, str | int] = {"limit": limit, **({"outcome": outcome} if outcome else {})}
+    items: list[dict[str, Any]] = c.request("GET", f"/v1/schedules/{ref}/ticks", params=params)["items"]
+    return items
+
+
 @schedules_app.command("show")
 def schedules_show(
     schedule_id: str, json_out: JsonOpt = False, server: ServerOpt = None, api_key: KeyOpt = None
@@ -892,8 +946,8 @@ def schedules_show(
     from orchestrator.schedule_console import schedule_view
 
     with _api(server, api_key) as c:
-        found = c.schedule(schedule_id)
-        ticks = c.schedule_ticks(found["id"], limit=10)["items"]
+        found = c.request("GET", f"/v1/schedules/{schedule_id}", params={"next": 5})
+        ticks = _schedule_ticks(c, found["id"], limit=10)
     if json_out:
         _print_json({**found, "ticks": ticks})
     else:
@@ -914,7 +968,7 @@ def schedules_ticks(
     from orchestrator.schedule_console import ticks_table
 
     with _api(server, api_key) as c:
-        items = c.schedule_ticks(schedule_id, limit, outcome)["items"]
+        items = _schedule_ticks(c, schedule_id, limit, outcome)
     if json_out:
         _print_json(items)
     elif not items:
@@ -926,7 +980,10 @@ def schedules_ticks(
 def _schedule_action(action: str) -> Any:
     def command(schedule_id: str, server: ServerOpt = None, api_key: KeyOpt = None) -> None:
         with _api(server, api_key) as c:
-            result = c.schedule_action(schedule_id, action)
+            if action == "delete":
+                result = c.request("DELETE", f"/v1/schedules/{schedule_id}")
+            else:
+                result = c.request("POST", f"/v1/schedules/{schedule_id}/{action}")
         if action == "delete":
             console.print(f"schedule {result['name']} {result['id']} deleted (its tasks stay)", markup=False)
         else:
@@ -961,7 +1018,7 @@ def artifacts_list(
     from orchestrator.console import artifacts_table, device_names, print_table
 
     with _api(server, api_key) as c:
-        page = c.artifacts(task_id, history)
+        page = _json(c, calls.artifacts_page(task_id, history, limit=500))
         names = device_names(c) if page["items"] and not json_out else {}
     if json_out:
         _print_json(page["items"])
@@ -982,13 +1039,12 @@ def artifacts_get(
     api_key: KeyOpt = None,
 ) -> None:
     """Download an artifact, checked against its sha256 before it is saved (resumes a dropped download)."""
-    from orchestrator.artifacts.download import save
-
     dest = output or Path(name)
     if dest.is_dir():
         dest = dest / name
     with _api(server, api_key) as c:
-        artifact = save(c, task_id, name, version, dest)
+        artifact = _json(c, calls.artifact(task_id, name, version))
+        c.download(task_id, name, dest, version=int(artifact["version"]))  # that version, checked by sha256
     if json_out:
         _print_json({**artifact, "path": str(dest)})
     else:

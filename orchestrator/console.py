@@ -15,7 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator import rollout_view
-from orchestrator.client import Client, ClientError
+from orrery.sdk import calls
+from orrery.sdk.client import Client
+from orrery.sdk.errors import OrreryError
 
 SYMBOLS = {
     "pending": ("·", "dim"),
@@ -327,8 +329,8 @@ def llm_view(items: list[dict[str, Any]]) -> Group:
 def device_names(client: Client) -> dict[str, str]:
     """Device id to name, for showing where nodes ran (empty if devices cannot be listed)."""
     try:
-        return {d["id"]: d["name"] for d in client.devices()}
-    except ClientError:
+        return {d.id: d.name for d in client.devices()}
+    except OrreryError:
         return {}
 
 
@@ -341,25 +343,32 @@ def watch(
     """Follow a task from its event stream until it ends; returns the final task. On a terminal a
     live view is redrawn; otherwise (a pipe, a log, CI) one line is printed per node state change
     as it happens, then the final view."""
-    task = client.task(task_id)
+    task = _task(client, task_id)
     task_id = task["id"]  # the server may have resolved a prefix or a name
     names = device_names(client)
     if not console.is_terminal:
         return _watch_lines(client, task, console, names, on_event)
     with Live(task_view(task, names=names), console=console, refresh_per_second=8, transient=False) as live:
         if task["state"] not in FINISHED:
-            for _id, etype, data in client.events(task_id):
+            for event in client.events(task_id):
+                etype, data = event.type, event.data
                 if on_event:
                     on_event(etype, data)
                 if etype in ("node.state", "task.state", "dag.edited", "node.attempt", "node.child"):
-                    task = client.task(task_id)
+                    task = _task(client, task_id)
                     if any(dev not in names for dev in _devices_of(task)):
                         names = device_names(client)
                     live.update(task_view(task, names=names))
                 if etype == "task.state" and data.get("state") in FINISHED:
                     break
-        task = client.task(task_id)
+        task = _task(client, task_id)
         live.update(task_view(task, show_outputs=True, names=names))
+    return task
+
+
+def _task(client: Client, task_id: str) -> dict[str, Any]:
+    """A task as the server sent it (the views read its JSON)."""
+    task: dict[str, Any] = client.request("GET", calls.task(task_id).path)
     return task
 
 
@@ -371,9 +380,9 @@ def _devices_of(task: dict[str, Any]) -> set[str]:
 
 def _running_on(client: Client, task_id: str, node_id: str) -> tuple[str, int]:
     """The device id a running node's latest attempt is on, and the number of attempts."""
-    for n in client.task(task_id).get("nodes") or []:
-        if n["id"] == node_id and n.get("attempts"):
-            return str(n["attempts"][-1]["device_id"]), len(n["attempts"])
+    for n in client.task(task_id).nodes or []:
+        if n.id == node_id and n.attempts:
+            return n.attempts[-1].device_id, len(n.attempts)
     return "", 0
 
 
@@ -392,7 +401,8 @@ def _watch_lines(
     say(Text(f"task {task_id} {task['name']}: {task['state']}"))
     where: dict[str, str] = {}
     if task["state"] not in FINISHED:
-        for _id, etype, data in client.events(task_id):
+        for event in client.events(task_id):
+            etype, data = event.type, event.data
             if on_event:
                 on_event(etype, data)
             at = str(data.get("at") or "")[11:19]
@@ -422,7 +432,7 @@ def _watch_lines(
                 say(Text(f"{at} ✎ DAG edited: version {data.get('version', '?')}", style="blue"))
             elif etype == "task.state" and data.get("state") in FINISHED:
                 break
-    task = client.task(task_id)
+    task = _task(client, task_id)
     console.print(task_view(task, show_outputs=True, names=names))
     return task
 

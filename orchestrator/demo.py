@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 from rich.console import Console
 
-from orchestrator.client import Client
 from orchestrator.config import Settings
+from orrery.sdk import AsyncClient, Client, OrreryError
 
 DEVICES = [
     ("web-1", {"role": "web"}),
@@ -167,23 +166,22 @@ async def _demo(console: Console, base: Path, temporary: bool, keep: bool = Fals
             console.print(f"  admin API key: {settings.data_dir / 'admin.key'}", soft_wrap=True, highlight=False)
         await _until(lambda: server.started, 30, "the orchestrator did not start")
         api_key = await asyncio.to_thread(_read_key, settings.data_dir / "admin.key")
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        async with AsyncClient(url, api_key) as api:
             for name, labels in DEVICES:
-                enrolled = (await http.post("/v1/devices", json={"name": name, "labels": labels})).json()
-                agents.append(_start_agent(url, enrolled["token"], base / "agents" / name, labels))
+                enrolled = await api.enroll(name, labels)
+                agents.append(_start_agent(url, enrolled.token, base / "agents" / name, labels))
                 console.print(f"  enrolled [cyan]{name}[/cyan] {labels} and started its agent")
-            await _until_idle(http, len(DEVICES))
+            await _until_idle(api, len(DEVICES))
             console.print("  all three devices are connected and idle\n")
-            dag = demo_dag()
-            reply = await http.post("/v1/tasks", json={"name": dag.pop("name"), "dag": dag})
-            task = reply.json()
-            if reply.status_code != 201:
-                console.print(f"[red]the demo DAG was refused[/red]: {task}")
+            try:
+                task = await api.submit(demo_dag())
+            except OrreryError as exc:
+                console.print(f"[red]the demo DAG was refused[/red]: {exc.body}")
                 return 1
         from orchestrator.console import watch
 
         with Client(url, api_key) as client:
-            final = await asyncio.to_thread(watch, client, task["id"], console)
+            final = await asyncio.to_thread(watch, client, task.id, console)
         elapsed = time.monotonic() - started
         report: dict[str, Any] = next((n for n in final["nodes"] if n["id"] == "report"), {})
         content = (report.get("output") or {}).get("content", "")
@@ -193,10 +191,9 @@ async def _demo(console: Console, base: Path, temporary: bool, keep: bool = Fals
             f"task [{style}]{final['state']}[/{style}] in {elapsed:.1f}s (3 devices, {len(final['nodes'])} nodes)"
         )
         if keep:
-            async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {api_key}"}) as http:
-                created = await http.post("/v1/api-keys", json={"role": "viewer", "name": "demo viewer"})
-                created.raise_for_status()
-                viewer = created.json()["key"]
+            async with AsyncClient(url, api_key) as api:
+                created = await api.request("POST", "/v1/api-keys", json={"role": "viewer", "name": "demo viewer"})
+                viewer = created["key"]
             console.print(
                 f"\nThe orchestrator and the 3 agents keep running.\n"
                 f"  dashboard:  {url}/\n"
@@ -246,11 +243,10 @@ async def _until(check: Any, timeout: float, message: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _until_idle(http: httpx.AsyncClient, count: int, timeout: float = 60) -> None:
+async def _until_idle(api: AsyncClient, count: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        devices = (await http.get("/v1/devices")).json()["items"]
-        if sum(1 for d in devices if d["state"] == "idle") >= count:
+        if sum(1 for d in await api.devices() if d.state == "idle") >= count:
             return
         await asyncio.sleep(0.1)
     raise RuntimeError("the device agents did not connect in time; see their agent.log files")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 import orrery.sdk.calls as api
 from orrery.sdk.calls import Call, DagLike, Decision
 from orrery.sdk.config import default_api_key, default_server, server_url
+from orrery.sdk.download import PIECE, READ_TIMEOUT_S, TRIES, Download
 from orrery.sdk.models import (
     Approval,
     Artifact,
@@ -200,6 +202,33 @@ class AsyncClient:
     async def artifact_content(self, task_id: str, name: str, version: int | None = None) -> bytes:
         """An artifact's bytes."""
         return await self._run(api.artifact_content(task_id, name, version))
+
+    async def download(self, task_id: str, name: str, dest: str | Path, version: int | None = None) -> Artifact:
+        """Save an artifact (its newest version, or `version`) to the file `dest`, checked against
+        its sha256 before it is put there; a dropped connection resumes where it stopped. The
+        artifact; `ServerError` (code `integrity_error`) if the bytes do not match."""
+        artifact = await self.artifact(task_id, name, version)
+        with Download(artifact, Path(dest)) as job:
+            for _ in range(TRIES):
+                try:
+                    async with self._http.stream(
+                        "GET",
+                        job.path,
+                        headers=job.headers(),
+                        timeout=httpx2.Timeout(self.timeout, read=READ_TIMEOUT_S),
+                    ) as resp:
+                        if resp.status_code >= 400:
+                            raise api.problem(resp.status_code, await resp.aread(), self.api_key is not None)
+                        job.opened(resp.status_code)
+                        async for piece in resp.aiter_bytes(PIECE):
+                            job.take(piece)
+                except httpx2.TransportError as exc:
+                    job.dropped(str(exc))
+                except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
+                    raise unreachable(exc, self.server) from None
+                if job.done:
+                    return job.finish()
+            raise job.stopped()
 
     # ---------------------------------------------------------------- any other route
 

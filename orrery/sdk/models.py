@@ -17,7 +17,7 @@ NODE_ENDS = frozenset({"succeeded", "failed", "skipped", "cancelled"})
 class Answer(BaseModel):
     """The base of every answer: unknown fields are kept, never refused."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
 
 # ---------------------------------------------------------------- tasks

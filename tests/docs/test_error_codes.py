@@ -36,7 +36,8 @@ CODE_ARGUMENT = {
     "PlanFailed": 1,
     "Breach": 0,
     "Refusal": 0,
-    "ClientError": 1,
+    # The Python SDK's error tree (orrery/sdk/errors.py): (status, code, detail).
+    **dict.fromkeys(("OrreryError", "InvalidRequest", "Unauthorized", "Unavailable", "ServerError", "WaitTimeout"), 1),
     "_answer": 2,
     "_deny": 2,
     "_closing": 1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.client import Client, server_url
+from orrery.sdk import Client, server_url
 
 
 @pytest.mark.parametrize(
