@@ -25,6 +25,7 @@ from device_agent.mcp_oauth import FileTokenStorage, HeadlessAuthorization, oaut
 from device_agent.policy import Policy
 from device_agent.runner import mcp_host
 from device_agent.toolsets.base import ToolsetContext
+from tests.unit.device_agent.test_browser_profile import docs_toml
 
 URL = "https://mcp.example.com/mcp"
 AS = "https://auth.example.com"
@@ -228,3 +229,14 @@ async def test_an_authorization_endpoint_that_wants_a_person_fails_with_a_reason
             await browser.redirect(url)
     with pytest.raises(OAuthFlowError, match="no authorization code"):
         await browser.callback()
+
+
+def test_the_docs_oauth_examples_are_valid_agent_settings(tmp_path: Path) -> None:
+    blocks = docs_toml("[agent.mcp_servers.oauth]")
+    assert len(blocks) >= 2  # the how-to and the configuration reference
+    for block in blocks:
+        agent = block["agent"]
+        assert isinstance(agent, dict)
+        servers = [McpServerConfig.model_validate(s) for s in agent["mcp_servers"]]
+        oauth = [s.oauth for s in servers if s.oauth is not None]
+        assert oauth and all(o.grant == "client_credentials" and o.issuer and o.client_secret for o in oauth)
