@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from device_agent import browser_net
@@ -26,13 +26,104 @@ TOKEN_PREFIX = "orrd_"
 DATA_ROOT = Path(".orrery-agent")
 
 
+class McpOAuthConfig(BaseModel):
+    """`oauth` of an HTTP `[[agent.mcp_servers]]` entry: the agent gets its access token itself,
+    as the MCP authorization specification describes (the server's protected resource metadata
+    names its authorization server; the scopes are the ones the server asks for).
+
+    - `grant = "client_credentials"` (the default, for a device no person watches): the client
+      registered for this device at the authorization server, `client_id` with `client_secret`
+      (or with `private_key_file`, signing a `private_key_jwt` assertion instead of sending a
+      secret).
+    - `grant = "authorization_code"`: OAuth 2.1 with PKCE. The agent registers itself (a client
+      ID metadata document at `client_metadata_url` when the server accepts one, else dynamic
+      registration), or uses the pre-registered `client_id`/`client_secret`. It follows the
+      authorization endpoint's redirect to `redirect_uri` itself, so this suits authorization
+      servers that grant a device without a sign-in page; one that shows a page fails with a
+      message that says so.
+
+    Tokens (and a registered client) are kept in `<data dir>/oauth/<namespace>.json` (0600),
+    refreshed with the refresh token when they expire, and never logged; `client_secret` and the
+    tokens go to the authorization server and the MCP server's origin only."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    grant: Literal["client_credentials", "authorization_code"] = Field(
+        default="client_credentials",
+        description="client_credentials (unattended: the device's own client) or authorization_code (PKCE)",
+    )
+    client_id: str | None = Field(
+        default=None, description="the client registered for this device (required for client_credentials)"
+    )
+    client_secret: SecretStr | None = Field(
+        default=None, description="its secret: sent to the authorization server's token endpoint only; never logged"
+    )
+    token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post"] = Field(
+        default="client_secret_basic", description="how client_secret is sent to the token endpoint"
+    )
+    private_key_file: Path | None = Field(
+        default=None,
+        description="client_credentials with private_key_jwt: a PEM private key file, absolute (instead of a secret)",
+    )
+    signing_algorithm: Literal["RS256", "RS384", "RS512", "ES256", "ES384", "ES512"] = Field(
+        default="RS256", description="the key's JWT signing algorithm"
+    )
+    issuer: str | None = Field(
+        default=None,
+        description="client_credentials: the authorization server the client belongs to; the secret "
+        "goes to no other (unset: whichever one the MCP server names)",
+    )
+    client_metadata_url: str | None = Field(
+        default=None,
+        description="authorization_code: the https URL of this client's metadata document, used as its "
+        "client_id where the authorization server accepts one",
+    )
+    redirect_uri: str = Field(
+        default="http://127.0.0.1/callback",
+        description="authorization_code: the redirect URI registered for the client",
+    )
+
+    @field_validator("issuer", "redirect_uri", "client_metadata_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and (urlsplit(v).scheme not in ("http", "https") or not urlsplit(v).hostname):
+            raise ValueError(f"an oauth issuer, redirect_uri or client_metadata_url must be an http(s) URL, got '{v}'")
+        return v
+
+    @field_validator("private_key_file")
+    @classmethod
+    def _absolute_key(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.expanduser().is_absolute():
+            raise ValueError(f"oauth private_key_file must be an absolute path, got '{v}'")
+        return v
+
+    @model_validator(mode="after")
+    def _one_client(self) -> McpOAuthConfig:
+        if self.grant == "client_credentials":
+            if self.client_id is None:
+                raise ValueError("oauth grant client_credentials needs the device's client_id")
+            if (self.client_secret is None) == (self.private_key_file is None):
+                raise ValueError("oauth grant client_credentials needs client_secret or private_key_file (one of them)")
+        else:
+            if self.private_key_file is not None:
+                raise ValueError("oauth private_key_file is for grant client_credentials")
+            if self.client_secret is not None and self.client_id is None:
+                raise ValueError("oauth client_secret needs the client_id it belongs to")
+        return self
+
+    def secrets(self) -> list[str]:
+        """What must never appear in a message: the client secret."""
+        return [self.client_secret.get_secret_value()] if self.client_secret is not None else []
+
+
 class McpServerConfig(BaseModel):
     """A third-party MCP server: stdio (`command`, `args`, `env`) or streamable HTTP (`url`).
 
     `bearer_token` and `headers` are secrets: they are sent (as `Authorization: Bearer ...` and
     as given) only to requests for `url`'s origin, and never logged or reported. `roots` are the
     directories the server is told it may work in (MCP roots): the agent's workspace unless given;
-    `roots = []` declares no roots capability at all.
+    `roots = []` declares no roots capability at all. With `oauth` the agent gets its bearer token
+    from the server's authorization server instead (OAuth, see `[agent.mcp_servers.oauth]`).
 
     A stdio server starts in a directory of its own under the data dir, never in the workspace
     (programs read configuration from their working directory: npm's `.npmrc`, Python's
@@ -63,6 +154,9 @@ class McpServerConfig(BaseModel):
     )
     headers: dict[str, SecretStr] = Field(
         default_factory=dict, description="more headers for the url's origin only (secrets, never logged)"
+    )
+    oauth: McpOAuthConfig | None = Field(
+        default=None, description="get the bearer token with OAuth (see `[agent.mcp_servers.oauth]`)"
     )
     read_only_tools: list[str] = Field(
         default_factory=list,
@@ -109,6 +203,18 @@ class McpServerConfig(BaseModel):
             if not path.expanduser().is_absolute():
                 raise ValueError(f"an MCP server's cwd and sandbox paths must be absolute, got '{path}'")
         return v
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> McpServerConfig:
+        if self.oauth is not None:
+            if self.url is None:
+                raise ValueError(f"MCP server '{self.namespace}': oauth is for a server with a url")
+            if self.bearer_token is not None or any(n.lower() == "authorization" for n in self.headers):
+                raise ValueError(
+                    f"MCP server '{self.namespace}': oauth gets the bearer token itself; drop bearer_token "
+                    "(or the Authorization header)"
+                )
+        return self
 
     def http_headers(self) -> dict[str, str]:
         """The headers for requests to `url`'s origin: `headers`, then the bearer token."""

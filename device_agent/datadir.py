@@ -43,7 +43,8 @@ OWN_FILES = (
     *(LEDGER_NAME + suffix for suffix in ("", "-wal", "-shm", "-journal")),
 )
 SCREENSHOTS_NAME = "screenshots"  # gui.observe's PNG files
-OWN_DIRS = (SCREENSHOTS_NAME,)
+OAUTH_NAME = "oauth"  # OAuth tokens for third-party MCP servers (device_agent/mcp_oauth.py)
+OWN_DIRS = (SCREENSHOTS_NAME, OAUTH_NAME)
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 

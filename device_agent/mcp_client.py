@@ -39,6 +39,10 @@ class OriginBoundHeaders:
                 request.headers[name] = value
             elif name in request.headers:
                 del request.headers[name]
+        # An OAuth bearer token is put on the MCP server's requests only; whatever else carries one
+        # elsewhere loses it (the authorization server's requests carry none, or Basic client auth).
+        if not ours and request.headers.get("authorization", "").lower().startswith("bearer "):
+            del request.headers["authorization"]
 
     async def on_response(self, response: httpx2.Response) -> None:
         if not self.covers(response.request.url):
@@ -69,24 +73,29 @@ def public_url(url: str) -> str:
 
 @dataclass(frozen=True)
 class HttpTarget:
-    """A third-party MCP server over streamable HTTP, with optional headers (a bearer token).
+    """A third-party MCP server over streamable HTTP, with optional headers (a bearer token) or
+    OAuth (`auth`: the SDK's provider, which gets the bearer token; `secrets`: what it holds now).
 
     The headers never appear in `repr` and are sent only to the URL's origin (OriginBoundHeaders)."""
 
     url: str
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    auth: httpx2.Auth | None = field(default=None, repr=False, compare=False)
+    secrets: Callable[[], list[str]] = field(default=list, repr=False, compare=False)
 
     def client(self) -> tuple[httpx2.AsyncClient, OriginBoundHeaders]:
         bound = OriginBoundHeaders(self.url, self.headers)
         hooks: dict[str, list[Callable[..., Any]]] = {"request": [bound.on_request], "response": [bound.on_response]}
-        return httpx2.AsyncClient(event_hooks=hooks, timeout=httpx2.Timeout(30, read=300)), bound
+        timeout = httpx2.Timeout(30, read=300)
+        return httpx2.AsyncClient(auth=self.auth, event_hooks=hooks, timeout=timeout), bound
 
     def transport(self, client: httpx2.AsyncClient) -> Any:
         return streamable_http_client(self.url, http_client=client)
 
     def redact(self, text: str) -> str:
-        """`text` without any configured header value (a server may echo the token in an error)."""
-        for _, value in self.headers:
+        """`text` without any configured header value or OAuth token or client secret (a server may
+        echo the token in an error)."""
+        for value in [*(v for _, v in self.headers), *self.secrets()]:
             for secret in {value, value.partition(" ")[2]} - {""}:
                 if len(secret) >= 4:
                     text = text.replace(secret, "[redacted]")
@@ -137,9 +146,10 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 def describe_failure(exc: BaseException, target: Any, auth: OriginBoundHeaders | None) -> str:
     """Why a toolset could not start or died, in words an owner can act on (no secrets)."""
     if isinstance(target, HttpTarget) and auth is not None and auth.refused is not None:
+        what = "the OAuth access token" if target.auth is not None else "the configured bearer_token/headers"
         return (
             f"the MCP server at {public_url(target.url)} answered {auth.refused}: "
-            "it refused the configured bearer_token/headers (wrong, expired or missing)"
+            f"it refused {what} (wrong, expired or missing)"
         )
     text = "; ".join(dict.fromkeys(str(e) or type(e).__name__ for e in _leaves(exc)))
     if isinstance(target, HttpTarget):

@@ -25,6 +25,7 @@ from device_agent.killswitch import KillSwitch
 from device_agent.launch import LaunchRefused, stdio_target
 from device_agent.ledger import Ledger, LedgerError, LedgerOwned
 from device_agent.mcp_client import ClientFeatures, HttpTarget, public_url
+from device_agent.mcp_oauth import FileTokenStorage, oauth_provider, token_path
 from device_agent.router import Router
 from device_agent.sandbox import Sandbox, SandboxUnavailable
 from device_agent.toolset_host import ToolsetHost, ToolsetUnavailable
@@ -132,13 +133,27 @@ def mcp_host(server: McpServerConfig, ctx: ToolsetContext, on_change: Callable[[
     if server.url:
         secrets = server.http_headers()
         parts = urlsplit(server.url)
-        if secrets and parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        if (
+            (secrets or server.oauth)
+            and parts.scheme == "http"
+            and parts.hostname not in ("127.0.0.1", "localhost", "::1")
+        ):
             log.warning(
-                "MCP server '%s' is reached over plain http://: its bearer_token/headers travel unencrypted; "
+                "MCP server '%s' is reached over plain http://: its bearer token travels unencrypted; "
                 "use https:// for anything but loopback",
                 server.namespace,
             )
         target = HttpTarget(server.url, tuple(secrets.items()))
+        if server.oauth is not None:
+            assert ctx.data_dir is not None
+            # Tokens are kept per namespace in the private data dir, like the device token.
+            storage = FileTokenStorage(token_path(ctx.data_dir, server.namespace), server.url)
+            oauth = server.oauth
+            target = HttpTarget(
+                server.url,
+                auth=oauth_provider(server.url, oauth, storage),
+                secrets=lambda: [*oauth.secrets(), *storage.secrets()],
+            )
     elif server.command:
         assert ctx.data_dir is not None
         try:

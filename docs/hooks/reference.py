@@ -481,7 +481,7 @@ def agent_flags() -> dict[str, str]:
 
 
 def agent_config_markdown() -> str:
-    from device_agent.config import AgentConfig, BrowserProfile, McpServerConfig
+    from device_agent.config import AgentConfig, BrowserProfile, McpOAuthConfig, McpServerConfig
 
     flags = agent_flags()
     rows = []
@@ -502,6 +502,9 @@ def agent_config_markdown() -> str:
         "\n### `[[agent.mcp_servers]]`\n",
         prose(McpServerConfig.__doc__) + "\n",
         _model_table(McpServerConfig),
+        "\n### `[agent.mcp_servers.oauth]`\n",
+        prose(McpOAuthConfig.__doc__) + "\n",
+        _model_table(McpOAuthConfig),
         "\n### `[agent.browser]`\n",
         prose(BrowserProfile.__doc__) + "\n",
         _model_table(BrowserProfile),
