@@ -1,6 +1,6 @@
-"""The sample agent entrypoint's two REST calls (deploy/agent-entrypoint.sh), with the standard
-library only, so the device-only image (`pip install .`: no server extra, so no `orrery devices`
-client commands) can enroll itself:
+"""The sample agent entrypoint's two REST calls (deploy/agent-entrypoint.sh), through the Python
+SDK (`orrery.sdk`, in the base install), so the device-only image (`pip install .`: no server
+extra, so no `orrery devices` client commands) can enroll itself:
 
     python3 -m device_agent.enrollment enroll NAME      # POST /v1/devices
     python3 -m device_agent.enrollment take-over NAME   # POST /v1/devices/NAME/token
@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
+
+from orrery.sdk import Client, OrreryError
 
 
 class Failure(Exception):
@@ -30,26 +30,11 @@ def call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     key = os.environ.get("ORRERY_API_KEY", "")
     if not url or not key:
         raise Failure("config: set ORRERY_URL and ORRERY_API_KEY")
-    request = urllib.request.Request(
-        url + path,
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as exc:
-        try:
-            problem = json.loads(exc.read() or b"{}")
-        except ValueError:
-            problem = {}
-        if not isinstance(problem, dict):
-            problem = {}
-        raise Failure(f"{problem.get('code', exc.code)}: {problem.get('detail', exc.reason)}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise Failure(f"unreachable: {url}: {reason}") from None
+        with Client(url, key, timeout=30) as client:
+            return client.request(method, path, json=body)
+    except OrreryError as exc:  # the API's problem, or `unreachable`
+        raise Failure(f"{exc.code}: {exc.detail}") from None
 
 
 def main(argv: list[str]) -> int:
