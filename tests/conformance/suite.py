@@ -25,6 +25,8 @@ PREFIX = Path(os.environ.get("ORRERY_TEST_MCP_CONFORMANCE_PREFIX", ROOT / ".ci" 
 NODE = PREFIX / "node_modules" / "node" / "bin" / "node"
 SUITE = PREFIX / "node_modules" / "@modelcontextprotocol" / "conformance"
 INSTALL = f"npm install --prefix {PREFIX} node@{NODE_MAJOR} @modelcontextprotocol/conformance@{SUITE_VERSION}"
+# Every expected failure of both sides, with its reason: {"client": {scenario: reason}, "server": ...}.
+EXPECTED_FAILURES = Path(__file__).with_name("expected_failures.json")
 # Scenarios run side by side, a few at a time: each is a node process (the suite, and its test
 # server or client) and the other side, a few seconds of CPU in all.
 PARALLEL = 4
@@ -103,6 +105,12 @@ def run_all(names: list[str], one: Callable[[str], Outcome]) -> list[Outcome]:
         return list(pool.map(one, names))
 
 
+def expected_failures(side: str) -> dict[str, str]:
+    """The scenarios of one side (`client` or `server`) expected to fail, with their reasons."""
+    listed: dict[str, dict[str, str]] = json.loads(EXPECTED_FAILURES.read_text())
+    return listed[side]
+
+
 def hold_expected_failures(outcomes: list[Outcome], expected: dict[str, str], listed_in: Path) -> None:
     """Each scenario passes unless `listed_in` names it; each it names still fails."""
     failing = [o.summary() for o in outcomes if not o.passed and o.scenario not in expected]
@@ -128,10 +136,10 @@ def docs_table(page: Path, heading: str) -> dict[str, tuple[str, str]]:
     return {scenario: (result, reason) for scenario, result, reason in rows}
 
 
-def hold_docs_table(expected_failures: Path, page: Path, heading: str) -> None:
-    """The docs' table lists as failing exactly the scenarios `expected_failures` lists, each
-    with the same reason."""
-    expected: dict[str, str] = json.loads(expected_failures.read_text())
+def hold_docs_table(side: str, page: Path, heading: str) -> None:
+    """The docs' table lists as failing exactly the scenarios of `side` that expected_failures.json
+    lists, each with the same reason."""
+    expected = expected_failures(side)
     table = docs_table(page, heading)
     assert {s for s, (result, _) in table.items() if result == "fails"} == set(expected)
     for scenario, reason in expected.items():

@@ -2,7 +2,7 @@
 
 Every client scenario of `@modelcontextprotocol/conformance` (its own `list`) runs through the
 suite against `python -m device_agent.conformance` (the agent's own HTTP client path): each not
-in expected_failures.json must pass, and each in it must still fail, so the list cannot go stale.
+in expected_failures.json (its "client" part) must pass, and each in it must still fail, so the list cannot go stale.
 
 The suite needs Node 22; `.ci/run` installs both (npm's `node` package and the pinned suite)
 under `.ci/mcp-conformance` and names the directory in ORRERY_TEST_MCP_CONFORMANCE_PREFIX.
@@ -11,15 +11,16 @@ Elsewhere the test is skipped, with the command that installs them, unless CI is
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from tests.conformance.suite import (
+    EXPECTED_FAILURES,
     NODE_MAJOR,
     SUITE_VERSION,
     Outcome,
     docs_table,
+    expected_failures,
     hold_docs_table,
     hold_expected_failures,
     run,
@@ -29,7 +30,6 @@ from tests.conformance.suite import (
 )
 from tests.support import ROOT
 
-EXPECTED_FAILURES = Path(__file__).with_name("expected_failures.json")
 DOCS = ROOT / "docs" / "how-to" / "third-party-mcp.md"  # its table: scenario, result, reason
 TABLE = "## The MCP conformance suite"
 CLIENT = f"{sys.executable} -m device_agent.conformance"  # the suite appends the server's URL
@@ -50,11 +50,11 @@ def test_every_client_scenario_passes_unless_listed_as_an_expected_failure_and_e
     tmp_path: Path,
 ) -> None:
     suite_installed()
-    expected: dict[str, str] = json.loads(EXPECTED_FAILURES.read_text())
+    expected = expected_failures("client")
     names = scenarios("client")
     assert "initialize" in names
     unknown = sorted(set(expected) - set(names))
-    assert not unknown, f"expected_failures.json names scenarios the suite does not have: {unknown}"
+    assert not unknown, f"{EXPECTED_FAILURES.name} names client scenarios the suite does not have: {unknown}"
     assert sorted(docs_table(DOCS, TABLE)) == sorted(names), f"{DOCS} must have a row for each of {names}"
     outcomes = run_all(names, lambda s: run_scenario(s, tmp_path))
     outcomes = [
@@ -64,7 +64,7 @@ def test_every_client_scenario_passes_unless_listed_as_an_expected_failure_and_e
 
 
 def test_the_docs_table_says_what_expected_failures_json_says() -> None:
-    hold_docs_table(EXPECTED_FAILURES, DOCS, TABLE)
+    hold_docs_table("client", DOCS, TABLE)
 
 
 def test_ci_installs_the_suite_version_this_test_expects() -> None:

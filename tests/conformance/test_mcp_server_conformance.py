@@ -2,7 +2,7 @@
 scenarios.
 
 Every server scenario of `@modelcontextprotocol/conformance` (its own `list`) runs against a real
-orchestrator's `/mcp`: each not in expected_server_failures.json must pass, and each in it must
+orchestrator's `/mcp`: each not in expected_failures.json (its "server" part) must pass, and each in it must
 still fail. The suite sends no credentials, and `/mcp` answers nothing without an API key, so it
 reaches the server through a loopback proxy that adds the key to each request (and asks for one
 request per connection, so every request gets it). Everything else it sends, `Host` and `Origin`
@@ -16,7 +16,6 @@ they are listed as expected failures, with that reason. Those that apply to any 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,8 +23,10 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.suite import (
+    EXPECTED_FAILURES,
     Outcome,
     docs_table,
+    expected_failures,
     hold_docs_table,
     hold_expected_failures,
     run,
@@ -35,7 +36,6 @@ from tests.conformance.suite import (
 )
 from tests.support import ROOT, Fleet, TcpProxy
 
-EXPECTED_FAILURES = Path(__file__).with_name("expected_server_failures.json")
 DOCS = ROOT / "docs" / "how-to" / "mcp-server.md"
 TABLE = "## Conformance"
 MUST_PASS = {"server-initialize", "ping", "tools-list", "dns-rebinding-protection"}
@@ -73,15 +73,15 @@ def test_every_server_scenario_passes_unless_listed_as_an_expected_failure_and_e
     mcp_url: str, tmp_path: Path
 ) -> None:
     suite_installed()
-    expected: dict[str, str] = json.loads(EXPECTED_FAILURES.read_text())
+    expected = expected_failures("server")
     names = scenarios("server")
     assert set(names) >= MUST_PASS and not MUST_PASS & set(expected)
     unknown = sorted(set(expected) - set(names))
-    assert not unknown, f"{EXPECTED_FAILURES.name} names scenarios the suite does not have: {unknown}"
+    assert not unknown, f"{EXPECTED_FAILURES.name} names server scenarios the suite does not have: {unknown}"
     assert sorted(docs_table(DOCS, TABLE)) == sorted(names), f"{DOCS} must have a row for each of {names}"
     outcomes = run_all(names, lambda s: run_scenario(s, mcp_url, tmp_path))
     hold_expected_failures(outcomes, expected, EXPECTED_FAILURES)
 
 
-def test_the_docs_table_says_what_expected_server_failures_json_says() -> None:
-    hold_docs_table(EXPECTED_FAILURES, DOCS, TABLE)
+def test_the_docs_table_says_what_expected_failures_json_says_of_the_server() -> None:
+    hold_docs_table("server", DOCS, TABLE)
