@@ -159,7 +159,7 @@ def build_server(client_for: ClientFor, version: str = "", log_level: Literal["I
         async with api(ctx) as client:
             return [a.model_dump(mode="json") async for a in client.approvals(state)]
 
-    @server.tool(annotations=READ)
+    @server.tool(annotations=READ, structured_output=False)  # content blocks: the JSON, then an image
     async def get_approval(ctx: Context, approval: Annotated[str, Field(description="an approval's id")]) -> list[Any]:
         """One approval: the command and why it waits; for a GUI action, the screenshot it was
         planned on, as an image."""
