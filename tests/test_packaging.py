@@ -225,3 +225,21 @@ def test_an_orchestrator_command_starts_without_the_agent_s_modules() -> None:
     assert "cannot reach the orchestrator" in listed.stderr
     helped = run("--help")
     assert helped.stderr.strip().splitlines()[-1] == "AGENT" and "agent" in helped.stdout
+
+
+def test_the_distribution_ships_every_package_of_the_source_tree() -> None:
+    """`pip install .` (not editable, as the images and users install it) carries each directory
+    of ours that is a package: a subpackage left out of `packages.find` imports here, from the
+    tree, and fails only in a real install."""
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = set(find_packages(str(ROOT), include=config["include"]))
+    ours = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in sorted(OWN)
+        for init in (ROOT / top).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert "orrery.sdk" in ours  # the walk reads the tree
+    assert ours - shipped == set(), f"packages missing from the distribution: {sorted(ours - shipped)}"
