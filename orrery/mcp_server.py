@@ -18,6 +18,7 @@ then each problem of a refused DAG on a line of its own (`- <code>: <message>`).
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any, Literal
@@ -53,10 +54,19 @@ DagArg = Annotated[
 RequestArg = Annotated[str | None, Field(description="instead of a DAG: what to do, in plain words, for the planner")]
 
 
-def build_server(client_for: ClientFor, version: str = "", log_level: Literal["INFO", "WARNING"] = "INFO") -> MCPServer:
-    """The MCP server; `client_for(ctx)` opens the SDK client to use for one call. `log_level`:
-    of the MCP SDK's own lines (each refused call is one at INFO), where no logging is set up yet."""
-    server = MCPServer("orrery", title="Orrery", instructions=INSTRUCTIONS, version=version, log_level=log_level)
+def build_server(client_for: ClientFor, version: str = "") -> MCPServer:
+    """The MCP server; `client_for(ctx)` opens the SDK client to use for one call."""
+    # MCPServer's constructor calls `logging.basicConfig` (a rich handler at INFO on the root
+    # logger): in a process that has not set up its logging yet (`orrery demo`, `orrery mcp`)
+    # every library's INFO lines would then print. A handler in place for the moment makes that
+    # call do nothing; the process's own setup (or Python's default: warnings and up) stands.
+    root = logging.getLogger()
+    placeholder = logging.NullHandler()
+    root.addHandler(placeholder)
+    try:
+        server = MCPServer("orrery", title="Orrery", instructions=INSTRUCTIONS, version=version)
+    finally:
+        root.removeHandler(placeholder)
 
     def api(ctx: Context) -> AbstractAsyncContextManager[AsyncClient]:
         return _client(client_for, ctx, ToolError)
@@ -268,5 +278,4 @@ def run_stdio(server: str | None = None, api_key: str | None = None, version: st
         async with AsyncClient(server, api_key) as client:
             yield client
 
-    # the host shows a server's stderr to its user: only what needs attention
-    build_server(client_for, version=version, log_level="WARNING").run("stdio")
+    build_server(client_for, version=version).run("stdio")  # stderr: warnings and up (Python's default)

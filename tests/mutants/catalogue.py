@@ -195,6 +195,16 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        id="mcp-server-sets-up-root-logging",
+        rule="Building the MCP server leaves the process's logging alone (the MCP SDK's basicConfig does nothing).",
+        file="orrery/mcp_server.py",
+        original="    root.addHandler(placeholder)\n",
+        replacement="    pass\n",
+        caught_by=(
+            "tests/unit/test_mcp_server_build.py::test_building_the_server_adds_no_handler_and_changes_no_level_of_the_root_logger",
+        ),
+    ),
+    Mutant(
         id="store-split-commit-skips-lease-check",
         rule="A guarded commit in two statements checks the lease in the first: a writer that lost it writes nothing.",
         file="orchestrator/store/pg_writer.py",
