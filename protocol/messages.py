@@ -121,6 +121,24 @@ class ControlState(_Model):
     # The generation of the last stop: an agent that has not applied it kills what runs, even if a
     # resume came since (a stop and a resume it hears of together still end the running command).
     stopped_at: int = Field(default=0, ge=0)
+    # An operator has taken the device over (the live view's pointer and keys are theirs): the
+    # agent voids its GUI observation and refuses the model's input tools (`taken_over`) until a
+    # newer state hands the device back; it voids the observation again then, so the model must
+    # observe afresh. `takeover_gen`: the generation of the last takeover.
+    taken_over: bool = False
+    takeover_by: str = Field(default="", max_length=200)
+    takeover_gen: int = Field(default=0, ge=0)
+
+
+class OwnerTakeoverState(_Model):
+    """The owner's takeover at the device, as its agent holds it (see `OwnerTakeover`)."""
+
+    taken_over: bool
+    note: str = Field(default="", max_length=2000)
+    by: str = Field(default="", max_length=200)
+    since: datetime | None = None
+    # Grows with every change the owner makes, so the server keeps the newest whatever the order.
+    gen: int = Field(default=0, ge=0)
 
 
 # ---------------------------------------------------------------- frames
@@ -141,6 +159,11 @@ class Hello(_Frame):
     fence_seen: int = Field(default=0, ge=0)
     # The generation of the device's controls its ledger has applied (see `ControlState`).
     control_gen: int = Field(default=0, ge=0)
+    # What this agent can do beyond the base protocol (`FEATURES`): the server sends a frame of a
+    # feature only to an agent that announced it, and refuses the API call that needs it otherwise.
+    features: list[Annotated[str, Field(max_length=64), IDENT]] = Field(default_factory=list, max_length=64)
+    # The owner's own takeover at the device (`orrery agent takeover`), as the agent holds it now.
+    owner_takeover: OwnerTakeoverState | None = None
 
 
 class Welcome(_Frame):
@@ -287,6 +310,109 @@ class DeviceControl(_Frame):
     control: ControlState
 
 
+# ---------------------------------------------------------------- live view and takeover
+
+FEATURE_VIEW = "view"  # live view frames, forwarded input
+FEATURES: tuple[str, ...] = (FEATURE_VIEW,)
+MAX_VIEW_IMAGE_B64 = 4_000_000
+
+
+class View(_Frame):
+    """Server to agent: someone watches the device's screen. A lease: the agent sends frames of
+    `stream_id` at most `fps` a second while copies keep coming within `lease_s` (the server sends
+    one every few seconds while a viewer is attached), and stops on its own when they stop, so a
+    viewer that went away, or a replica that died, never leaves a device streaming. `on: false`
+    ends the stream at once."""
+
+    type: Literal["view"] = "view"
+    stream_id: Identifier
+    on: bool = True
+    fps: float = Field(default=2.0, gt=0, le=15)
+    max_side: int = Field(default=1280, ge=64, le=4096)
+    quality: int = Field(default=70, ge=10, le=95)
+    marks: bool = False  # draw the element marks of the last GUI observation
+    lease_s: float = Field(default=10.0, gt=0, le=60)
+
+
+class ViewMark(_Model):
+    """An element of the last observation, as a box in the frame's pixels."""
+
+    id: int = Field(ge=0)
+    name: str = Field(default="", max_length=200)
+    x: int
+    y: int
+    w: int = Field(ge=0)
+    h: int = Field(ge=0)
+
+
+class ViewFrame(_Frame):
+    """Agent to server: one frame of a view stream (never numbered: a lost frame is replaced by
+    the next)."""
+
+    type: Literal["view_frame"] = "view_frame"
+    stream_id: Identifier
+    n: int = Field(ge=1)
+    source: Literal["x11", "browser"]
+    mime: Literal["image/jpeg", "image/png"] = "image/jpeg"
+    image_b64: str = Field(max_length=MAX_VIEW_IMAGE_B64)
+    width: int = Field(ge=1)  # of the image: the coordinate space of forwarded input
+    height: int = Field(ge=1)
+    screen_width: int = Field(ge=1)
+    screen_height: int = Field(ge=1)
+    marks: list[ViewMark] = Field(default_factory=list, max_length=2000)
+
+
+ViewEndCode = Literal["watch_disallowed", "no_screen", "lease_expired", "ended", "error"]
+
+
+class ViewEnded(_Frame):
+    """Agent to server: the stream ended or was refused (`watch_disallowed`: the owner's policy)."""
+
+    type: Literal["view_ended"] = "view_ended"
+    stream_id: Identifier
+    code: ViewEndCode
+    message: str = Field(default="", max_length=2000)
+
+
+class ViewInput(_Frame):
+    """Server to agent: a person's pointer or key input through the live view. Taken only while
+    an operator has the device taken over, at most once per `input_id`, audited like any action.
+    `x, y` are pixels of the frame it was aimed at (`frame_width` x `frame_height`)."""
+
+    type: Literal["view_input"] = "view_input"
+    input_id: Identifier
+    kind: Literal["click", "double_click", "scroll", "key", "type"]
+    x: int | None = Field(default=None, ge=0)
+    y: int | None = Field(default=None, ge=0)
+    frame_width: int | None = Field(default=None, ge=1)
+    frame_height: int | None = Field(default=None, ge=1)
+    button: Literal["left", "middle", "right"] = "left"
+    direction: Literal["up", "down", "left", "right"] | None = None
+    keys: str | None = Field(default=None, max_length=100)
+    text: str | None = Field(default=None, max_length=2000)
+    by: str = Field(default="", max_length=200)
+
+
+class ViewInputResult(_Frame):
+    """Agent to server: what became of one `view_input` (`ok`, or a stable code and why)."""
+
+    type: Literal["view_input_result"] = "view_input_result"
+    input_id: Identifier
+    ok: bool
+    code: str = Field(default="", max_length=64)
+    message: str = Field(default="", max_length=2000)
+
+
+class OwnerTakeover(_Frame):
+    """Agent to server: the device's owner took the device over at the device itself, or handed
+    it back (`orrery agent takeover` / `handback`). The agent is the one writer of this state;
+    the server pauses the device's work as for an operator's takeover. Sent when it changes, and
+    its current value is in every hello."""
+
+    type: Literal["owner_takeover"] = "owner_takeover"
+    state: OwnerTakeoverState
+
+
 # ---------------------------------------------------------------- the union
 
 Message = Annotated[
@@ -302,7 +428,13 @@ Message = Annotated[
     | ApprovalDecision
     | Error
     | SafetyBreach
-    | DeviceControl,
+    | DeviceControl
+    | View
+    | ViewFrame
+    | ViewEnded
+    | ViewInput
+    | ViewInputResult
+    | OwnerTakeover,
     Field(discriminator="type"),
 ]
 
@@ -317,10 +449,21 @@ RELIABLE_TYPES = frozenset(
         "approval_decision",
         "safety_breach",
         "device_control",
+        "owner_takeover",
     }
 )
 SERVER_TO_AGENT = frozenset(
-    {"welcome", "heartbeat", "command_batch", "cancel", "approval_decision", "device_control", "error"}
+    {
+        "welcome",
+        "heartbeat",
+        "command_batch",
+        "cancel",
+        "approval_decision",
+        "device_control",
+        "error",
+        "view",
+        "view_input",
+    }
 )
 AGENT_TO_SERVER = frozenset(
     {
@@ -333,6 +476,10 @@ AGENT_TO_SERVER = frozenset(
         "approval_decision",
         "safety_breach",
         "error",
+        "view_frame",
+        "view_ended",
+        "view_input_result",
+        "owner_takeover",
     }
 )
 
