@@ -209,6 +209,11 @@ class CommandBatch(_Frame):
     deadline: datetime | None = None
     early_exit: bool = True
     commands: list[Command] = Field(min_length=1)
+    # Record the screen while this batch runs (an agent that announced `record`): "failures"
+    # keeps the recording only if the server's `recording_end` says so (the attempt failed, was
+    # uncertain or cancelled), "always" keeps it whatever happens. One recording per attempt
+    # (task, node, attempt), across the step batches of an agent node.
+    record: Literal["off", "failures", "always"] = "off"
 
 
 class BatchAccepted(_Frame):
@@ -313,7 +318,8 @@ class DeviceControl(_Frame):
 # ---------------------------------------------------------------- live view and takeover
 
 FEATURE_VIEW = "view"  # live view frames, forwarded input
-FEATURES: tuple[str, ...] = (FEATURE_VIEW,)
+FEATURE_RECORD = "record"  # screen recordings of attempts (`CommandBatch.record`, `recording_end`)
+FEATURES: tuple[str, ...] = (FEATURE_VIEW, FEATURE_RECORD)
 MAX_VIEW_IMAGE_B64 = 4_000_000
 
 
@@ -403,6 +409,18 @@ class ViewInputResult(_Frame):
     message: str = Field(default="", max_length=2000)
 
 
+class RecordingEnd(_Frame):
+    """Server to agent: an attempt that was recorded has ended; `keep` says whether its recording
+    becomes the attempt's artifact (uploaded, capped at the agent's size limit) or is deleted."""
+
+    type: Literal["recording_end"] = "recording_end"
+    task_id: Identifier
+    node_id: Identifier
+    attempt: int = Field(ge=1)
+    keep: bool
+    outcome: str = Field(default="", max_length=64)  # how the attempt ended, for the artifact's name
+
+
 class OwnerTakeover(_Frame):
     """Agent to server: the device's owner took the device over at the device itself, or handed
     it back (`orrery agent takeover` / `handback`). The agent is the one writer of this state;
@@ -434,6 +452,7 @@ Message = Annotated[
     | ViewEnded
     | ViewInput
     | ViewInputResult
+    | RecordingEnd
     | OwnerTakeover,
     Field(discriminator="type"),
 ]
@@ -450,6 +469,7 @@ RELIABLE_TYPES = frozenset(
         "safety_breach",
         "device_control",
         "owner_takeover",
+        "recording_end",
     }
 )
 SERVER_TO_AGENT = frozenset(
@@ -463,6 +483,7 @@ SERVER_TO_AGENT = frozenset(
         "error",
         "view",
         "view_input",
+        "recording_end",
     }
 )
 AGENT_TO_SERVER = frozenset(
