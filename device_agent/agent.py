@@ -35,6 +35,7 @@ from device_agent.orphans import end_orphans
 from device_agent.reconnect import Backoff
 from device_agent.router import CallLimit, Router
 from device_agent.stop import stopped_words
+from device_agent.takeover import Takeover
 from device_agent.transport import Closed, NotTls, Refused, Transport
 from protocol.codec import encode, utf8_len
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
@@ -147,6 +148,7 @@ class Agent:
         router.on_tools_changed = self._on_tools_changed
         screenshots = config.resolved_data_dir / SCREENSHOTS_NAME
         self.approvals = Approvals(ledger, self._send, screenshots, config.approvals_local_only)
+        self.takeover = Takeover()  # who has the screen: see `device_agent.takeover`
         router.guards.budgets.on_breach = self._on_breach  # safety budgets
 
     # ================================================================ top level
