@@ -510,7 +510,10 @@ MUTANTS: list[Mutant] = [
         id="stop-keeps-takeover",
         rule="An emergency stop ends a takeover with everything else (a stop still ends everything).",
         file="orchestrator/domain/controls.py",
-        original='        after = _with(after, taken_over_by=None, takeover_since=0.0, takeover_reason="")  # a stop ends it\n',
+        original=(
+            '        after = _with(after, taken_over_by=None, takeover_since=0.0, takeover_reason="")'
+            "  # a stop ends it\n"
+        ),
         replacement="",
         caught_by=(
             "tests/unit/engine/test_takeovers.py::"

@@ -16,8 +16,8 @@ import contextlib
 import hashlib
 import heapq
 import itertools
-import os
 import logging
+import os
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from orchestrator.domain.model import Liveness
-from orchestrator.domain.model import Liveness
 from orchestrator.engine.records import AgentDone, AgentStep, DeviceHello, FrameIn, ToolCall
 from protocol.messages import (
     FEATURES,
