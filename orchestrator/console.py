@@ -201,7 +201,7 @@ def history_table(items: list[dict[str, Any]]) -> Table:
         state = str(h.get("state", ""))
         table.add_row(
             str(h.get("at") or "")[:19].replace("T", " "),
-            Text(state, style=DEVICE_STYLES.get(d["state"], "")),
+            Text(state, style=DEVICE_STYLES.get(state, "")),
             Text(str(h.get("reason") or "")),
         )
     return table
