@@ -116,6 +116,12 @@ _REST = [
         403,
         "the device decides its approvals only on itself (`approvals_local_only`): `orrery agent approve ID` there",
     ),
+    (
+        "takeover_unsupported",
+        409,
+        "the device cannot be taken over: its agent announced no live view (no screen, an older version, "
+        "or it never connected)",
+    ),
     ("batch_not_yours", 403, "an artifact upload for a batch that was not sent to this device"),
     ("batch_closed", 409, "an artifact upload for a batch that has already ended"),
     (
@@ -203,6 +209,12 @@ _RESULT = [
     ("budget_exceeded", "the device's safety budget was breached; the device is cordoned"),
     ("audit_unavailable", "the agent could not write the audit line, so the action did not run"),
     ("device_stopped", "an operator stopped the device (emergency stop); only `orrery devices resume` lifts it"),
+    (
+        "taken_over",
+        "a person has the device taken over (an operator, or its owner at the device): the model's input is "
+        "refused, and a step asked for meanwhile did not run; the handback's note says what they did: observe "
+        "the screen again before acting",
+    ),
     ("stale_observation", "GUI: the screen changed since the observation the call refers to; observe again"),
     ("id_conflict", "GUI: an `action_id` reused for a different call"),
     ("busy", "GUI: another input is in progress on this display"),

@@ -560,6 +560,11 @@ DAG_NOTES = {
         "read-only commands that decide whether the node succeeded: after its commands, or when their "
         "outcome is unknown (the device died mid-command); a failing check fails the node"
     ),
+    "NodeSpec.record": (
+        "screen recordings of its attempts on a GUI or browser device: `failures` keeps one only when the "
+        "attempt fails, is uncertain or is cancelled (the default for agent nodes and nodes using `gui`/`browser` "
+        "tools), `always` keeps each, `off` records nothing; kept as the attempt's artifact (WebM)"
+    ),
     "EdgeSpec.source": "the upstream node's id",
     "EdgeSpec.target": "the downstream node's id",
     "EdgeSpec.on": (

@@ -28,15 +28,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from orchestrator.config import Settings
-from orchestrator.domain import placement, recording
+from orchestrator.domain import placement
 from orchestrator.domain.model import DagSpec, Liveness, NodeSpec, NodeState, TaskState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import TaskRun
 from orchestrator.engine import restore, timers
 from orchestrator.engine.admissions import Admissions
 from orchestrator.engine.approvals import ApprovalBook
-from orchestrator.engine.attempts import Applied, Attempts, Duplicate
+from orchestrator.engine.attempts import Attempts
 from orchestrator.engine.fleet import Fleet
+from orchestrator.engine.frames import DeviceFrames
 from orchestrator.engine.inbox import Inbox
 from orchestrator.engine.intake import Admission
 from orchestrator.engine.isolation import Isolation
@@ -47,7 +48,6 @@ from orchestrator.engine.records import (
     AgentDone,
     AgentStep,
     AttemptKind,
-    AttemptRun,
     CancelTask,
     ControlDevice,
     DecideApproval,
@@ -78,16 +78,6 @@ from orchestrator.ids import new_id
 from orchestrator.metrics import EngineGauges, Metrics
 from orchestrator.store.repo import Store
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    ApprovalDecision,
-    ApprovalRequest,
-    BatchAccepted,
-    Error,
-    OwnerTakeover,
-    ResultBatch,
-    SafetyBreach,
-    ToolsChanged,
-)
 
 log = logging.getLogger("orrery.engine")
 
@@ -162,10 +152,10 @@ class Engine:
             self.runs.apply,
         )
         self.runs.on_approval_expiry = self.approvals.expire
-        self.takeovers = Takeovers(self.tasks, self.attempts, self.writer, self.timers, self.approvals, self.runs.apply)
-        self.llm.takeovers = self.takeovers
-        self.runs.on_takeover = self.takeovers.changed
-        self.runs.on_attempt_end = self._attempt_ending
+        self.llm.takeovers = Takeovers(
+            self.tasks, self.attempts, self.writer, self.timers, self.approvals, self.runs.apply
+        )
+        self.runs.on_attempt_end += [self.approvals.attempt_ended, self.llm.takeovers.attempt_ended]
         self.admissions = Admissions(store, self.writer)
         self.isolation = Isolation(
             store, self.tasks, self.attempts, self.approvals, self.queues, self.fleet, self.runs, self.llm, self.metrics
@@ -185,7 +175,7 @@ class Engine:
         self._reconciles = 0
         self._device_pass: str | None = None  # the last device id of a pass under way
         self._handlers: dict[type[Input], Handler] = {
-            FrameIn: self._on_frame,
+            FrameIn: DeviceFrames(self.fleet, self.attempts, self.runs, self.approvals, self.outbox, self.metrics).take,
             SubmitTask: self._on_submit,
             TaskCreated: self._on_task_created,
             CancelTask: self._sync(lambda item, now: self.runs.cancel(item.task_id, now)),
@@ -386,10 +376,6 @@ class Engine:
         self.runs.carry_out(actions, now)
         return current
 
-    def _attempt_ending(self, att: AttemptRun, now: float) -> None:
-        self.approvals.attempt_ended(att, now)  # its approvals not decided yet are asked to be cancelled
-        self.takeovers.attempt_ended(att)  # a step it holds for a takeover is dropped
-
     def _on_liveness(self, item: LivenessChanged, now: float) -> None:
         self.runs.carry_out(self.fleet.liveness(item.device_id, item.liveness, now, item.epoch, item.replica), now)
 
@@ -409,46 +395,8 @@ class Engine:
     async def _on_device_changed(self, item: DeviceChanged, now: float) -> None:
         self.runs.carry_out(await self.fleet.changed(item.device_id, now), now)
 
-    async def _on_frame(self, item: FrameIn, now: float) -> None:
-        dev = self.fleet.devices.get(item.device_id)
-        msg = item.message
-        if dev is None:
-            return
-        if isinstance(msg, ResultBatch):
-            await self._on_results(dev, msg, now)
-        elif isinstance(msg, BatchAccepted):
-            att = self.attempts.get(msg.batch_id)
-            if att is not None and att.device_id == dev.id:
-                self.fleet.accepted(att, now)
-        elif isinstance(msg, ToolsChanged):
-            self.fleet.tools_changed(dev, msg)
-        elif isinstance(msg, ApprovalRequest):
-            await self.approvals.requested(dev, msg, now)
-        elif isinstance(msg, ApprovalDecision):
-            self.approvals.reported(dev, msg, now)
-        elif isinstance(msg, OwnerTakeover):  # the owner took the device over at the device, or handed it back
-            self.runs.carry_out(self.fleet.controls.owner_takeover(dev, msg.state, now), now)
-        elif isinstance(msg, SafetyBreach):  # a breached safety budget cordons the device
-            news, actions = self.fleet.controls.breach(dev, msg, now)
-            if news:
-                self.metrics.safety_breaches.labels(msg.budget).inc()
-            self.runs.carry_out(actions, now)
-
     def _schedule(self, now: float) -> None:
         self.runs.schedule(now)
-
-    async def _on_results(self, dev: DeviceRun, msg: ResultBatch, now: float) -> None:
-        self.fleet.raise_fence(dev, msg.fence_seen)  # a device refusing a batch as stale says why
-        verdict = await self.attempts.accept(dev, msg)
-        if isinstance(verdict, Applied):
-            self.runs.end_attempt(verdict.attempt, verdict.outcome, now, verdict.results)
-            return
-        if dev.current_batch == msg.batch_id:
-            self.fleet.set_current(dev, None, now)  # the device finished work we had already given up on
-        if isinstance(verdict, Duplicate):
-            return  # a re-send of results already recorded: the ack it gets is all it needs
-        log.warning("refused results from %s: %s", dev.id, verdict.message)
-        self.outbox.send(dev.id, Error(code=verdict.code, message=verdict.message))
 
     # ================================================================ reconciling with the store
 
@@ -533,12 +481,6 @@ class Engine:
             self.writer.effect(functools.partial(self.llm.start_planning, task_id, request))
         for att in found.attempts:
             self.attempts.add(att)
-        runs = {r.id: r for r in found.tasks}
-        for att in found.attempts:  # how it was recorded (a step as its agent attempt)
-            run = runs.get(att.task_id)
-            holder = self.fleet.devices.get(att.device_id)
-            if run is not None and holder is not None and run.has(att.node_id):
-                att.record = recording.mode(run.record(att.node_id).spec, holder.features)
         for run in found.tasks:
             self.llm.adopt(run)
             self.tasks[run.id] = run

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.domain import fanout
+from orchestrator.domain import fanout, recording
 from orchestrator.domain.model import AdminState, EdgeSpec, Liveness, NodeSpec, NodeState, TaskState
 from orchestrator.domain.run import NodeRecord, TaskRun
 from orchestrator.engine.controls import controls_of
@@ -168,10 +168,15 @@ def load(snap: RuntimeSnapshot, now: float) -> Recovered:
         out.attempts += [attempt_from_row(a, a.node_id in run.rollouts) for a in bundle.attempts if a.ended_at is None]
         out.verifying += [(run.id, unit, data) for unit, data in verifications(bundle)]
     by_id = {a.batch_id: a for a in out.attempts}
+    runs = {r.id: r for r in out.tasks}
+    features = {d.id: d.features for d in out.devices}
     for att in out.attempts:
         parent = by_id.get(att.parent or "")
         if att.kind is AttemptKind.STEP and parent is not None:
             parent.step = att.batch_id
+        owner = runs.get(att.task_id)
+        if owner is not None and owner.has(att.node_id):  # how it was recorded (a step as its agent attempt)
+            att.record = recording.mode(owner.record(att.node_id).spec, features.get(att.device_id, ()))
     return out
 
 

@@ -77,8 +77,9 @@ class Runs:
         self.verify = Verifications(settings, tasks, writer, timers, queues, attempts, fleet, outbox, self.apply, rng)
         # Set by the engine: approvals hear of expiries and of attempts that end.
         self.on_approval_expiry: Callable[[ApprovalExpiry, float], None] = lambda timer, now: None
-        self.on_attempt_end: Callable[[AttemptRun, float], None] = lambda att, now: None
-        self.on_takeover: Callable[[DeviceRun, bool, str, str, float], None] = lambda dev, taken, by, note, now: None
+        # Called as an attempt ends: its undecided approvals are asked to be cancelled, a step it
+        # holds for a takeover is dropped.
+        self.on_attempt_end: list[Callable[[AttemptRun, float], None]] = []
 
     def cancel(self, task_id: str, now: float) -> bool:
         """Cancel a task: its running batches are told to stop, its agent loops end."""
@@ -116,8 +117,8 @@ class Runs:
             elif isinstance(action, Revoked):
                 for key in list(self.queues.ready):
                     self._fail_if_never_runnable(key, now)
-            elif isinstance(action, Takeover):
-                self.on_takeover(action.device, action.taken, action.by, action.note, now)
+            elif isinstance(action, Takeover) and self.llm.takeovers is not None:
+                self.llm.takeovers.changed(action.device, action.taken, action.by, action.note, now)
 
     def _lose_attempts(self, dev: DeviceRun, message: str, now: float) -> None:
         steps_first = sorted(self.attempts.on_device(dev.id), key=lambda a: a.kind is not AttemptKind.STEP)
@@ -227,7 +228,8 @@ class Runs:
     def end_attempt(
         self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: list[Any] | None = None
     ) -> None:
-        self.on_attempt_end(att, now)  # its approvals not decided yet are asked to be cancelled
+        for ending in self.on_attempt_end:
+            ending(att, now)
         if att.record != "off" and att.kind in (AttemptKind.TOOL, AttemptKind.AGENT):
             self._end_recording(att, outcome)
         if att.refused is not None and not outcome.succeeded and outcome.error_code != att.refused:

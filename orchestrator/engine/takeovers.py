@@ -153,7 +153,7 @@ class Takeovers:
             return True
         return False
 
-    def attempt_ended(self, att: AttemptRun) -> None:
+    def attempt_ended(self, att: AttemptRun, _now: float) -> None:
         """An agent attempt ended (stopped, cancelled, timed out): a step it holds is dropped."""
         if att.held is not None:
             _cancel(att.held[1])

@@ -44,7 +44,10 @@ CODE_ARGUMENT = {
     "fail": 1,
 }
 # Upper-case string constants that look like codes but are not error codes.
-NOT_CODES = {"waiting_approval": "a node state (NodeState.WAITING_APPROVAL)"}
+NOT_CODES = {
+    "waiting_approval": "a node state (NodeState.WAITING_APPROVAL)",
+    "owner_takeover": "a frame type and the agent ledger's key for the owner's takeover",
+}
 
 
 def _literal(node: ast.AST | None) -> str | None:
