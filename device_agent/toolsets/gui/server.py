@@ -167,6 +167,7 @@ def build(
     # The device-level stop engages the latch (interrupting input, releasing held buttons and
     # modifiers); only the device-level resume lifts it.
     ctx.stop_latch.on(controller.stop, controller.resume)
+    ctx.screen_marks = controller.marks  # the live view draws them (device_agent/screen/)
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[None]:
