@@ -121,7 +121,7 @@ def build(config: AgentConfig) -> Agent:
     info = {**system.device_info(), "policy": config.policy_report()}
     agent = Agent(config, router, ledger, info, crash)
     ctx.current_batch = lambda: agent.current  # the artifact tools act for the running batch
-    agent.screen = build_hub(config, ctx, router, agent._send, lambda: agent.takeover)
+    agent.screen = build_hub(config, ctx, router, agent.screen.send, lambda: agent.takeover)  # its screen
     if orphans.SUPPORTED:  # what a command starts is recorded, to be killed if the agent dies first
         ctx.processes.watcher = orphans.Recorder(ledger, agent.running)
     return agent
