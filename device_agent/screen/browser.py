@@ -88,9 +88,13 @@ class BrowserSource:
     async def grab(self, max_side: int, quality: int, marks: bool = False) -> Frame:
         result = await self._call("browser_take_screenshot", {"type": "jpeg", "filename": str(self.frame_file)})
         image = next((c for c in result.content if isinstance(c, ImageContent)), None)
-        if image is None:
-            raise SourceFailed("browser_take_screenshot returned no image")
-        data = base64.b64decode(image.data)
+        if image is not None:
+            data = base64.b64decode(image.data)
+        else:  # given a file name, the server writes the image there and returns only its path
+            try:
+                data = await anyio.to_thread.run_sync(self.frame_file.read_bytes)
+            except OSError as exc:
+                raise SourceFailed(f"browser_take_screenshot wrote no image at {self.frame_file}: {exc}") from None
         sw, sh = await anyio.to_thread.run_sync(size_of, data)
         jpeg, w, h = await anyio.to_thread.run_sync(rescale_jpeg, data, max_side, quality)
         return Frame(jpeg, w, h, sw, sh, "browser")
