@@ -75,6 +75,9 @@ class Recorder:
         self.clock = clock  # wall time: compared with the directories' mtimes across restarts
         self._caption = ""
         self._point: tuple[int, int] | None = None  # screen pixels
+        # When each recording's next frame is due (monotonic): an attempt's many short step
+        # batches keep to `fps` across them, not a frame at the start of each.
+        self._next_at: dict[str, float] = {}
 
     def action(self, tool: str, point: tuple[int, int] | None) -> None:
         """The action running now, drawn on the frames until the next one."""
@@ -107,7 +110,10 @@ class Recorder:
         n, used = len(held), sum(size for _, size in held)
         full = False
         while True:
-            started = time.monotonic()
+            wait = self._next_at.get(folder.name, 0.0) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._next_at[folder.name] = time.monotonic() + interval
             if used < DISK_FACTOR * self.max_bytes:
                 try:
                     data = await self._frame()
@@ -120,7 +126,6 @@ class Recorder:
             elif not full:
                 full = True
                 log.warning("recording %s reached its disk cap; no more frames are kept", folder.name)
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _frame(self) -> bytes:
         frame = await self.source.grab(MAX_SIDE, QUALITY)
@@ -135,6 +140,7 @@ class Recorder:
         path if one was uploaded (deleted by then)."""
         key = Key(msg.task_id, msg.node_id, msg.attempt)
         folder = self.root / key.dir_name
+        self._next_at.pop(key.dir_name, None)
         if not folder.is_dir():
             return None
         try:
@@ -201,6 +207,7 @@ class Recorder:
         for folder in self.root.iterdir():
             if folder.is_dir() and now - folder.stat().st_mtime > STALE_S:
                 shutil.rmtree(folder, ignore_errors=True)
+                self._next_at.pop(folder.name, None)
                 gone.append(folder.name)
         if gone:
             log.info("deleted %d recording(s) no recording_end came for within an hour: %s", len(gone), gone)

@@ -124,3 +124,20 @@ def test_a_recording_nobody_ended_within_an_hour_is_deleted(tmp_path: Path) -> N
     os.utime(folder, (old, old))
     assert recorder.sweep() == ["t1.n1.1"]
     assert not folder.exists()
+
+
+def test_an_attempts_many_short_batches_keep_to_the_recording_rate(tmp_path: Path) -> None:
+    assert FFMPEG is not None
+    screen = DrawnScreen()
+    recorder = Recorder(screen, tmp_path / "rec", FFMPEG, Uploads(), fps=2)
+
+    async def steps() -> float:
+        started = asyncio.get_running_loop().time()
+        for n in range(20):  # twenty quick steps of one attempt, well under a second in all
+            async with recorder.recording(batch(f"b{n}")):
+                await asyncio.sleep(0.01)
+        return asyncio.get_running_loop().time() - started
+
+    elapsed = asyncio.run(steps())
+    # A frame when the first step starts, then one each half second: not one per step.
+    assert screen.grabs <= 1 + int(elapsed * 2) + 1
