@@ -31,6 +31,7 @@ from protocol.messages import CommandBatch, RecordingEnd
 log = logging.getLogger("orrery.agent.screen")
 
 STALE_S = 3600.0  # a recording with no `recording_end` this long after its last frame is deleted
+SWEEP_EVERY_S = 60.0  # stale recordings are looked for at most this often (as batches start)
 MAX_SIDE = 1024
 QUALITY = 60
 DISK_FACTOR = 10  # the frames of one recording take at most this many times `max_bytes` on disk
@@ -78,6 +79,7 @@ class Recorder:
         # When each recording's next frame is due (monotonic): an attempt's many short step
         # batches keep to `fps` across them, not a frame at the start of each.
         self._next_at: dict[str, float] = {}
+        self._swept_at: float | None = None
 
     def action(self, tool: str, point: tuple[int, int] | None) -> None:
         """The action running now, drawn on the frames until the next one."""
@@ -100,7 +102,9 @@ class Recorder:
             self.action("", None)
 
     def _open(self, folder: Path, batch_id: str) -> None:
-        self.sweep()
+        if self._swept_at is None or time.monotonic() - self._swept_at >= SWEEP_EVERY_S:
+            self._swept_at = time.monotonic()
+            self.sweep()
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         (folder / BATCH_FILE).write_text(batch_id)  # the newest batch of the attempt uploads it
 
