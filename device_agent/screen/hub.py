@@ -24,6 +24,7 @@ from device_agent.takeover import Takeover
 from protocol.messages import (
     FEATURE_RECORD,
     FEATURE_VIEW,
+    MAX_VIEW_IMAGE_B64,
     Command,
     CommandBatch,
     Message,
@@ -98,8 +99,19 @@ class ScreenHub:
         if change is Change.ENDED:
             await self.send(ViewEnded(stream_id=msg.stream_id, code="ended"))
         if change is Change.STARTED and (self._pump is None or self._pump.done()):
-            self._pump = asyncio.create_task(self._stream(), name="view-stream")
+            self._pump = asyncio.create_task(self._streaming(), name="view-stream")
         self._wake.set()
+
+    async def _streaming(self) -> None:
+        """`_stream`, and if it fails, every stream ends with `error` rather than silently."""
+        try:
+            await self._stream()
+        except Exception as exc:
+            log.exception("live view failed; its streams end")
+            for stream_id in self.leases.end_all():
+                await self.send(
+                    ViewEnded(stream_id=stream_id, code="error", message=f"{type(exc).__name__}: {exc}"[:2000])
+                )
 
     async def _stream(self) -> None:
         """Send each stream its frames while any is on: one capture serves every stream of one shape."""
@@ -136,6 +148,11 @@ class ScreenHub:
     async def _send_frame(self, stream: Stream, frame: Frame) -> None:
         import base64
 
+        image = base64.b64encode(frame.image).decode()
+        if len(image) > MAX_VIEW_IMAGE_B64:  # a huge screen at high quality: skip it, say why
+            log.warning("live view: a %d-byte frame is over the frame cap; lower max_side or quality", len(image))
+            self.leases.sent(stream, self.clock())
+            return
         n = self.leases.sent(stream, self.clock())
         await self.send(
             ViewFrame(
@@ -143,7 +160,7 @@ class ScreenHub:
                 n=n,
                 source=frame.source,
                 mime=frame.mime,
-                image_b64=base64.b64encode(frame.image).decode(),
+                image_b64=image,
                 width=frame.width,
                 height=frame.height,
                 screen_width=frame.screen_width,
