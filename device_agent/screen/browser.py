@@ -111,8 +111,11 @@ class BrowserSource:
         elif action.kind == "key":
             await self._call("browser_press_key", {"key": playwright_key(action.keys)})
         else:  # typed text goes key by key: the keyboard's own events, into whatever has the focus
-            for char in action.text:
-                await self._call("browser_press_key", {"key": TYPED.get(char, char)})
+            for n, char in enumerate(action.text):
+                try:
+                    await self._call("browser_press_key", {"key": TYPED.get(char, char)})
+                except SourceFailed:  # its message may quote the character: never say what was typed
+                    raise SourceFailed(f"typing stopped after {n} of {len(action.text)} characters") from None
 
     async def close(self) -> None:
         return None
