@@ -62,6 +62,7 @@ class ScreenHub:
         self.screen: tuple[int, int] | None = None  # the screen's size, as the last frame found it
         self.frames_sent = 0
         self._wake = asyncio.Event()
+        self._input_order = asyncio.Lock()
         self._pump: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -173,6 +174,12 @@ class ScreenHub:
     # ---------------------------------------------------------------- input and recordings
 
     async def _on_input(self, msg: ViewInput) -> None:
+        # One at a time, in the order they came (a click into a field, then the text typed there):
+        # the lock is the task's first wait, and asyncio's locks are first come, first served.
+        async with self._input_order:
+            await self._input(msg)
+
+    async def _input(self, msg: ViewInput) -> None:
         if self.screen is None and self.source is not None:  # nobody watched since the agent started
             with contextlib.suppress(SourceFailed):
                 frame = await self.source.grab(64, 10)

@@ -96,3 +96,32 @@ def test_forwarded_input_is_audited_with_its_kind_and_sender_but_never_the_text(
     line = json.loads(text)
     assert (line["kind"], line["by"], line["status"], line["tool"]) == ("type", "alice", "success", "view.type")
     assert "hunter2" not in text
+
+
+def test_inputs_sent_together_reach_the_screen_in_the_order_they_came() -> None:
+    from device_agent.screen.hub import ScreenHub
+    from protocol.messages import Message, ViewInputResult
+
+    screen = DrawnScreen()
+    answers: list[str] = []
+    done = asyncio.Event()
+
+    async def send(m: Message) -> None:
+        if isinstance(m, ViewInputResult):
+            answers.append(m.input_id)
+            if len(answers) == 3:
+                done.set()
+
+    async def run() -> None:
+        hub = ScreenHub(send, screen)
+        hub.inputs = desk(screen, taken())
+        await hub.on_message(click("first"))
+        await hub.on_message(ViewInput(input_id="second", kind="type", text="abc"))
+        await hub.on_message(ViewInput(input_id="third", kind="key", keys="enter"))
+        async with asyncio.timeout(5):
+            await done.wait()
+        await hub.close()
+
+    asyncio.run(run())
+    assert answers == ["first", "second", "third"]
+    assert [a.kind for a in screen.received] == ["click", "type", "key"]
