@@ -36,7 +36,7 @@ def has_screen(config: AgentConfig) -> bool:
 def screen_source(config: AgentConfig, ctx: ToolsetContext, router: Router) -> ScreenSource | None:
     """The X display of the gui toolset, else the browser profile's page, else None."""
     if "gui" in config.builtin_toolsets():
-        source = X11Source.find(marks_from(ctx.screen_marks))
+        source = X11Source.find(marks_from(ctx))
         if source is not None:
             return source
     if "browser" in config.toolsets:

@@ -21,6 +21,7 @@ from device_agent.screen.leases import Change, Leases, Stream
 from device_agent.screen.recorder import Recorder
 from device_agent.screen.source import ScreenSource, SourceFailed
 from device_agent.takeover import Takeover
+from device_agent.toolsets.base import ToolsetContext
 from protocol.messages import (
     FEATURE_RECORD,
     FEATURE_VIEW,
@@ -232,9 +233,10 @@ class ScreenHub:
             await self.source.close()
 
 
-def marks_from(read: Callable[[], list[tuple[int, str, tuple[int, int, int, int]]]]) -> Callable[[], list[Mark]]:
-    """The gui toolset's observation marks (`ToolsetContext.screen_marks`) as `Mark`s."""
-    return lambda: [Mark(i, name, *bounds) for i, name, bounds in read()]
+def marks_from(ctx: ToolsetContext) -> Callable[[], list[Mark]]:
+    """The gui toolset's observation marks (`ToolsetContext.screen_marks`, read at each frame:
+    the toolset sets it when it is built) as `Mark`s."""
+    return lambda: [Mark(i, name, *bounds) for i, name, bounds in ctx.screen_marks()]
 
 
 def recordings_dir(data_dir: Path) -> Path:
