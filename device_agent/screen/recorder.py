@@ -36,7 +36,7 @@ MAX_SIDE = 1024
 QUALITY = 60
 DISK_FACTOR = 10  # the frames of one recording take at most this many times `max_bytes` on disk
 ENCODE_TRIES = 5
-BATCH_FILE = "batch_id"
+BATCH_FILE = "batch"  # the id of the attempt's newest batch
 
 Upload = Callable[[str, Path, str], Awaitable[None]]
 
