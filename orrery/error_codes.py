@@ -273,6 +273,7 @@ _VIEW = [
     ("ended", "the stream ended because the server asked (`view` with `on: false`)"),
     ("lease_expired", "no copy of the `view` came within its `lease_s`: the device stopped streaming"),
     ("error", "the device could not go on streaming; the message says why"),
+    ("taken_over", "a person has taken the device over: the model's input tools are refused until they hand it back"),
     ("not_taken_over", "forwarded input is taken only while a person has the device taken over"),
     ("input_disallowed", "the device's owner forbids input through the live view (`[agent.view] allow_input = false`)"),
     ("input_failed", "the input could not be delivered to the screen (it may have been partly delivered)"),
