@@ -34,6 +34,7 @@ from device_agent.ledger import (
 from device_agent.orphans import end_orphans
 from device_agent.reconnect import Backoff
 from device_agent.router import CallLimit, Router
+from device_agent.screen.hub import ScreenHub
 from device_agent.stop import stopped_words
 from device_agent.takeover import Takeover
 from device_agent.transport import Closed, NotTls, Refused, Transport
@@ -55,10 +56,13 @@ from protocol.messages import (
     Hello,
     Message,
     OwnerTakeover,
+    RecordingEnd,
     Result,
     ResultBatch,
     SafetyBreach,
     ToolsChanged,
+    View,
+    ViewInput,
     Welcome,
 )
 from protocol.session import Channel, Role, Session
@@ -152,6 +156,9 @@ class Agent:
         self.approvals = Approvals(ledger, self._send, screenshots, config.approvals_local_only)
         self.takeover: Takeover = router.takeover  # who has the screen: see `device_agent.takeover`
         self._owner_gen = -1  # the owner's takeover generation this agent last acted on
+        # The live view, forwarded input and recordings (device_agent/screen/); the runner gives
+        # it the device's screen, if it has one.
+        self.screen = ScreenHub(self._send)
         router.guards.budgets.on_breach = self._on_breach  # safety budgets
 
     # ================================================================ top level
@@ -211,6 +218,7 @@ class Agent:
             for task in (executor, connector):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            await self.screen.close()
             await self.router.stop()
 
     async def _connect_forever(self) -> None:
@@ -360,6 +368,7 @@ class Agent:
             fence_seen=self.ledger.max_fence,
             control_gen=self._control_gen(),
             owner_takeover=self.ledger.owner_takeover(),
+            features=self.screen.features(),
         )
 
     def _open(self, channel: Channel, welcome: Welcome) -> list[str]:
@@ -412,6 +421,11 @@ class Agent:
                 self.session.confirm(msg.seq)
             elif isinstance(msg, Error):
                 log.warning("server says %s: %s", msg.code, msg.message)
+            elif isinstance(msg, (View, ViewInput, RecordingEnd)):  # the live view and recordings
+                await self.screen.on_message(msg)
+                if isinstance(msg, RecordingEnd):
+                    assert self.session is not None
+                    self.session.confirm(msg.seq)
 
     async def _heartbeats(self, t: Transport, url: str) -> None:
         """Heartbeat every interval; a server silent past the timeout is treated as gone."""
@@ -635,7 +649,9 @@ class Agent:
                 continue
             self.current = batch
             try:
-                results, payload = fit_to_frame(await self._run(batch), batch, self.frame_limit)
+                async with self.screen.recording(batch):  # if the batch asks for it
+                    ran = await self._run(batch)
+                results, payload = fit_to_frame(ran, batch, self.frame_limit)
                 self.ledger.finish_batch(batch.batch_id, batch.fence, results, payload)
             finally:
                 self.current = None
@@ -746,6 +762,7 @@ class Agent:
         task = asyncio.current_task()
         assert task is not None
         self.running_call = running = _RunningCall(task, cmd.call_id)
+        self.screen.action(cmd)  # what a recording draws on its frames
         try:
             result = await self.router.call(cmd, batch.batch_id, limit, approved)
             if running.halted:  # cancelled, but the call took the cancellation and returned

@@ -36,6 +36,8 @@ ALLOWED_FIELDS = frozenset(
         "duration_ms",
         "reason",
         "phase",
+        "kind",  # a forwarded input's kind (click, key, type...), never what it typed
+        "by",  # who sent a forwarded input
     }
 )
 

@@ -163,6 +163,11 @@ class McpServerConfig(BaseModel):
         description="tools (without namespace) to treat as read-only whatever their hints say: the kill switch, "
         "a stop and the safety budgets never refuse them, and retries treat them as safe",
     )
+    hidden_tools: list[str] = Field(
+        default_factory=list,
+        description="tools (without namespace) the agent keeps for itself (the live view's input) and never "
+        "offers to tasks",
+    )
     roots: list[Path] | None = Field(
         default=None, description="MCP roots offered to the server, absolute (default: the workspace; [] offers none)"
     )
@@ -262,6 +267,18 @@ BROWSER_APPROVAL_REQUIRED = (
 )
 
 
+# The live view's own tools (`--caps vision`): device_agent/screen/browser.py calls them for a
+# person's forwarded input; tasks never see them (a model aims by element reference instead).
+BROWSER_VIEW_TOOLS = (
+    "browser_mouse_click_xy",
+    "browser_mouse_move_xy",
+    "browser_mouse_drag_xy",
+    "browser_mouse_down",
+    "browser_mouse_up",
+    "browser_mouse_wheel",
+)
+
+
 def browser_output_dir(data_dir: Path) -> Path:
     """Where the browser writes the files it names itself (outside the workspace)."""
     return data_dir / "browser" / "output"
@@ -336,6 +353,8 @@ class BrowserProfile(BaseModel):
             str(browser_output_dir(data_dir)),
             *(["--headless"] if self.headless else []),
             *([] if sandbox else ["--no-sandbox"]),
+            # The coordinate mouse tools: the live view's forwarded clicks (hidden from tasks, below).
+            *([] if "--caps" in self.args else ["--caps", "vision"]),
             *self.args,
         ]
         # Run by path in isolated mode (-I): the module needs only the standard library, and
@@ -354,6 +373,7 @@ class BrowserProfile(BaseModel):
             args=[*proxy[1:], "--", *self.command, *flags],
             env={"XDG_CACHE_HOME": str(data_dir / "browser" / "cache"), **self.env},
             read_only_tools=list(BROWSER_READ_ONLY_TOOLS),
+            hidden_tools=list(BROWSER_VIEW_TOOLS),
             sandbox_writable=[data_dir / "browser"],
             sandbox_network=True,
         )
@@ -366,6 +386,33 @@ class BrowserProfile(BaseModel):
                 "chromium) or set [agent.browser] executable_path to a Chromium or Chrome binary"
             )
         return None
+
+
+class ViewSettings(BaseModel):
+    """`[agent.view]`: what the device's owner lets people do through the live view."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow_watching: bool = Field(
+        default=True, description="people with access to the device may watch its screen live (false forbids it)"
+    )
+    allow_input: bool = Field(
+        default=True,
+        description="an operator who took the device over may click and type through the live view "
+        "(false: they may watch only)",
+    )
+
+
+class RecordingSettings(BaseModel):
+    """`[agent.recording]`: screen recordings of the GUI and browser attempts the server asks for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="record the screen while a batch asks for it (needs ffmpeg)")
+    fps: float = Field(default=2.0, gt=0, le=10, description="frames a second a recording keeps")
+    max_bytes: int = Field(
+        default=20_000_000, ge=100_000, description="largest recording video uploaded (frames are dropped to fit)"
+    )
 
 
 class AgentConfig(BaseSettings):
@@ -398,6 +445,12 @@ class AgentConfig(BaseSettings):
     browser: BrowserProfile = Field(
         default_factory=BrowserProfile,
         description='the browser profile\'s settings, with "browser" in toolsets (below)',
+    )
+
+    # The live view and screen recordings (device_agent/screen/).
+    view: ViewSettings = Field(default_factory=ViewSettings, description="the owner's say over the live view (below)")
+    recording: RecordingSettings = Field(
+        default_factory=RecordingSettings, description="screen recordings of attempts (below)"
     )
 
     shell_allow: list[str] | None = Field(

@@ -28,6 +28,7 @@ from device_agent.mcp_client import ClientFeatures, HttpTarget, public_url
 from device_agent.mcp_oauth import FileTokenStorage, oauth_provider, token_path
 from device_agent.router import Router
 from device_agent.sandbox import Sandbox, SandboxUnavailable
+from device_agent.screen.assembly import build_hub, has_screen, recording_problem
 from device_agent.toolset_host import ToolsetHost, ToolsetUnavailable
 from device_agent.toolsets import approval, files, gui, shell, system
 from device_agent.toolsets.base import ToolsetContext
@@ -121,6 +122,7 @@ def build(config: AgentConfig) -> Agent:
     info = {**system.device_info(), "policy": config.policy_report()}
     agent = Agent(config, router, ledger, info, crash)
     ctx.current_batch = lambda: agent.current  # the artifact tools act for the running batch
+    agent.screen = build_hub(config, ctx, router, agent.screen.send, lambda: agent.takeover)  # its screen
     if orphans.SUPPORTED:  # what a command starts is recorded, to be killed if the agent dies first
         ctx.processes.watcher = orphans.Recorder(ledger, agent.running)
     return agent
@@ -165,7 +167,12 @@ def mcp_host(server: McpServerConfig, ctx: ToolsetContext, on_change: Callable[[
         raise ConfigError(f"MCP server '{server.namespace}' needs a 'command' (stdio) or a 'url' (HTTP)")
     features = ClientFeatures(roots=server.root_dirs(ctx.workspace))
     return ToolsetHost(
-        server.namespace, target, frozenset(server.read_only_tools), on_change=on_change, features=features
+        server.namespace,
+        target,
+        frozenset(server.read_only_tools),
+        on_change=on_change,
+        features=features,
+        hidden_tools=frozenset(server.hidden_tools),
     )
 
 
@@ -266,10 +273,19 @@ async def _check(config: AgentConfig) -> dict[str, Any]:
     if "browser" in config.toolsets and (problem := config.browser.problem()) is not None:
         reports["browser"] = {**reports["browser"], "ready": False, "reason": problem}
     failing = [f"{name}: {r['reason']}" for name, r in reports.items() if not r["ready"]]
+    # Recordings are reported, not required: a device without ffmpeg still runs (they are off).
+    why = recording_problem(config, has_screen(config))
+    recording = {"ready": why is None, "reason": why}
     if sandbox_error is not None:
         failing.insert(0, f"sandbox: {sandbox_error}")
     sandbox = {**config.sandbox_report(), "ready": sandbox_error is None, "reason": sandbox_error}
-    return {"ready": not failing, "reason": "; ".join(failing) or None, "sandbox": sandbox, "toolsets": reports}
+    return {
+        "ready": not failing,
+        "reason": "; ".join(failing) or None,
+        "sandbox": sandbox,
+        "toolsets": reports,
+        "recording": recording,
+    }
 
 
 async def serve(config: AgentConfig) -> None:

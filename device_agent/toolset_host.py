@@ -72,8 +72,12 @@ class ToolsetHost:
         strict_arguments: bool = False,
         features: ClientFeatures | None = None,
         in_process: bool = False,
+        hidden_tools: frozenset[str] = frozenset(),
     ) -> None:
         self.namespace = namespace
+        # Tools the agent calls itself (the live view's) and never lists for tasks: not in the
+        # catalogue, so the router refuses a command naming one as an unknown tool.
+        self.hidden_tools = hidden_tools
         self.target = target
         # Built-in toolsets (`in_process=True`, an `MCPServer` in this process whose tools take no
         # request `Context`: `toolsets.base.tool` refuses one) are called directly
@@ -195,6 +199,7 @@ class ToolsetHost:
             self._catalogue = [
                 tool_spec(self.namespace, t, t.name in self.read_only_tools, strict=self.strict_arguments)
                 for t in self.tools
+                if t.name not in self.hidden_tools
             ]
         return self._catalogue
 

@@ -26,10 +26,16 @@ KINDS = {
     "result": "Result, attempt, node and task errors",
     "protocol": "Device protocol error frames",
     "agent": "Agent refusals",
+    "view": "Live view and forwarded input",
     "cli": "CLI",
 }
 
 KIND_NOTES = {
+    "view": (
+        "Why a device ended or refused a live view stream (`view_ended`), and why it did not take a "
+        "person's forwarded input (`view_input_result`); `invalid_arguments` and `device_stopped` "
+        "(above) answer forwarded input too."
+    ),
     "rest": (
         "Every error of the REST API is `application/problem+json` (RFC 9457): "
         '`{"type", "title", "status", "detail", "code"}`, with the stable `code` below; `detail` is '
@@ -273,6 +279,17 @@ _AGENT = [
     ("private_address", "browser: a loopback, link-local or private address not in `allowed_private_origins`"),
 ]
 
+_VIEW = [
+    ("no_screen", "the device has no screen to watch or send input to (no gui display, no browser)"),
+    ("watch_disallowed", "the device's owner forbids watching its screen (`[agent.view] allow_watching = false`)"),
+    ("ended", "the stream ended because the server asked (`view` with `on: false`)"),
+    ("lease_expired", "no copy of the `view` came within its `lease_s`: the device stopped streaming"),
+    ("error", "the device could not go on streaming; the message says why"),
+    ("not_taken_over", "forwarded input is taken only while a person has the device taken over"),
+    ("input_disallowed", "the device's owner forbids input through the live view (`[agent.view] allow_input = false`)"),
+    ("input_failed", "the input could not be delivered to the screen (it may have been partly delivered)"),
+]
+
 _CLI = [
     ("unreachable", "the server could not be reached (connection refused, DNS, TLS, timeout); the message says which"),
     ("bad_response", "the server answered with something that is not JSON (not an Orrery server?)"),
@@ -285,6 +302,7 @@ CODES: tuple[Code, ...] = (
     *(Code(c, "result", m) for c, m in _RESULT),
     *(Code(c, "protocol", m) for c, m in _PROTOCOL),
     *(Code(c, "agent", m) for c, m in _AGENT),
+    *(Code(c, "view", m) for c, m in _VIEW),
     *(Code(c, "cli", m) for c, m in _CLI),
 )
 

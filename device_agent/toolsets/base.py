@@ -326,3 +326,6 @@ class ToolsetContext:
     # agent runs now (the artifact tools act for it; set by the runner once the agent exists).
     artifacts: ArtifactLink | None = None
     current_batch: Callable[[], CommandBatch | None] = lambda: None
+    # The gui toolset's current observation's elements (id, name, (x, y, w, h) in screen pixels),
+    # for the live view's marks (device_agent/screen/); set by the gui toolset when it is built.
+    screen_marks: Callable[[], list[tuple[int, str, tuple[int, int, int, int]]]] = lambda: []

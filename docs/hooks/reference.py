@@ -481,7 +481,14 @@ def agent_flags() -> dict[str, str]:
 
 
 def agent_config_markdown() -> str:
-    from device_agent.config import AgentConfig, BrowserProfile, McpOAuthConfig, McpServerConfig
+    from device_agent.config import (
+        AgentConfig,
+        BrowserProfile,
+        McpOAuthConfig,
+        McpServerConfig,
+        RecordingSettings,
+        ViewSettings,
+    )
 
     flags = agent_flags()
     rows = []
@@ -492,7 +499,7 @@ def agent_config_markdown() -> str:
                     [code(name), *([code(flags[name])] if name in flags else []), code(f"ORRERY_AGENT_{name.upper()}")]
                 ),
                 esc(type_name(field.annotation)) + (f" ({esc(constraints(field.metadata))})" if field.metadata else ""),
-                default_of(field, name) if name != "browser" else "see below",
+                default_of(field, name) if name not in ("browser", "view", "recording") else "see below",
                 esc(field.description or ""),
             ]
         )
@@ -508,6 +515,12 @@ def agent_config_markdown() -> str:
         "\n### `[agent.browser]`\n",
         prose(BrowserProfile.__doc__) + "\n",
         _model_table(BrowserProfile),
+        "\n### `[agent.view]`\n",
+        prose(ViewSettings.__doc__) + "\n",
+        _model_table(ViewSettings),
+        "\n### `[agent.recording]`\n",
+        prose(RecordingSettings.__doc__) + "\n",
+        _model_table(RecordingSettings),
     ]
     return "\n".join(out)
 

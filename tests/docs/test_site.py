@@ -198,7 +198,7 @@ def test_the_agent_config_page_has_every_setting_flag_and_mcp_server_field(site:
     import typer
 
     from device_agent import cli as agent_cli
-    from device_agent.config import AgentConfig, BrowserProfile, McpServerConfig
+    from device_agent.config import AgentConfig, BrowserProfile, McpServerConfig, RecordingSettings, ViewSettings
 
     page = read_page(site, "agent-config")
     for name, field in AgentConfig.model_fields.items():
@@ -212,7 +212,12 @@ def test_the_agent_config_page_has_every_setting_flag_and_mcp_server_field(site:
     for param in command.params:
         if param.param_type_name == "option" and param.name not in ("config", "check"):
             assert param.opts[0] in flags, f"{param.opts[0]} is not in the agent settings table"
-    for model, heading in ((McpServerConfig, "[[agent.mcp_servers]]"), (BrowserProfile, "[agent.browser]")):
+    for model, heading in (
+        (McpServerConfig, "[[agent.mcp_servers]]"),
+        (BrowserProfile, "[agent.browser]"),
+        (ViewSettings, "[agent.view]"),
+        (RecordingSettings, "[agent.recording]"),
+    ):
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no description"
             assert page.row(name, heading)[-1] == _plain(field.description), f"{heading}: {name}"

@@ -22,7 +22,7 @@ import pytest
 from tests.fakellm import FakeLLM, call
 from tests.gui.conftest import TkApp
 from tests.support import Agent, Fleet, wait_until
-from tests.web.conftest import Watched, browser, watching  # noqa: F401 (browser: a fixture)
+from tests.web.conftest import browser, watching  # noqa: F401 (browser: a fixture)
 
 GUI = ["--toolset", "gui", "--toolset", "system"]
 WEBM_MAGIC = b"\x1a\x45\xdf\xa3"  # EBML
@@ -86,7 +86,10 @@ def button_centre(tk_app: TkApp) -> tuple[int, int]:
 
 
 def test_a_live_view_in_the_browser_changes_when_the_app_changes(
-    tmp_path: Path, xvfb: str, tk_app: TkApp, browser: Any
+    tmp_path: Path,
+    xvfb: str,
+    tk_app: TkApp,
+    browser: Any,  # noqa: F811 (the fixture)
 ) -> None:
     with Fleet(tmp_path) as fleet:
         agent = desktop(fleet, xvfb)
@@ -101,9 +104,13 @@ def test_a_live_view_in_the_browser_changes_when_the_app_changes(
             before = page.get_attribute("#live-image", "src")
             assert before is not None and before.startswith("data:image/")
             tk_app.wait_for(lambda s: s.get("ready"), "the app")
-            subprocess.run(["xdotool", "type", "--delay", "20", "changed"], env={"DISPLAY": xvfb}, check=True, timeout=30)
+            subprocess.run(
+                ["xdotool", "type", "--delay", "20", "changed"], env={"DISPLAY": xvfb}, check=True, timeout=30
+            )
             tk_app.wait_for(lambda s: s.get("entry") == "changed", "the text typed into the app")
-            page.wait_for_function("src => document.querySelector('#live-image').src !== src", arg=before, timeout=20_000)
+            page.wait_for_function(
+                "src => document.querySelector('#live-image').src !== src", arg=before, timeout=20_000
+            )
             page.click("#live-watch")  # stop watching
 
 
@@ -173,11 +180,17 @@ def test_a_takeover_mid_agent_node_pauses_it_and_the_handback_makes_the_model_ob
 
 
 def test_a_failed_gui_attempt_leaves_a_recording_the_browser_plays_and_a_successful_one_none(
-    tmp_path: Path, xvfb: str, tk_app: TkApp, browser: Any
+    tmp_path: Path,
+    xvfb: str,
+    tk_app: TkApp,
+    browser: Any,  # noqa: F811 (the fixture)
 ) -> None:
     with Fleet(tmp_path) as fleet:
-        agent = desktop(fleet, xvfb, "desktop", "--unattended")
-        bad = {"tool": "gui.click", "arguments": {"x": 5, "y": 5, "observation_id": "0" * 32, "action_id": "no-such-obs"}}
+        desktop(fleet, xvfb, "desktop", "--unattended")
+        bad = {
+            "tool": "gui.click",
+            "arguments": {"x": 5, "y": 5, "observation_id": "0" * 32, "action_id": "no-such-obs"},
+        }
         failed = fleet.wait_task(
             fleet.submit({"nodes": [{"id": "g", "commands": [bad], "retry": {"max_attempts": 1}}]})["id"], timeout=90
         )
@@ -217,9 +230,7 @@ def test_a_failed_gui_attempt_leaves_a_recording_the_browser_plays_and_a_success
 def test_a_view_of_another_device_is_refused_and_an_owner_may_forbid_watching(tmp_path: Path, xvfb: str) -> None:
     with Fleet(tmp_path) as fleet:
         watched = desktop(fleet, xvfb, "watched")
-        private = fleet.agent(
-            "private", extra_args=GUI, DISPLAY=xvfb, ORRERY_AGENT_VIEW='{"allow_watching": false}'
-        )
+        private = fleet.agent("private", extra_args=GUI, DISPLAY=xvfb, ORRERY_AGENT_VIEW='{"allow_watching": false}')
         with fleet.server.client() as c:
             view = c.post(f"/v1/devices/{watched.device_id}/views", json={}).json()
             other = c.get(f"/v1/devices/{private.device_id}/views/{view['view_id']}/frames")

@@ -292,6 +292,13 @@ class Controller:
             )
         return current
 
+    def marks(self) -> list[tuple[int, str, tuple[int, int, int, int]]]:
+        """The visible elements of the current observation (for the live view), in screen pixels."""
+        current = self._current
+        if current is None:
+            return []
+        return [(e.id, e.name, e.bounds) for e in current.elements.values() if e.depth > 0 and e.visible]
+
     def invalidate(self) -> None:
         """The screen is about to change under the current observation (a launch): it is void."""
         self._current = None

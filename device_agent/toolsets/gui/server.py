@@ -168,6 +168,7 @@ def build(
     # modifiers); only the device-level resume lifts it.
     ctx.stop_latch.on(controller.stop, controller.resume)
     ctx.takeover.on_change(controller.invalidate)  # a person had the screen: the model observes afresh
+    ctx.screen_marks = controller.marks  # the live view draws them (device_agent/screen/)
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[None]:
