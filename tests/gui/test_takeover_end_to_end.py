@@ -219,7 +219,10 @@ def test_a_failed_gui_attempt_leaves_a_recording_the_browser_plays_and_a_success
                     video.muted = true;
                     video.src = URL.createObjectURL(new Blob([bytes], { type: "video/webm" }));
                     document.body.append(video);
-                    await new Promise((ok, bad) => { video.onloadeddata = ok; video.onerror = () => bad(video.error.message); });
+                    await new Promise((ok, bad) => {
+                        video.onloadeddata = ok;
+                        video.onerror = () => bad(video.error.message);
+                    });
                     return video.videoWidth > 0 ? video.duration || 0.001 : 0;
                 }""",
                 base64.b64encode(video).decode(),
