@@ -8,6 +8,7 @@ short-lived link (`POST .../link`) that the browser can follow without the API k
 from __future__ import annotations
 
 import logging
+import mimetypes
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -72,6 +73,11 @@ class ArtifactOut(BaseModel):
     batch_id: str
     created_at: str
     content_url: str = Field(description="GET it (with the API key) for the bytes")
+    content_type: str = Field(
+        default="application/octet-stream",
+        description="what its name says it is (`video/webm` for a screen recording); the bytes are always "
+        "served as a download",
+    )
 
 
 class LinkOut(BaseModel):
@@ -93,6 +99,7 @@ def artifact_out(a: ArtifactRecord, current: bool) -> ArtifactOut:
         device_id=a.device_id,
         batch_id=a.batch_id,
         created_at=a.created_at.isoformat(),
+        content_type=mimetypes.guess_type(a.name, strict=False)[0] or "application/octet-stream",
         content_url=f"/v1/tasks/{a.task_id}/artifacts/{a.name}/content?version={a.version}",
     )
 

@@ -6,12 +6,18 @@ NULL`, so the check that a batch is the device's own and still open and the writ
 step on either backend, whichever replica serves the request. Opening an upload also reserves its
 bytes against the task's and the device's quotas in the same transaction, and ending one gives
 them back in its transaction (`orchestrator.artifacts.quota`).
+
+One exception, as narrow as it can be: a screen recording (`recording-....webm`) is made from the
+frames once the orchestrator has told the device its attempt ended and that it keeps it, so its
+upload is taken for an attempt that ended within `LATE_RECORDING_S`, and only for it. The
+device's own batch still; the quotas still count it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import aliased
@@ -23,6 +29,8 @@ from orchestrator.ids import new_id
 from orchestrator.store.models import Artifact, ArtifactUpload, ArtifactUsage, Attempt
 from orchestrator.store.repo import Store, WriteConflict, decode_cursor, encode_cursor
 
+LATE_RECORDING_S = 3600.0  # a recording is uploaded after its attempt ended, within this
+RECORDING_NAME = re.compile(r"recording-[^/]{1,180}\.webm")
 RECORD_TRIES = 5  # two replicas recording the same name at once: one retries with the next version
 ABANDONED_PER_SWEEP = 20
 
@@ -30,14 +38,14 @@ _OPEN_UPLOAD = (
     "INSERT INTO artifact_uploads (id, task_id, node_id, batch_id, device_id, name, size, sha256, state, "
     "created_at, updated_at, counted) SELECT :id, a.task_id, a.node_id, a.batch_id, a.device_id, :name, :size, "
     ":sha256, 'open', :now, :now, true FROM attempts a WHERE a.batch_id = :batch_id AND a.device_id = :device_id "
-    "AND a.task_id = :task_id AND a.ended_at IS NULL RETURNING id"
+    "AND a.task_id = :task_id AND (a.ended_at IS NULL OR (:late AND a.ended_at > :since)) RETURNING id"
 )
 _RECORD = (
     "INSERT INTO artifacts (id, task_id, name, version, sha256, size, node_id, batch_id, device_id, created_at) "
     "SELECT :id, a.task_id, :name, (SELECT coalesce(max(x.version), 0) + 1 FROM artifacts x "
     "WHERE x.task_id = a.task_id AND x.name = :name), :sha256, :size, a.node_id, a.batch_id, a.device_id, :now "
-    "FROM attempts a WHERE a.batch_id = :batch_id AND a.device_id = :device_id AND a.ended_at IS NULL "
-    "RETURNING version"
+    "FROM attempts a WHERE a.batch_id = :batch_id AND a.device_id = :device_id "
+    "AND (a.ended_at IS NULL OR (:late AND a.ended_at > :since)) RETURNING version"
 )
 _END_UPLOAD = (
     "UPDATE artifact_uploads SET state = :state, artifact_id = :artifact_id, reason = :reason, updated_at = :now "
@@ -53,6 +61,7 @@ class BatchOwner:
     task_id: str
     node_id: str
     open: bool
+    ended_at: datetime | None = None
 
 
 async def batch_owner(store: Store, batch_id: str) -> BatchOwner | None:
@@ -61,17 +70,39 @@ async def batch_owner(store: Store, batch_id: str) -> BatchOwner | None:
     )
     async with store.sessions() as s:
         row = (await s.execute(q)).first()
-    return None if row is None else BatchOwner(row[0], row[1], row[2], row[3] is None)
+    return None if row is None else BatchOwner(row[0], row[1], row[2], row[3] is None, row[3])
 
 
-async def open_batch(store: Store, device_id: str, batch_id: str, verb: str) -> BatchOwner:
+def late(name: str) -> bool:
+    """Whether an artifact of this name may be uploaded after its attempt ended (a recording)."""
+    return RECORDING_NAME.fullmatch(name) is not None
+
+
+def late_since(now: datetime) -> datetime:
+    return now - timedelta(seconds=LATE_RECORDING_S)
+
+
+def still_late(name: str, owner: BatchOwner, now: datetime) -> bool:
+    """Whether a recording (`name`) of this ended batch is still within its late window."""
+    if not late(name) or owner.ended_at is None:
+        return False
+    ended = owner.ended_at if owner.ended_at.tzinfo else owner.ended_at.replace(tzinfo=now.tzinfo)
+    return ended > late_since(now)
+
+
+async def open_batch(
+    store: Store, device_id: str, batch_id: str, verb: str, name: str = "", now: datetime | None = None
+) -> BatchOwner:
     """The batch, if it is `device_id`'s own and still open (`NotYourBatch`, `BatchClosed`);
-    `verb` (publish, fetch) says what the device asked to do, for the refusal."""
+    `verb` (publish, fetch) says what the device asked to do, for the refusal. A recording
+    (`name`) may be published for a batch that ended within `LATE_RECORDING_S` of `now`."""
     owner = await batch_owner(store, batch_id)
     if owner is None or owner.device_id != device_id:
         raise NotYourBatch(
             f"batch {batch_id} was not sent to this device; a device may {verb} only for the batch it runs"
         )
+    if not owner.open and now is not None and still_late(name, owner, now):
+        return owner
     if not owner.open:
         raise BatchClosed(f"batch {batch_id} has ended; a device may {verb} only for a batch that still runs")
     return owner
@@ -101,6 +132,8 @@ async def open_upload(
         "batch_id": batch_id,
         "device_id": owner.device_id,
         "task_id": owner.task_id,
+        "late": late(name),
+        "since": late_since(now),
     }
     reserve = limits.reserve(owner.task_id, owner.device_id, size)
     try:
@@ -173,12 +206,14 @@ async def end_upload(
     return True
 
 
-async def abandoned_uploads(store: Store) -> list[str]:
-    """Open uploads whose batch has ended: nobody can finish them, so their bytes can go."""
+async def abandoned_uploads(store: Store, now: datetime) -> list[str]:
+    """Open uploads whose batch has ended: nobody can finish them, so their bytes can go (a
+    recording's, once its late window has passed)."""
+    recording = and_(ArtifactUpload.name.like("recording-%.webm"), Attempt.ended_at > late_since(now))
     q = (
         select(ArtifactUpload.id)
         .join(Attempt, Attempt.batch_id == ArtifactUpload.batch_id)
-        .where(ArtifactUpload.state == UploadState.OPEN.value, Attempt.ended_at.is_not(None))
+        .where(ArtifactUpload.state == UploadState.OPEN.value, Attempt.ended_at.is_not(None), ~recording)
         .limit(ABANDONED_PER_SWEEP)
     )
     async with store.sessions() as s:
@@ -205,6 +240,8 @@ async def record(store: Store, upload: ArtifactUpload, now: datetime) -> tuple[A
                 now=now,
                 batch_id=upload.batch_id,
                 device_id=upload.device_id,
+                late=late(upload.name),
+                since=late_since(now),
             )
         except WriteConflict:
             continue  # someone recorded this name meanwhile: look again

@@ -82,7 +82,7 @@ class Uploads:
                 f"{name!r} is {size} bytes, over this orchestrator's limit of {self.max_bytes} bytes per artifact "
                 "(ORRERY_MAX_ARTIFACT_BYTES); publish a smaller file, e.g. compressed or split"
             )
-        owner = await records.open_batch(self.store, device_id, batch_id, "publish")
+        owner = await records.open_batch(self.store, device_id, batch_id, "publish", name, self._now())
         await self._sweep()
         row = await records.find_open_upload(self.store, batch_id, name, size, digest)
         if row is None:
@@ -104,7 +104,7 @@ class Uploads:
                 "declared; send the file's bytes only"
             )
         owner = await records.batch_owner(self.store, row.batch_id)
-        if owner is None or not owner.open:
+        if owner is None or not (owner.open or records.still_late(row.name, owner, self._now())):
             await self._fail(row, "its batch ended before all of its bytes arrived")
             raise BatchClosed(f"batch {row.batch_id} has ended: nothing more can be published for it")
         async with self._locks[hash(upload_id) % LOCK_STRIPES]:
@@ -186,7 +186,7 @@ class Uploads:
         if now - self._swept_at < SWEEP_EVERY_S:
             return
         self._swept_at = now
-        for upload_id in await records.abandoned_uploads(self.store):
+        for upload_id in await records.abandoned_uploads(self.store, self._now()):
             row = await records.get_upload(self.store, upload_id)
             if row is not None:
                 await self._fail(row, "its batch ended before all of its bytes arrived")

@@ -277,6 +277,7 @@ class Artifact(Answer):
     batch_id: str | None = None
     created_at: datetime | None = None
     content_url: str | None = None
+    content_type: str = "application/octet-stream"
 
 
 # ---------------------------------------------------------------- pages and events

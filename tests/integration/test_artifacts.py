@@ -416,6 +416,31 @@ def test_the_device_routes_take_only_the_batchs_own_device_token(fleet: Fleet) -
         assert c.post(f"{DEVICE}/uploads", json=body).status_code == 401  # a revoked device's token
 
 
+def test_a_recording_is_taken_after_its_attempt_ended_and_nothing_else_is(fleet: Fleet) -> None:
+    """A screen recording is encoded once the orchestrator told the device its attempt ended and
+    that it keeps it: its upload (`recording-....webm`) is taken for the ended batch, within the
+    late window, from the batch's own device only; any other name is refused as before."""
+    producer, consumer, _ = agents(fleet)
+    video = b"\x1a\x45\xdf\xa3 a recording"
+    recording = {"name": "recording-hold-1.webm", "size": len(video), "sha256": hashlib.sha256(video).hexdigest()}
+    other = {"name": "late.bin", "size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}
+    with open_batch(fleet, producer) as (task_id, batch_id):
+        pass
+    with device_client(fleet, producer.token) as c:  # the batch has ended
+        refused = c.post(f"{DEVICE}/uploads", json={**other, "batch_id": batch_id})
+        assert refused.status_code == 409 and refused.json()["code"] == "batch_closed"
+        opened = c.post(f"{DEVICE}/uploads", json={**recording, "batch_id": batch_id})
+        assert opened.status_code == 201, opened.text
+        sent = c.patch(f"{DEVICE}/uploads/{opened.json()['id']}", content=video, headers={"Upload-Offset": "0"})
+        assert sent.status_code == 200, sent.text
+    with device_client(fleet, consumer.token) as c:
+        assert c.post(f"{DEVICE}/uploads", json={**recording, "batch_id": batch_id}).status_code == 403
+    with fleet.server.client() as admin:
+        listed = admin.get(f"/v1/tasks/{task_id}/artifacts").json()["items"]
+    (kept,) = [a for a in listed if a["name"] == "recording-hold-1.webm"]
+    assert kept["size"] == len(video) and kept["content_type"] == "video/webm"
+
+
 def test_a_corrupted_short_or_oversized_upload_is_refused_and_records_nothing(fleet: Fleet) -> None:
     producer, _, _ = agents(fleet)
     data = os.urandom(3 * MiB)
