@@ -79,6 +79,7 @@ class Recorder:
         # When each recording's next frame is due (monotonic): an attempt's many short step
         # batches keep to `fps` across them, not a frame at the start of each.
         self._next_at: dict[str, float] = {}
+        self._taken: dict[str, int] = {}  # frames taken per recording, by this process
         self._swept_at: float | None = None
 
     def action(self, tool: str, point: tuple[int, int] | None) -> None:
@@ -92,6 +93,7 @@ class Recorder:
         folder = self.root / key.dir_name
         await anyio.to_thread.run_sync(self._open, folder, batch.batch_id)
         self.action("", None)
+        before = self._taken.get(folder.name, 0)
         task = asyncio.create_task(self._capture(folder), name=f"recording-{key.dir_name}")
         try:
             yield
@@ -99,6 +101,14 @@ class Recorder:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            held = len(await anyio.to_thread.run_sync(frames_in, folder))
+            due = time.monotonic() >= self._next_at.get(folder.name, 0.0)
+            if self._taken.get(folder.name, 0) == before and (held == 0 or due):
+                # A recording whose batch was shorter than a frame's time (a command refused at
+                # once) still gets a frame: the screen as it ended, often what explains a failure.
+                with contextlib.suppress(SourceFailed, OSError):
+                    await self._keep_frame(folder, held + 1)
+                    self._next_at[folder.name] = time.monotonic() + 1 / self.fps
             self.action("", None)
 
     def _open(self, folder: Path, batch_id: str) -> None:
@@ -120,16 +130,21 @@ class Recorder:
             self._next_at[folder.name] = time.monotonic() + interval
             if used < DISK_FACTOR * self.max_bytes:
                 try:
-                    data = await self._frame()
+                    used += await self._keep_frame(folder, n + 1)
                 except SourceFailed as exc:
                     log.debug("a recording frame was not taken: %s", exc)
                 else:
                     n += 1
-                    await anyio.to_thread.run_sync((folder / f"frame-{n:06d}.jpg").write_bytes, data)
-                    used += len(data)
             elif not full:
                 full = True
                 log.warning("recording %s reached its disk cap; no more frames are kept", folder.name)
+
+    async def _keep_frame(self, folder: Path, n: int) -> int:
+        """Take frame number `n` of the recording in `folder`; its size."""
+        data = await self._frame()
+        await anyio.to_thread.run_sync((folder / f"frame-{n:06d}.jpg").write_bytes, data)
+        self._taken[folder.name] = self._taken.get(folder.name, 0) + 1
+        return len(data)
 
     async def _frame(self) -> bytes:
         frame = await self.source.grab(MAX_SIDE, QUALITY)
@@ -145,6 +160,7 @@ class Recorder:
         key = Key(msg.task_id, msg.node_id, msg.attempt)
         folder = self.root / key.dir_name
         self._next_at.pop(key.dir_name, None)
+        self._taken.pop(key.dir_name, None)
         if not folder.is_dir():
             return None
         try:
@@ -212,6 +228,7 @@ class Recorder:
             if folder.is_dir() and now - folder.stat().st_mtime > STALE_S:
                 shutil.rmtree(folder, ignore_errors=True)
                 self._next_at.pop(folder.name, None)
+                self._taken.pop(folder.name, None)
                 gone.append(folder.name)
         if gone:
             log.info("deleted %d recording(s) no recording_end came for within an hour: %s", len(gone), gone)

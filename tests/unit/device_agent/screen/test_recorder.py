@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from device_agent.screen.frames import Frame
 from device_agent.screen.recorder import STALE_S, Recorder
 from protocol.messages import Command, CommandBatch, RecordingEnd
 from tests.unit.device_agent.screen.screens import DrawnScreen
@@ -141,3 +142,30 @@ def test_an_attempts_many_short_batches_keep_to_the_recording_rate(tmp_path: Pat
     elapsed = asyncio.run(steps())
     # A frame when the first step starts, then one each half second: not one per step.
     assert screen.grabs <= 1 + int(elapsed * 2) + 1
+
+
+class SlowScreen(DrawnScreen):
+    """A screen whose capture takes longer than the batch being recorded."""
+
+    async def grab(self, max_side: int, quality: int, marks: bool = False) -> Frame:
+        await asyncio.sleep(0.2)
+        return await super().grab(max_side, quality, marks)
+
+
+def test_a_batch_shorter_than_a_frame_still_leaves_the_screen_it_ended_on(tmp_path: Path) -> None:
+    """A command refused at once ends its batch before the first frame is in: the recording still
+    gets one frame (the screen as the failure left it), and a kept one uploads a video of it."""
+    assert FFMPEG is not None
+    uploads = Uploads()
+    recorder = Recorder(SlowScreen(), tmp_path / "rec", FFMPEG, uploads, fps=2)
+
+    async def run() -> int:
+        async with recorder.recording(batch("b1")):
+            pass  # the batch ends at once
+        taken = len(list((tmp_path / "rec" / "t1.n1.1").glob("frame-*.jpg")))
+        await recorder.end(end(keep=True))
+        return taken
+
+    assert asyncio.run(run()) == 1
+    ((batch_id, name, _, frames),) = uploads.made
+    assert (batch_id, name) == ("b1", "recording-n1-1.webm") and frames >= 1
