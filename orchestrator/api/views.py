@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated
+from urllib.parse import urlencode
 
 import orjson
 from fastapi import APIRouter, Body, Path, Query
@@ -71,7 +72,15 @@ async def open_view(device_id: str, comp: Comp, principal: Viewer, body: ViewCre
         view_id=ticket.view_id,
         device_id=row.id,
         expires_at=ticket.expires_at,
-        frames_url=f"/v1/devices/{row.id}/views/{ticket.view_id}/frames",
+        frames_url=f"/v1/devices/{row.id}/views/{ticket.view_id}/frames?"
+        + urlencode(
+            {
+                "fps": f"{want.fps:g}",
+                "max_side": want.max_side,
+                "quality": want.quality,
+                "marks": str(want.marks).lower(),
+            }
+        ),
         fps=want.fps,
         max_side=want.max_side,
         quality=want.quality,
