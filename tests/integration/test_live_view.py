@@ -6,6 +6,7 @@ device's answers (a refused watch, a refused input) reach the caller with its co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orrery.sdk import AsyncClient, Conflict, Frame
 from tests.screendevice import WAIT_S, ScreenDevice
 from tests.support import Fleet
 
@@ -194,3 +196,26 @@ def test_the_routes_are_in_the_openapi_document(fleet: Fleet, tmp_path: Path) ->
         "/v1/devices/{device_id}/views/{view_id}/frames",
         "/v1/devices/{device_id}/input",
     } <= set(paths)
+
+
+async def test_the_sdk_opens_a_view_reads_its_frames_and_sends_input(fleet: Fleet, keys: dict[str, str]) -> None:
+    async with screen(fleet, "desk-sdk") as device, AsyncClient(fleet.server.url, keys["operator"]) as client:
+        view = await client.open_view(device.device_id, fps=10, marks=True)
+        assert view.marks and view.device_id == device.device_id
+        frames: list[Frame] = []
+        async with asyncio.timeout(WAIT_S), contextlib.aclosing(client.view_frames(view)) as items:
+            async for item in items:
+                assert isinstance(item, Frame), item
+                frames.append(item)
+                if len(frames) == 2:
+                    break
+        assert frames[0].image.startswith(b"\x89PNG") and frames[0].marks
+        assert (await device.next_view(0, on=True))["marks"] is True
+        assert (await client.send_input(device.device_id, "key", keys="Return")).ok
+        device.input_answer = (False, "input_disallowed")
+        with pytest.raises(Conflict) as refused:
+            await client.send_input(device.device_id, "click", x=1, y=1, frame_width=8, frame_height=6)
+        assert refused.value.code == "input_disallowed"
+        with pytest.raises(Conflict) as unsupported:
+            await client.open_view(fleet.enroll("desk-sdk-away")["id"])
+        assert unsupported.value.code == "device_offline"
