@@ -289,9 +289,10 @@ class RequestId:
 
 # The pages (the dashboard, /docs): scripts and styles from this server only, no inline script and
 # no eval; images from here, data: URLs (Swagger UI's icons) and blob: URLs (an approval's
-# screenshot, fetched with the key); fetch and server-sent events to this server only; never framed.
+# screenshot, fetched with the key); videos from blob: URLs (an attempt's screen recording,
+# fetched with the key); fetch and server-sent events to this server only; never framed.
 PAGE_CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; media-src 'self' blob:; "
     "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )
