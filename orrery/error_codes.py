@@ -125,6 +125,32 @@ _REST = [
     ),
     ("upload_incomplete", 409, "an artifact upload was finished before all its bytes arrived"),
     ("upload_failed", 409, "the artifact upload cannot be completed; start it again"),
+    ("view_scope", 403, "a live view id used under another device, or with another API key than the one that opened it"),
+    ("view_expired", 410, "a live view id past its `expires_at`; open a new view"),
+    ("device_offline", 409, "the device is not connected: its screen cannot be watched nor driven now"),
+    (
+        "view_unsupported",
+        409,
+        "the device's agent did not announce live views (`view`) in its hello: an older agent, or one without a screen",
+    ),
+    (
+        "device_no_answer",
+        504,
+        "the device did not answer a forwarded input in time: it may or may not have been applied; look before "
+        "sending it again",
+    ),
+    ("input_refused", 409, "the device refused a forwarded input without a code of its own"),
+    (
+        "watch_disallowed",
+        None,
+        "a live view's `ended` event: the device's owner does not allow watching its screen",
+    ),
+    ("no_screen", None, "a live view's `ended` event: the device has no screen to show"),
+    (
+        "lease_expired",
+        None,
+        "a live view's `ended` event: the device stopped streaming because no renewal of its lease reached it",
+    ),
     (
         "key_revoked",
         None,
@@ -174,6 +200,11 @@ _SUBMISSION = [
 _RESULT = [
     ("tool_error", "the tool ran and failed (a non-zero exit, an MCP error); the message says why"),
     ("unknown_tool", "the device has no such tool (any more)"),
+    (
+        "taken_over",
+        "a person has taken the device over: the model's input tools are refused until it is handed back "
+        "(then observe the screen again before acting)",
+    ),
     (
         "invalid_arguments",
         "the arguments do not fit the tool's input schema (or hold a NUL byte where it "
