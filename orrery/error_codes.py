@@ -125,7 +125,11 @@ _REST = [
     ),
     ("upload_incomplete", 409, "an artifact upload was finished before all its bytes arrived"),
     ("upload_failed", 409, "the artifact upload cannot be completed; start it again"),
-    ("view_scope", 403, "a live view id used under another device, or with another API key than the one that opened it"),
+    (
+        "view_scope",
+        403,
+        "a live view id used under another device, or with another API key than the one that opened it",
+    ),
     ("view_expired", 410, "a live view id past its `expires_at`; open a new view"),
     ("device_offline", 409, "the device is not connected: its screen cannot be watched nor driven now"),
     (
