@@ -32,7 +32,8 @@ def png(rgb: tuple[int, int, int], width: int = 8, height: int = 6) -> bytes:
 
 class ScreenDevice:
     """One session on a real socket. `views` collects every `view` frame received, `inputs` every
-    `view_input`; `refuse_watch` answers a view with `view_ended` of that code instead of frames;
+    `view_input`, `batches` every `command_batch` (left unanswered: its node stays running);
+    `refuse_watch` answers a view with `view_ended` of that code instead of frames;
     `input_answer` is the (ok, code) each input gets, or None to leave inputs unanswered."""
 
     def __init__(
@@ -42,10 +43,13 @@ class ScreenDevice:
         token: str,
         features: tuple[str, ...] = ("view",),
         refuse_watch: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         self.url = server_url.replace("http://", "ws://") + "/v1/agent"
         self.device_id, self.token, self.features = device_id, token, features
         self.refuse_watch = refuse_watch
+        self.tools = tools or []  # its catalogue (a `gui.*` tool says it has a screen); batches wait unanswered
+        self.batches: list[dict[str, Any]] = []
         self.input_answer: tuple[bool, str] | None = (True, "")
         self.views: list[dict[str, Any]] = []
         self.inputs: list[dict[str, Any]] = []
@@ -63,7 +67,7 @@ class ScreenDevice:
             "hello",
             device_id=self.device_id,
             versions=[1],
-            tools=[],
+            tools=self.tools,
             resume=None,
             info={"platform": "linux"},
             features=list(self.features),
@@ -124,6 +128,8 @@ class ScreenDevice:
                 frame["_t"] = time.monotonic()
                 self.views.append(frame)
                 await self._on_view(frame)
+            elif frame["type"] == "command_batch":
+                self.batches.append(frame)
             elif frame["type"] == "view_input":
                 self.inputs.append(frame)
                 if self.input_answer is not None:

@@ -19,7 +19,7 @@ import pytest
 from tests.screendevice import ScreenDevice
 from tests.support import Fleet, wait_until
 from tests.web.conftest import Watched, shot
-from tests.web.test_dashboard import sign_in
+from tests.web.test_dashboard import node_sel, sign_in
 
 
 @contextmanager
@@ -139,3 +139,26 @@ def test_clicks_on_a_taken_over_devices_image_reach_it_in_the_images_pixels(web_
         page.wait_for_selector("#live-input-code")
         assert page.inner_text("#live-input-code") == "not_taken_over"
         assert json.loads(json.dumps(device.inputs[-1]))["text"] == "hello"
+
+
+GUI_TOOL = {
+    "name": "gui.observe",
+    "namespace": "gui",
+    "annotations": {"read_only": True},
+    "tool_type": "data_collection",
+}
+
+
+def test_a_running_nodes_panel_shows_its_devices_screen_live(web_fleet: Fleet, watched: Watched) -> None:
+    with screen(web_fleet, "screen-busy", tools=[GUI_TOOL]) as device:
+        node = {"id": "look", "placement": {"device": "screen-busy"}, "commands": [{"tool": "gui.observe"}]}
+        task = web_fleet.submit({"nodes": [node]}, name="watch-the-node")
+        wait_until(lambda: device.batches, 30, "the batch to reach the device")
+        page = sign_in(watched, web_fleet, hash_=f"#/tasks/{task['id']}")
+        page.click(node_sel("look", "running"))
+        page.wait_for_selector("#node-live-image[data-n]")
+        n = int(page.get_attribute("#node-live-image", "data-n") or 0)
+        page.wait_for_function("n => Number(document.querySelector('#node-live-image').dataset.n) > n", arg=n)
+        shot(page, "node-live-view")
+        page.click("#node-panel button[aria-label=Close]")
+        wait_until(lambda: not device.views[-1]["on"], 15, "the device told to stop when the panel closed")
