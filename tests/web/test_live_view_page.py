@@ -7,6 +7,7 @@ device in the image's own pixels."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import threading
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.screendevice import ScreenDevice
@@ -141,6 +143,22 @@ def test_clicks_on_a_taken_over_devices_image_reach_it_in_the_images_pixels(web_
         assert json.loads(json.dumps(device.inputs[-1]))["text"] == "hello"
 
 
+def publish(fleet: Fleet, device: ScreenDevice, name: str, data: bytes) -> dict[str, Any]:
+    """Publish `data` as an artifact of the device's running batch, as its agent does."""
+    body = {"batch_id": device.batches[0]["batch_id"], "name": name, "size": len(data)}
+    body["sha256"] = hashlib.sha256(data).hexdigest()
+    auth = {"Authorization": f"Bearer {device.token}"}
+    with httpx.Client(base_url=fleet.server.url, headers=auth, timeout=30) as c:
+        opened = c.post("/v1/agent/artifacts/uploads", json=body)
+        assert opened.status_code == 201, opened.text
+        sent = c.patch(
+            f"/v1/agent/artifacts/uploads/{opened.json()['id']}", content=data, headers={"Upload-Offset": "0"}
+        )
+        assert sent.status_code == 200, sent.text
+        answer: dict[str, Any] = sent.json()
+        return answer
+
+
 GUI_TOOL = {
     "name": "gui.observe",
     "namespace": "gui",
@@ -154,9 +172,14 @@ def test_a_running_nodes_panel_shows_its_devices_screen_live(web_fleet: Fleet, w
         node = {"id": "look", "placement": {"device": "screen-busy"}, "commands": [{"tool": "gui.observe"}]}
         task = web_fleet.submit({"nodes": [node]}, name="watch-the-node")
         wait_until(lambda: device.batches, 30, "the batch to reach the device")
+        recorded = publish(web_fleet, device, "recording-1.webm", b"\x1aE\xdf\xa3 a screen recording")
         page = sign_in(watched, web_fleet, hash_=f"#/tasks/{task['id']}")
         page.click(node_sel("look", "running"))
         page.wait_for_selector("#node-live-image[data-n]")
+        # The attempt's recording plays from a blob: URL fetched with the key (never in a URL).
+        video = page.wait_for_selector("#node-recordings video[data-artifact='recording-1.webm'][src^='blob:']")
+        assert video.evaluate("v => v.controls") is True
+        assert recorded["state"] == "complete" or recorded.get("artifact")
         n = int(page.get_attribute("#node-live-image", "data-n") or 0)
         page.wait_for_function("n => Number(document.querySelector('#node-live-image').dataset.n) > n", arg=n)
         shot(page, "node-live-view")
