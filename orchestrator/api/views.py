@@ -158,10 +158,16 @@ async def send_input(
     return ViewInputOut(ok=True, input_id=frame.input_id)
 
 
+async def _online(comp: Comp, device_id: str, row: Device | None = None) -> bool:
+    row = row or await comp.store.get_device(device_id)
+    if row is None or row.admin_state == AdminState.REVOKED:
+        return False
+    return comp.gateway.is_connected(row.id) or row.liveness not in (Liveness.OFFLINE, Liveness.ENROLLED)
+
+
 async def _watchable(comp: Comp, device_id: str) -> Device:
     row = await find_device(comp.store, device_id)
-    connected = comp.gateway.is_connected(row.id) or row.liveness not in (Liveness.OFFLINE, Liveness.ENROLLED)
-    if row.admin_state == AdminState.REVOKED or not connected:
+    if not await _online(comp, row.id, row):
         raise ApiError(409, "device_offline", f"device '{row.name}' is not connected; its screen cannot be reached")
     if not await comp.views.supports(row.id):
         raise ApiError(
@@ -183,6 +189,10 @@ async def _stream(comp: Comp, device_id: str, options: ViewOptions, key_id: str)
             if time.monotonic() - key_checked >= KEY_CHECK_S:
                 if not await comp.store.api_key_active(key_id):
                     yield _sse("ended", {"code": "key_revoked", "message": "the API key of this view was revoked"})
+                    return
+                if not await _online(comp, device_id):
+                    # The store is the truth: a device whose replica died without a word is offline there.
+                    yield _sse("ended", {"code": "device_offline", "message": "the device went offline"})
                     return
                 key_checked = time.monotonic()
             if event is None:
