@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from device_agent import __version__, health
-from device_agent.approvals import Approvals, deadline_of, refused
+from device_agent.approvals import ASK_TOOL, Approvals, answered, deadline_of, refused
 from device_agent.budgets import Breach
 from device_agent.config import AgentConfig
 from device_agent.datadir import SCREENSHOTS_NAME
@@ -54,6 +54,7 @@ from protocol.messages import (
     Heartbeat,
     Hello,
     Message,
+    OwnerTakeover,
     Result,
     ResultBatch,
     SafetyBreach,
@@ -66,6 +67,7 @@ log = logging.getLogger("orrery.agent")
 
 WELCOME_TIMEOUT_S = 15.0
 STOP_GRACE_S = 2.0  # after an emergency stop, a command gets this long to return before it is cancelled
+OWNER_POLL_S = 0.5  # how often the agent looks for the owner's takeover or handback at the device
 # A batch that starts at once is accepted by its `result_batch` when that follows this soon, and by
 # a `batch_accepted` of its own otherwise: a quick batch then costs one frame each way, not two
 # (each frame wakes the other side, the dearest part of a round trip on loopback). The server
@@ -148,7 +150,8 @@ class Agent:
         router.on_tools_changed = self._on_tools_changed
         screenshots = config.resolved_data_dir / SCREENSHOTS_NAME
         self.approvals = Approvals(ledger, self._send, screenshots, config.approvals_local_only)
-        self.takeover = Takeover()  # who has the screen: see `device_agent.takeover`
+        self.takeover: Takeover = router.takeover  # who has the screen: see `device_agent.takeover`
+        self._owner_gen = -1  # the owner's takeover generation this agent last acted on
         router.guards.budgets.on_breach = self._on_breach  # safety budgets
 
     # ================================================================ top level
@@ -176,17 +179,24 @@ class Agent:
                 "this device is %s: action tools are refused until it is resumed", stopped_words(applied.reason)
             )
             await self.router.stop_latch.engage(applied.reason)
+        if applied.taken_over and applied.server_id == self.ledger.server_id:
+            log.warning(
+                "this device is taken over by %s: input from tasks is refused until the handback", applied.takeover_by
+            )
+            self.takeover.set(operator=True, by=applied.takeover_by)
+        await self._owner_changed()
         executor = asyncio.create_task(self._executor(), name="agent-executor")
         connector = asyncio.create_task(self._connect_forever(), name="agent-connection")
+        owner = asyncio.create_task(self._watch_owner(), name="agent-owner-takeover")
         try:
-            done, _ = await asyncio.wait({executor, connector}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({executor, connector, owner}, return_when=asyncio.FIRST_COMPLETED)
             ended = done.pop()
             failure = ended.exception()
             if isinstance(failure, TokenRefused):
                 raise failure
             if isinstance(failure, LedgerError):
                 raise AgentFailed(str(failure)) from failure
-            what = "the batch executor" if ended is executor else "the connection loop"
+            what = {executor: "the batch executor", connector: "the connection loop"}.get(ended, "the takeover watch")
             reason = f"{type(failure).__name__}: {failure}" if failure else "it returned"
             raise AgentFailed(f"{what} stopped unexpectedly ({reason})") from failure
         except asyncio.CancelledError:
@@ -196,7 +206,7 @@ class Agent:
             self.leaving_idle = self._idle()
             raise
         finally:
-            for task in (executor, connector):
+            for task in (executor, connector, owner):
                 task.cancel()
             for task in (executor, connector):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -349,6 +359,7 @@ class Agent:
             resume=resume,
             fence_seen=self.ledger.max_fence,
             control_gen=self._control_gen(),
+            owner_takeover=self.ledger.owner_takeover(),
         )
 
     def _open(self, channel: Channel, welcome: Welcome) -> list[str]:
@@ -541,7 +552,16 @@ class Agent:
         if same and state.gen <= applied.gen:
             return  # sent again, or an older copy: applied already
         before = applied.gen if same else 0
-        self.ledger.set_control(AppliedControl(server, state.gen, state.stopped, state.reason))
+        self.ledger.set_control(
+            AppliedControl(server, state.gen, state.stopped, state.reason, state.taken_over, state.takeover_by)
+        )
+        if self.takeover.set(operator=state.taken_over, by=state.takeover_by):
+            if state.taken_over:
+                log.warning(
+                    "device taken over by %s: input from tasks is refused until the handback", state.takeover_by
+                )
+            else:
+                log.warning("device handed back: tasks drive it again (the model observes afresh)")
         latch = self.router.stop_latch
         if state.stopped:
             if not latch.stopped:
@@ -558,6 +578,23 @@ class Agent:
             self.router.guards.budgets.reset()
         if self.session is not None and self.transport is not None:
             await self._heartbeat()
+
+    async def _watch_owner(self) -> None:
+        """The owner takes the device over, or hands it back, at the device (`orrery agent takeover`,
+        `handback`, written into the ledger): looked at every `OWNER_POLL_S`."""
+        while True:
+            await asyncio.sleep(OWNER_POLL_S)
+            await self._owner_changed()
+
+    async def _owner_changed(self) -> None:
+        state = self.ledger.owner_takeover()
+        if state is None or state.gen == self._owner_gen:
+            return
+        self._owner_gen = state.gen
+        if self.takeover.set(owner=state.taken_over, by=state.by):
+            words = "taken over by its owner" if state.taken_over else "handed back by its owner"
+            log.warning("device %s%s", words, f": {state.note}" if state.note and not state.taken_over else "")
+        await self._send(OwnerTakeover(state=state))  # reliable: waits in the session while away
 
     async def _engage_stop(self, reason: str) -> None:
         """An operator's emergency stop (kept in the ledger already): the running command is
@@ -673,7 +710,10 @@ class Agent:
                     continue
             self.ledger.start_call(batch.batch_id, cmd.call_id)
             self.crash.reach("call_started")
-            result = await self._call(cmd, batch, approved)
+            if asks and cmd.tool == ASK_TOOL:
+                result = answered(cmd, rec)  # a question to a person: their words are its result
+            else:
+                result = await self._call(cmd, batch, approved)
             self.crash.reach("call_done")
             if batch.batch_id in self.stopped_batches and result.status != "success":
                 result = _stopped(cmd, result, latch.reason)

@@ -39,6 +39,8 @@ log = logging.getLogger("orrery.agent")
 LOCAL_POLL_S = 0.5  # how often a waiting command looks for a decision given at the device
 MAX_SCREENSHOT_BYTES = 1_500_000  # a larger screenshot is left out of the request (frame limit)
 REQUEST_TOOL = "approval.request"
+# A model's question to a person: it waits like an approval; approved, the person's words are its answer.
+ASK_TOOL = "approval.ask_person"
 _OBSERVATION_ID = re.compile(r"[0-9a-f]{8,64}")
 
 
@@ -200,6 +202,8 @@ class Approvals:
 def _reason(cmd: Command) -> str:
     if cmd.tool == REQUEST_TOOL:
         return str(cmd.arguments.get("reason", ""))[:2000]
+    if cmd.tool == ASK_TOOL:
+        return str(cmd.arguments.get("question", ""))[:2000]
     return f"{cmd.tool} is on this device's approval_required list"
 
 
@@ -213,6 +217,17 @@ def deadline_of(batch: CommandBatch, rec: Approval | None) -> datetime | None:
     if rec.deadline is not None:  # moved by an older orchestrator
         moved = max(moved, datetime.fromtimestamp(rec.deadline, UTC))
     return moved
+
+
+def answered(cmd: Command, rec: Approval) -> Result:
+    """The result of a model's question to a person (`ASK_TOOL`) once someone answered it: their
+    words (the decision's reason: a reply, or the note they handed the device back with)."""
+    return Result(
+        call_id=cmd.call_id,
+        status="success",
+        result={"answer": rec.decision_reason or "", "by": rec.decided_by or "a person"},
+        namespace=cmd.tool.split(".", 1)[0],
+    )
 
 
 def refused(cmd: Command, rec: Approval) -> Result | None:

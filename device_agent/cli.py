@@ -87,7 +87,8 @@ def agent(
 
     Beside a running agent, its owner answers approvals: 'orrery agent approvals',
     'orrery agent approve ID', 'orrery agent deny ID' (each naming the data dir as the agent does:
-    --data-dir, ORRERY_AGENT_DATA_DIR or the --config file).
+    --data-dir, ORRERY_AGENT_DATA_DIR or the --config file), and takes the device over itself:
+    'orrery agent takeover', 'orrery agent handback --note ...'.
     Also: 'orrery agent kill-switch on|off|status' flips the kill switch of a running agent.
     """
     overrides: dict[str, Any] = {
@@ -197,7 +198,7 @@ def run(args: list[str], prog_name: str) -> None:
     sub = SUBCOMMANDS.get(args[0]) if args else None
     if sub is not None:
         sub(args=args[1:], prog_name=f"{prog_name} {args[0]}")
-    elif args and args[0] in owner.COMMANDS:  # the owner's approvals: approvals, approve ID, deny ID
+    elif args and args[0] in owner.COMMANDS:  # the owner's approvals, and takeover/handback
         owner.app(args=args, prog_name=prog_name)
     else:
         app(args=args, prog_name=prog_name)

@@ -43,7 +43,7 @@ from pydantic import TypeAdapter
 from device_agent.datadir import PRIVATE_DIR, PRIVATE_FILE, private_file
 from orrery.checkpoints import Checkpoints
 from protocol.errors import ErrorCode
-from protocol.messages import CommandBatch, ErrorInfo, Result
+from protocol.messages import CommandBatch, ErrorInfo, OwnerTakeoverState, Result
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
@@ -162,6 +162,9 @@ def _make_private(path: Path) -> None:
         raise LedgerError(f"the ledger {path} cannot be made private (0600): {exc}") from exc
 
 
+OWNER_TAKEOVER_KEY = "owner_takeover"  # the meta row `orrery agent takeover` and `handback` write
+
+
 class Receipt(StrEnum):
     NEW = "new"  # recorded now: run it
     PENDING = "pending"  # recorded earlier, not finished: it is queued or running
@@ -178,6 +181,8 @@ class AppliedControl:
     gen: int
     stopped: bool
     reason: str
+    taken_over: bool = False  # an operator's takeover (see `device_agent.takeover`)
+    takeover_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -320,6 +325,8 @@ class Ledger:
                 int(data.get("gen", 0)),
                 bool(data.get("stopped")),
                 str(data.get("reason", "")),
+                bool(data.get("taken_over")),
+                str(data.get("takeover_by", "")),
             )
         # A ledger from before control generations kept only the stop.
         old = self._db.execute("SELECT value FROM meta WHERE key='stop'").fetchone()
@@ -330,12 +337,25 @@ class Ledger:
     def set_control(self, applied: AppliedControl) -> None:
         """Keep the controls across agent restarts: stored before the agent acts on them."""
         value = json.dumps(
-            {"server": applied.server_id, "gen": applied.gen, "stopped": applied.stopped, "reason": applied.reason}
+            {
+                "server": applied.server_id,
+                "gen": applied.gen,
+                "stopped": applied.stopped,
+                "reason": applied.reason,
+                "taken_over": applied.taken_over,
+                "takeover_by": applied.takeover_by,
+            }
         )
         self._db.execute(
             "INSERT INTO meta (key, value) VALUES ('control', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (value,),
         )
+
+    @_durable
+    def owner_takeover(self) -> OwnerTakeoverState | None:
+        """The owner's takeover at the device (`orrery agent takeover`), as it last wrote it."""
+        row = self._db.execute(f"SELECT value FROM meta WHERE key='{OWNER_TAKEOVER_KEY}'").fetchone()
+        return OwnerTakeoverState.model_validate_json(row[0]) if row is not None else None
 
     # ------------------------------------------------------------------ batches
 

@@ -1,9 +1,14 @@
-"""`orrery agent approvals | approve ID | deny ID`: the device owner's decisions, at the device.
+"""`orrery agent approvals | approve ID | deny ID | takeover | handback`: the device owner's
+decisions, at the device.
 
 These run beside a running agent and talk to it through its ledger (the data dir is private to
 the owner's OS user, so being able to open it is the proof of being the owner). A decision is
 written into the ledger; the waiting agent sees it within `LOCAL_POLL_S`, tells the
 orchestrator, and runs the command (approve) or fails it with `approval_denied` (deny).
+
+`takeover` and `handback` are the owner's own takeover of the device (`device_agent.takeover`):
+written into the ledger, where the agent looks every `OWNER_POLL_S`, refuses the model's input
+tools and tells the orchestrator, which pauses the device's agent nodes until the handback.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import getpass
 import json
 import sqlite3
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -19,10 +25,11 @@ import typer
 
 from device_agent.agent_dir import ConfigOption, DataDirOption, TokenOption, which_agent
 from device_agent.datadir import LEDGER_NAME
-from device_agent.ledger import APPROVAL_COLUMNS, Approval, approval_from_row
+from device_agent.ledger import APPROVAL_COLUMNS, OWNER_TAKEOVER_KEY, Approval, approval_from_row
+from protocol.messages import OwnerTakeoverState
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
-COMMANDS = frozenset({"approvals", "approve", "deny"})
+COMMANDS = frozenset({"approvals", "approve", "deny", "takeover", "handback"})
 
 
 def _ledgers(data_dir: Path | None, config: Path | None, token: str | None) -> list[Path]:
@@ -152,3 +159,57 @@ def deny(
 ) -> None:
     """Deny a waiting command: it never runs, and its node fails with approval_denied."""
     _decide(approval_id, "denied", reason, data_dir, config, token)
+
+
+def _take(taken: bool, note: str, data_dir: Path | None, config: Path | None, token: str | None) -> None:
+    by = f"device owner {getpass.getuser()} (at the device)"
+    for path in _ledgers(data_dir, config, token):
+        db = _connect(path)
+        try:
+            db.execute("BEGIN IMMEDIATE")  # one writer: two owner commands at once keep their order
+            row = db.execute("SELECT value FROM meta WHERE key=?", (OWNER_TAKEOVER_KEY,)).fetchone()
+            held = OwnerTakeoverState.model_validate_json(row[0]) if row is not None else None
+            if held is not None and held.taken_over == taken:
+                db.execute("ROLLBACK")
+                typer.echo("the device is taken over by you already" if taken else "the device is not taken over")
+                continue
+            state = OwnerTakeoverState(
+                taken_over=taken,
+                note=note[:2000],
+                by=by,
+                since=datetime.now(UTC),
+                gen=(held.gen if held is not None else 0) + 1,
+            )
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (OWNER_TAKEOVER_KEY, state.model_dump_json()),
+            )
+            db.execute("COMMIT")
+        finally:
+            db.close()
+        if taken:
+            typer.echo("taken over: tasks pause before their next action; 'orrery agent handback --note ...' ends it")
+        else:
+            typer.echo("handed back: tasks go on within a second (the model reads your note and observes afresh)")
+
+
+@app.command("takeover")
+def takeover(
+    data_dir: DataDirOption = None,
+    config: ConfigOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Take this device over yourself: tasks' input is refused and their agent nodes pause (not
+    counting against their timeouts) until you hand it back."""
+    _take(True, "", data_dir, config, token)
+
+
+@app.command("handback")
+def handback(
+    data_dir: DataDirOption = None,
+    config: ConfigOption = None,
+    token: TokenOption = None,
+    note: Annotated[str, typer.Option(help="what you did, for the model (it observes the screen afresh)")] = "",
+) -> None:
+    """Hand the device back to its tasks, with a note the model reads."""
+    _take(False, note, data_dir, config, token)

@@ -22,12 +22,13 @@ from mcp.types import (
 )
 from pydantic import TypeAdapter
 
-from device_agent.approvals import REQUEST_TOOL
+from device_agent.approvals import ASK_TOOL, REQUEST_TOOL
 from device_agent.audit import AuditLog
 from device_agent.guards import Guards
 from device_agent.killswitch import HOW_TO_TURN_OFF
 from device_agent.policy import Policy, argument_refusal, call_spec
 from device_agent.stop import StopLatch
+from device_agent.takeover import TAKEN_OVER, Takeover
 from device_agent.toolset_host import ToolsetHost, ToolsetUnavailable, error_result
 from device_agent.toolsets.base import failure, nul_field, nul_message
 from protocol.errors import MAX_ERROR_MESSAGE_CHARS, RESULT_ERROR_CODES
@@ -82,9 +83,11 @@ class Router:
         on_kill: Callable[[], int] = lambda: 0,
         guards: Guards | None = None,
         stop_latch: StopLatch | None = None,
+        takeover: Takeover | None = None,
     ) -> None:
         self.policy = policy
         self.stop_latch = stop_latch or StopLatch()
+        self.takeover = takeover or Takeover()
         self.audit = audit
         # run-time kill switch, safety budgets, audit line before the call
         self.guards = guards or Guards(audit)
@@ -126,8 +129,9 @@ class Router:
 
     def needs_approval(self, tool: str) -> bool:
         """Whether `tool` waits for a person's approval before it runs (`device_agent.approvals`):
-        `approval.request` always; a tool on `approval_required` unless the agent runs unattended."""
-        if tool == REQUEST_TOOL:
+        `approval.request` and `approval.ask_person` always; a tool on `approval_required` unless
+        the agent runs unattended."""
+        if tool in (REQUEST_TOOL, ASK_TOOL):
             return True
         if self.policy.unattended:
             return False
@@ -197,6 +201,9 @@ class Router:
         if self.stop_latch.stopped and not spec.annotations.read_only:
             refusal = error_result("device_stopped", self.stop_latch.refusal(cmd.tool))
             return self._finish(cmd, namespace, started, audit, "denied", refusal)
+        if self.takeover.refuses(cmd.tool, spec.annotations.read_only):
+            refusal = error_result(TAKEN_OVER, self.takeover.refusal())
+            return self._finish(cmd, namespace, started, audit, "denied", refusal)
         denial = self._policy_denial(cmd.tool, spec, approved)
         if denial:
             return self._finish(cmd, namespace, started, audit, "denied", error_result("policy_denied", denial))
@@ -224,6 +231,8 @@ class Router:
         refusal: CallToolResult | None = None
         if self.stop_latch.stopped and not ann.read_only:
             refusal = error_result("device_stopped", self.stop_latch.refusal(cmd.tool))
+        elif self.takeover.refuses(cmd.tool, ann.read_only):
+            refusal = error_result(TAKEN_OVER, self.takeover.refusal())
         elif self._kill_switch_refuses(spec):
             refusal = error_result("policy_denied", _kill_switch_message(cmd.tool))
         elif (breach := self.guards.budgets.refusal(ann.read_only, ann.destructive)) is not None:

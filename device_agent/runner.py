@@ -85,6 +85,7 @@ def build(config: AgentConfig) -> Agent:
         ctx.processes.kill_all,
         guards=guards,
         stop_latch=ctx.stop_latch,
+        takeover=ctx.takeover,
     )
     for name in config.builtin_toolsets():
         factory = BUILTIN.get(name)

@@ -348,6 +348,39 @@ def devices_stop(
     console.print(f"{device_id}: {said}{applied}", markup=False, highlight=False)
 
 
+@devices_app.command("takeover")
+def devices_takeover(
+    device_id: str,
+    reason: Annotated[str, typer.Option("--reason", help="why (shown with the device and in its history)")] = "",
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Take a GUI or browser device over: its agent nodes pause before their next action (not
+    counting against their timeouts), it takes no new work, and its agent refuses the model's
+    input; act through the dashboard's live view or at the device, then `orrery devices handback`."""
+    with _api(server, api_key) as c:
+        result = c.request("POST", f"/v1/devices/{device_id}/takeover", json={"reason": reason})
+        applied = _applied(c, result)
+    held = result.get("takeover") or {}
+    console.print(f"{device_id}: taken over by {held.get('by', '?')}{applied}", markup=False, highlight=False)
+
+
+@devices_app.command("handback")
+def devices_handback(
+    device_id: str,
+    note: Annotated[str, typer.Option("--note", help="what you did and what the model should know")] = "",
+    server: ServerOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Hand a device back to its tasks, with a note the model reads (it observes the screen again
+    before it acts)."""
+    with _api(server, api_key) as c:
+        result = c.request("POST", f"/v1/devices/{device_id}/handback", json={"note": note})
+    held = result.get("takeover")
+    said = "handed back" if not held else f"still taken over by {held.get('by')} ({held.get('source')})"
+    console.print(f"{device_id}: {said}", markup=False, highlight=False)
+
+
 @devices_app.command("label")
 def devices_label(
     device_id: str,

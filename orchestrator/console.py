@@ -25,6 +25,7 @@ SYMBOLS = {
     "queued": ("◔", "cyan"),
     "running": ("◐", "yellow"),
     "waiting_approval": ("✋", "magenta"),  # `orrery approvals list` shows what it waits for
+    "taken_over": ("☝", "magenta"),  # a person has its device: it waits for the handback
     "verifying": ("⧗", "blue"),  # its verify commands decide its outcome
     "succeeded": ("✔", "green"),
     "failed": ("✘", "red"),
@@ -78,9 +79,11 @@ def devices_table(devices: list[dict[str, Any]]) -> Table:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(d.get("labels", {}).items()))
         seen = (d.get("last_seen") or "")[:19].replace("T", " ")
         state = d["state"]
+        if d.get("takeover"):
+            state = f"{state}, taken over by {d['takeover'].get('by', '?')}"
         table.add_row(
             d["name"],
-            Text(state, style=DEVICE_STYLES.get(state, "")),
+            Text(state, style=DEVICE_STYLES.get(d["state"], "")),
             d.get("platform", ""),
             labels,
             *([_current(d)] if busy else []),

@@ -33,6 +33,7 @@ from device_agent.orphans import preexec as orphans_preexec
 from device_agent.policy import Policy
 from device_agent.sandbox import Sandbox
 from device_agent.stop import StopLatch
+from device_agent.takeover import Takeover
 from device_agent.transfer import ArtifactLink
 from protocol.messages import CommandBatch
 
@@ -319,6 +320,8 @@ class ToolsetContext:
     sandbox: Sandbox | None = None
     # The device-level emergency stop: toolsets with input of their own (gui) register with it.
     stop_latch: StopLatch = field(default_factory=StopLatch)
+    # Who has the screen (a person's takeover): input toolsets void their observation on a change.
+    takeover: Takeover = field(default_factory=Takeover)
     # Artifacts: how to reach the orchestrator's artifact routes, and the batch the
     # agent runs now (the artifact tools act for it; set by the runner once the agent exists).
     artifacts: ArtifactLink | None = None

@@ -18,10 +18,12 @@ from orchestrator.api.schemas import (
     DeviceAttemptItem,
     DeviceEnroll,
     DeviceEnrolled,
+    DeviceHandbackIn,
     DeviceHistoryItem,
     DeviceOut,
     DevicePatch,
     DeviceStopIn,
+    DeviceTakeoverIn,
     Page,
 )
 from orchestrator.domain.controls import ControlAction
@@ -33,6 +35,7 @@ from orchestrator.ids import new_id
 from orchestrator.security import device_token
 from orchestrator.store.models import Device, DeviceHistory
 from orchestrator.store.repo import ChangeSet, WriteConflict
+from protocol.messages import FEATURE_VIEW
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"], responses={**COMMON, **problems(404, 409)})
 
@@ -218,6 +221,42 @@ async def resume(device_id: str, comp: Comp, principal: Operator) -> DeviceOut:
     return await _control(comp, device_id, ControlAction.RESUME, _by("resumed", principal), guarded=True)
 
 
+_TAKEOVER_409 = (
+    "`conflict`: the device is revoked or stopped, or someone else has it taken over; "
+    "`takeover_unsupported`: its agent cannot be taken over (an older version)"
+)
+
+
+@router.post("/{device_id}/takeover", response_model=DeviceOut, responses=problems(s409=_TAKEOVER_409))
+async def takeover(device_id: str, comp: Comp, principal: Operator, body: DeviceTakeoverIn | None = None) -> DeviceOut:
+    """Take the device over: a person has its screen until `POST .../handback`. Its agent nodes
+    pause before their next action (node state `taken_over`; the time does not count against their
+    `timeout_s`), it takes no new work (its queue waits), and its agent refuses the model's input
+    tools; the person acts through the live view (`POST .../input`) or at the device. Durable and
+    reconciled like a stop: it outlasts reconnects and restarts. An emergency stop ends it.
+    Taking over a device you have taken over already changes nothing."""
+    row = await _usable(comp, device_id)
+    if FEATURE_VIEW not in ((row.info or {}).get("features") or ()):
+        raise ApiError(
+            409,
+            "takeover_unsupported",
+            f"device '{row.name}' cannot be taken over: its agent has not announced a live view (it has no "
+            "screen, is an older version, or has never connected)",
+        )
+    reason = (body.reason if body else "").strip()
+    return await _control(comp, device_id, ControlAction.TAKEOVER, reason, by=_who(principal))
+
+
+@router.post("/{device_id}/handback", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
+async def handback(device_id: str, comp: Comp, principal: Operator, body: DeviceHandbackIn | None = None) -> DeviceOut:
+    """Hand the device back to its tasks with a note. Its paused agent nodes go on: the model reads
+    the note and must observe the screen again before it acts (its last observation is void); a
+    question it asked a person (`approval.ask_person`) is answered with the note. Handing back a
+    device nobody has taken over changes nothing (an owner's takeover is handed back at the device)."""
+    note = (body.note if body else "").strip()
+    return await _control(comp, device_id, ControlAction.HANDBACK, note, by=_who(principal))
+
+
 @router.delete("/{device_id}", status_code=200)
 async def revoke(device_id: str, comp: Comp, _p: Admin) -> dict[str, Any]:
     out = await _control(comp, device_id, ControlAction.REVOKE, "revoked by an admin")
@@ -231,17 +270,23 @@ async def _usable(comp: Comp, device_id: str) -> Device:
     return row
 
 
+def _who(principal: Principal) -> str:
+    return f"an operator (key {principal.key_id})" if principal.key_id else "an operator"
+
+
 def _by(done: str, principal: Principal) -> str:
     return f"{done} by an operator (key {principal.key_id})" if principal.key_id else f"{done} by an operator"
 
 
-async def _control(comp: Comp, device_id: str, action: ControlAction, why: str, guarded: bool = False) -> DeviceOut:
+async def _control(
+    comp: Comp, device_id: str, action: ControlAction, why: str, guarded: bool = False, by: str = ""
+) -> DeviceOut:
     """Ask the engine, the one writer of a device's controls, for `action`. `guarded` (resume,
     uncordon): only on the controls this request read, so a repeated or stale request cannot
     lift a stop given since."""
     row = await _usable(comp, device_id)
     expect = controls_of(row).gen if guarded else None
-    reply = await comp.cluster.submit(ControlDevice(row.id, action, why, new_id("req"), expect))
+    reply = await comp.cluster.submit(ControlDevice(row.id, action, why, new_id("req"), expect, by))
     if not reply.get("ok"):
         code = str(reply.get("code") or "conflict")
         raise ApiError(404 if code == "not_found" else 409, code, str(reply.get("detail") or ""))

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter
 
-from orchestrator.api.schemas import AttemptOut, DeviceOut, EdgeOut, NodeOut, TaskOut, WarningOut
+from orchestrator.api.schemas import AttemptOut, DeviceOut, EdgeOut, NodeOut, TakeoverOut, TaskOut, WarningOut
 from orchestrator.domain.lifecycle import device_state
 from orchestrator.domain.model import AdminState, Liveness
 from orchestrator.store.models import Device, Task
@@ -283,4 +283,26 @@ def device_out(
         cordon_reason=row.cordon_reason if row.admin_state == AdminState.CORDONED else None,
         control_generation=int((row.control or {}).get("gen") or 0),
         control_applied=int((row.control or {}).get("applied") or 0),
+        takeover=takeover_out(row.control or {}),
     )
+
+
+def takeover_out(control: dict[str, Any]) -> TakeoverOut | None:
+    """Who has the device, from its `control` column: an operator's takeover first."""
+    if control.get("taken_over_by"):
+        since = float(control.get("takeover_since") or 0.0)
+        return TakeoverOut(
+            source="operator",
+            by=str(control["taken_over_by"]),
+            since=datetime.fromtimestamp(since, UTC) if since else None,
+            reason=str(control.get("takeover_reason") or ""),
+        )
+    owner = control.get("owner_takeover")
+    if owner:
+        since = float(owner.get("since") or 0.0)
+        return TakeoverOut(
+            source="owner",
+            by=str(owner.get("by") or "the device's owner"),
+            since=datetime.fromtimestamp(since, UTC) if since else None,
+        )
+    return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -326,6 +326,35 @@ class DeviceOut(BaseModel):
         description="the generation its agent last reported applied: below `control_generation`, the agent has "
         "not applied the latest stop, resume or budget reset yet (it is sent until it does)",
     )
+    takeover: TakeoverOut | None = Field(
+        default=None, description="who has the device taken over (null: nobody; tasks drive it)"
+    )
+
+
+class TakeoverOut(BaseModel):
+    """A person has the device: its agent nodes pause before their next action, it takes no new
+    work, and its agent refuses the model's input tools until the handback."""
+
+    taken_over: bool = True
+    source: Literal["operator", "owner"] = Field(
+        description="`operator`: through the API (handed back there); `owner`: at the device itself "
+        "(`orrery agent handback` there)"
+    )
+    by: str
+    since: datetime | None = None
+    reason: str = ""
+
+
+class DeviceTakeoverIn(_In):
+    """Why the device is taken over (optional): shown with it and in its history."""
+
+    reason: Annotated[str, Field(max_length=MAX_STOP_REASON_CHARS, strict=True)] = ""
+
+
+class DeviceHandbackIn(_In):
+    """The note handed to the model with the device: what the person did, what it should know."""
+
+    note: Annotated[str, Field(max_length=2000, strict=True)] = ""
 
 
 class DeviceHistoryItem(BaseModel):

@@ -46,6 +46,7 @@ def dump(item: Input) -> dict[str, Any]:
             "reason": item.reason,
             "request_id": item.request_id,
             "expect_gen": item.expect_gen,
+            "by": item.by,
         }
     if isinstance(item, DecideApproval):
         return {
@@ -103,6 +104,7 @@ def load(data: dict[str, Any]) -> Input:
             str(data.get("reason") or ""),
             str(data.get("request_id") or ""),
             int(expect) if expect is not None else None,
+            str(data.get("by") or ""),
         )
     if kind == "decide_approval":
         return DecideApproval(

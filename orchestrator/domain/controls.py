@@ -11,7 +11,9 @@ engine holds, so there is never a read-check-write between two writers:
   safety breach on a stopped device is recorded but leaves it stopped;
 - a device cordoned by a breach (or that breached while stopped) comes back from a resume
   cordoned, and only an uncordon (which resets its agent's budgets) returns it to service;
-- a revoked device takes no control at all.
+- a revoked device takes no control at all;
+- a takeover hands the device's screen to a person until a handback: it is refused on a stopped
+  device, and a stop ends it (a stop still ends everything).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class ControlAction(StrEnum):
     STOP = "stop"
     RESUME = "resume"
     REVOKE = "revoke"
+    TAKEOVER = "takeover"
+    HANDBACK = "handback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +50,20 @@ class Controls:
     stopped_at: int = 0  # generation of the last stop
     cordon_reason: str | None = None
     breach: str | None = None  # a safety breach not yet cleared by an uncordon
+    # An operator's takeover: who has the device (None: nobody), since when (wall clock, epoch
+    # seconds: it survives restarts), why, and the generation of the last takeover.
+    taken_over_by: str | None = None
+    takeover_since: float = 0.0
+    takeover_reason: str = ""
+    takeover_gen: int = 0
 
     @property
     def stopped(self) -> bool:
         return self.admin is AdminState.STOPPED
+
+    @property
+    def taken_over(self) -> bool:
+        return self.taken_over_by is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +79,7 @@ class Change:
     after: Controls
     why: str
     before_gen: int
+    note: str = ""  # a handback's note (what the model reads)
 
     @property
     def agent_must_apply(self) -> bool:
@@ -79,14 +94,19 @@ def apply(
     expect_gen: int | None = None,
     device: str = "",
     device_id: str = "{id}",
+    by: str = "",
+    now: float = 0.0,
 ) -> Change | Refusal | None:
     """The controls after an operator's `action` (None: it changes nothing). `reason` is the
-    operator's words for the history (and, for a stop, for the agent). `expect_gen`: the
-    generation the operator saw; a resume or uncordon asked on an older one is refused, so a
-    stale or repeated request can never lift a stop given since."""
+    operator's words for the history (and, for a stop, for the agent; for a handback, the note
+    the model reads). `expect_gen`: the generation the operator saw; a resume or uncordon asked
+    on an older one is refused, so a stale or repeated request can never lift a stop given
+    since. `by` and `now` (epoch seconds): who takes the device over, and when."""
     name = current.admin.value
     if current.admin is AdminState.REVOKED:
         return Refusal("conflict", "the device is revoked; enroll it again to use it")
+    if action in (ControlAction.TAKEOVER, ControlAction.HANDBACK):
+        return _takeover(current, action, reason, by, now, device or "DEVICE")
     if (
         expect_gen is not None
         and expect_gen != current.gen
@@ -102,6 +122,7 @@ def apply(
         if current.stopped:
             return None
         after = _with(current, admin=AdminState.STOPPED, gen=gen + 1, stop_reason=reason, stopped_at=gen + 1)
+        after = _with(after, taken_over_by=None, takeover_since=0.0, takeover_reason="")  # a stop ends it
         return Change(after, reason or "stopped by an operator", gen)
     if action is ControlAction.RESUME:
         if current.stopped:
@@ -145,6 +166,40 @@ def apply(
     if resets:
         after = _with(after, gen=gen + 1, budgets_reset=gen + 1)
     return Change(after, reason or "uncordoned by an operator", gen)
+
+
+def _takeover(
+    current: Controls, action: ControlAction, reason: str, by: str, now: float, device: str
+) -> Change | Refusal | None:
+    gen = current.gen
+    if action is ControlAction.HANDBACK:
+        if not current.taken_over:
+            return None
+        after = _with(current, gen=gen + 1, taken_over_by=None, takeover_since=0.0, takeover_reason="")
+        return Change(after, f"handed back by {by or 'an operator'}" + (f": {reason}" if reason else ""), gen, reason)
+    if current.stopped:
+        return Refusal(
+            "conflict",
+            f"the device is stopped (emergency stop): nothing runs on it to take over from; "
+            f"resume it first (orrery devices resume {device})",
+        )
+    if current.taken_over:
+        if current.taken_over_by == by:
+            return None  # asked again by whoever has it
+        return Refusal(
+            "conflict",
+            f"the device is taken over already (by {current.taken_over_by}); they hand it back first "
+            f"(orrery devices handback {device})",
+        )
+    after = _with(
+        current,
+        gen=gen + 1,
+        taken_over_by=by or "an operator",
+        takeover_since=now,
+        takeover_reason=reason,
+        takeover_gen=gen + 1,
+    )
+    return Change(after, f"taken over by {by or 'an operator'}" + (f": {reason}" if reason else ""), gen)
 
 
 def breached(current: Controls, reason: str) -> Change | None:

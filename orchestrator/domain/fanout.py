@@ -26,7 +26,8 @@ from orchestrator.domain.problems import Problem
 UNIT_MARK = "@"  # not in a node id (a slug): `web@dev_1f3c` is node web's child on dev_1f3c
 LEFT_OUT_SHOWN = 100  # devices listed in `left_out` (the rest are counted)
 ACTIVE = frozenset(
-    {NodeState.READY, NodeState.QUEUED, NodeState.RUNNING, NodeState.WAITING_APPROVAL, NodeState.VERIFYING}
+    {NodeState.READY, NodeState.QUEUED, NodeState.RUNNING, NodeState.WAITING_APPROVAL, NodeState.TAKEN_OVER}
+    | {NodeState.VERIFYING}
 )
 
 

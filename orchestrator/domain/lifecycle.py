@@ -23,13 +23,19 @@ _ALLOWED: dict[NodeState, frozenset[NodeState]] = {
             NodeState.READY,
             NodeState.CANCELLED,
             NodeState.WAITING_APPROVAL,
+            NodeState.TAKEN_OVER,
             NodeState.VERIFYING,
         }
     ),
     # Still running (its attempt is open); only a person's decision or the attempt's end moves it.
     NodeState.WAITING_APPROVAL: frozenset(
         {NodeState.RUNNING, NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}
-        | {NodeState.VERIFYING}
+        | {NodeState.VERIFYING, NodeState.TAKEN_OVER}
+    ),
+    # Still running (its agent attempt is open, its clock stopped); a handback or its end moves it.
+    NodeState.TAKEN_OVER: frozenset(
+        {NodeState.RUNNING, NodeState.WAITING_APPROVAL, NodeState.SUCCEEDED, NodeState.FAILED}
+        | {NodeState.READY, NodeState.CANCELLED, NodeState.VERIFYING}
     ),
     # Its verify commands decide; a failed probe of an uncertain attempt may retry it.
     NodeState.VERIFYING: frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.READY, NodeState.CANCELLED}),

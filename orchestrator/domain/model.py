@@ -39,6 +39,7 @@ class NodeState(StrEnum):
     QUEUED = "queued"  # in a device's queue
     RUNNING = "running"  # a batch is assigned to a device
     WAITING_APPROVAL = "waiting_approval"  # running, but its device waits for a person's approval
+    TAKEN_OVER = "taken_over"  # an agent node, paused before its next action: a person has its device
     # Its commands ended (succeeded, or with an unknown outcome) and its `verify`
     # commands are deciding whether it succeeded; no success edge fires before they pass.
     VERIFYING = "verifying"
@@ -188,6 +189,10 @@ class NodeSpec(_Spec):
     # that decide whether the node succeeded (after its commands, or when their outcome is unknown).
     for_each: ForEach | None = None
     verify: list[CommandSpec] = Field(default_factory=list, max_length=100)
+    # Screen recordings of its attempts on a device that can record (a GUI or browser device):
+    # "failures" keeps one only when the attempt fails, is uncertain or is cancelled (the default
+    # for agent nodes and nodes using gui/browser tools), "always" keeps every one, "off" none.
+    record: Literal["off", "failures", "always"] | None = None
 
     @model_validator(mode="after")
     def _kind_fields(self) -> NodeSpec:

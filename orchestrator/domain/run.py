@@ -197,7 +197,7 @@ class TaskRun:
         """Its attempt ended and its verify commands now decide; `output` and `results`
         are what it ends with if they pass."""
         rec = self.record(unit)
-        if rec.state not in (NodeState.RUNNING, NodeState.WAITING_APPROVAL):
+        if rec.state not in (NodeState.RUNNING, NodeState.WAITING_APPROVAL, NodeState.TAKEN_OVER):
             return []
         rec.output, rec.results = output, results
         return self._set(unit, NodeState.VERIFYING, None)
@@ -233,6 +233,16 @@ class TaskRun:
             return self._set(node_id, NodeState.WAITING_APPROVAL, None)
         if not waiting and rec.state is NodeState.WAITING_APPROVAL:
             return self._set(node_id, NodeState.RUNNING, None)
+        return []
+
+    def taken_over(self, node_id: str, taken: bool, waiting_approval: bool = False) -> list[Transition]:
+        """Its agent's device was taken over by a person (True), or handed back (False: running
+        again, or waiting for the approval it asked before, `waiting_approval`)."""
+        rec = self.record(node_id)
+        if taken and rec.state in (NodeState.RUNNING, NodeState.WAITING_APPROVAL):
+            return self._set(node_id, NodeState.TAKEN_OVER, None)
+        if not taken and rec.state is NodeState.TAKEN_OVER:
+            return self._set(node_id, NodeState.WAITING_APPROVAL if waiting_approval else NodeState.RUNNING, None)
         return []
 
     def attempt_ended(self, node_id: str, outcome: AttemptOutcome, now: float, jitter: float) -> list[Transition]:

@@ -38,4 +38,15 @@ class Stopped:
     message: str
 
 
-Action = Requeue | Lost | Revoked | Stopped
+@dataclass(frozen=True)
+class Takeover:
+    """A person took the device over (`taken`) or handed it back: its agent nodes pause before
+    their next action, or go on after observing afresh (`note`: the handback's words)."""
+
+    device: DeviceRun
+    taken: bool
+    by: str
+    note: str = ""
+
+
+Action = Requeue | Lost | Revoked | Stopped | Takeover

@@ -48,6 +48,7 @@ RESEND_AFTER_S = 3.0  # a request the device has not confirmed goes again after 
 DECISIONS = ("approved", "denied", "expired", "cancelled")
 # A decision that refuses the command: its attempt ends with this code (never retried).
 REFUSALS = {"denied": "approval_denied", "expired": "approval_timeout"}
+ASK_PERSON = "approval.ask_person"  # a model asks a person; approved with their answer as the reason
 
 Reply = dict[str, Any]
 
@@ -71,6 +72,7 @@ class Entry:
     requested_by: str = ""
     requested_reason: str = ""
     sent_at: float = -math.inf  # engine clock: when the request last went to the device
+    tool: str = ""  # `ASK_PERSON`: a model's question, answered by a person's words
 
 
 class ApprovalBook:
@@ -143,6 +145,7 @@ class ApprovalBook:
             },
         )
         e = Entry(msg.approval_id, att.batch_id, att.task_id, att.node_id, dev.id, now, msg.local_only)
+        e.tool = msg.tool
         self._wait(e, expires, now)
         self.writer.event(
             EventType.APPROVAL_REQUESTED,
@@ -232,6 +235,18 @@ class ApprovalBook:
             e = self.waiting[approval_id]
             if e.requested != "cancelled":
                 self._request(e, "cancelled", "orchestrator", "the attempt ended before the decision reached it", now)
+
+    def answer_questions(self, device_id: str, by: str, note: str, now: float) -> None:
+        """A person handed the device back with `note`: a model's question to a person on it that
+        nobody answered yet is answered with the note (asked of the device, like any decision)."""
+        for approval_id in sorted(self._by_device.get(device_id, ())):
+            e = self.waiting[approval_id]
+            if e.tool == ASK_PERSON and e.requested is None and not e.local_only:
+                self._request(e, "approved", by or "a person", note, now)
+
+    def waiting_for(self, batch_ids: set[str]) -> bool:
+        """Whether an approval of one of these batches still waits for its device's word."""
+        return any(self._by_batch.get(b) for b in batch_ids)
 
     def heard(self, dev: DeviceRun, now: float) -> None:
         """The device's replica reports it connected: a request for one of its approvals that it
@@ -361,6 +376,7 @@ class ApprovalBook:
                 row.requested_by or "",
                 row.requested_reason or "",
             )
+            e.tool = row.tool
             self._wait(e, row.expires_at.timestamp(), now)
             if self.attempts.get(row.batch_id) is None:
                 if e.requested != "cancelled":

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from orchestrator.config import Settings
-from orchestrator.domain import placement
+from orchestrator.domain import placement, recording
 from orchestrator.domain.model import DagSpec, Liveness, NodeSpec, NodeState, TaskState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import TaskRun
@@ -47,6 +47,7 @@ from orchestrator.engine.records import (
     AgentDone,
     AgentStep,
     AttemptKind,
+    AttemptRun,
     CancelTask,
     ControlDevice,
     DecideApproval,
@@ -68,6 +69,7 @@ from orchestrator.engine.records import (
 from orchestrator.engine.runs import Runs
 from orchestrator.engine.schedule_records import ChangeSchedule
 from orchestrator.engine.schedules import ScheduleBook
+from orchestrator.engine.takeovers import Takeovers
 from orchestrator.engine.timers import AcceptDeadline, AttemptDeadline, QueueTimeout, Sweep, Timers
 from orchestrator.engine.times import utc
 from orchestrator.engine.validation import validate_against
@@ -81,6 +83,7 @@ from protocol.messages import (
     ApprovalRequest,
     BatchAccepted,
     Error,
+    OwnerTakeover,
     ResultBatch,
     SafetyBreach,
     ToolsChanged,
@@ -159,7 +162,10 @@ class Engine:
             self.runs.apply,
         )
         self.runs.on_approval_expiry = self.approvals.expire
-        self.runs.on_attempt_end = self.approvals.attempt_ended
+        self.takeovers = Takeovers(self.tasks, self.attempts, self.writer, self.timers, self.approvals, self.runs.apply)
+        self.llm.takeovers = self.takeovers
+        self.runs.on_takeover = self.takeovers.changed
+        self.runs.on_attempt_end = self._attempt_ending
         self.admissions = Admissions(store, self.writer)
         self.isolation = Isolation(
             store, self.tasks, self.attempts, self.approvals, self.queues, self.fleet, self.runs, self.llm, self.metrics
@@ -380,6 +386,10 @@ class Engine:
         self.runs.carry_out(actions, now)
         return current
 
+    def _attempt_ending(self, att: AttemptRun, now: float) -> None:
+        self.approvals.attempt_ended(att, now)  # its approvals not decided yet are asked to be cancelled
+        self.takeovers.attempt_ended(att)  # a step it holds for a takeover is dropped
+
     def _on_liveness(self, item: LivenessChanged, now: float) -> None:
         self.runs.carry_out(self.fleet.liveness(item.device_id, item.liveness, now, item.epoch, item.replica), now)
 
@@ -416,6 +426,8 @@ class Engine:
             await self.approvals.requested(dev, msg, now)
         elif isinstance(msg, ApprovalDecision):
             self.approvals.reported(dev, msg, now)
+        elif isinstance(msg, OwnerTakeover):  # the owner took the device over at the device, or handed it back
+            self.runs.carry_out(self.fleet.controls.owner_takeover(dev, msg.state, now), now)
         elif isinstance(msg, SafetyBreach):  # a breached safety budget cordons the device
             news, actions = self.fleet.controls.breach(dev, msg, now)
             if news:
@@ -521,6 +533,12 @@ class Engine:
             self.writer.effect(functools.partial(self.llm.start_planning, task_id, request))
         for att in found.attempts:
             self.attempts.add(att)
+        runs = {r.id: r for r in found.tasks}
+        for att in found.attempts:  # how it was recorded (a step as its agent attempt)
+            run = runs.get(att.task_id)
+            holder = self.fleet.devices.get(att.device_id)
+            if run is not None and holder is not None and run.has(att.node_id):
+                att.record = recording.mode(run.record(att.node_id).spec, holder.features)
         for run in found.tasks:
             self.llm.adopt(run)
             self.tasks[run.id] = run

@@ -85,13 +85,15 @@ class Fleet:
         dev.reported_labels = dict(hello.labels)
         dev.platform = hello.info.platform
         dev.tools = {t.name: t.model_dump() for t in hello.tools}
+        dev.features = frozenset(hello.features)
         self.queues.devices_changed()
         self.writer.update(
             Device,
             (dev.id,),
             reported_labels=dev.reported_labels,
             platform=dev.platform,
-            info=hello.info.model_dump(),
+            # What its agent can do beyond the base protocol is read from here by every replica.
+            info=hello.info.model_dump() | {"features": sorted(dev.features)},
             tools=list(dev.tools.values()),
             last_seen=utc(now),
         )
@@ -99,6 +101,7 @@ class Fleet:
         recovering, dev.recovering = dev.recovering, False
         actions = self.set_liveness(dev, Liveness.ONLINE, now)
         self.controls.heard(dev, hello.control_gen, now, connected=True)
+        actions += self.controls.owner_takeover(dev, hello.owner_takeover, now)
         if not item.resumed or recovering:
             # A new session knows nothing of earlier frames, and an engine that (re)started since
             # the session began does not know what reached it: re-send every open attempt from

@@ -144,6 +144,7 @@ class Isolation:
             setattr(dev, name, getattr(fresh, name))
         dev.token_hash, dev.cordon_reason, dev.applied_gen = fresh.token_hash, fresh.cordon_reason, fresh.applied_gen
         dev.take_controls(fresh.controls())
+        dev.owner_takeover, dev.features = fresh.owner_takeover, restore.features_of(row)
         self.queues.devices_changed()
 
     async def reload_task(self, task_id: str, now: float) -> None:

@@ -32,6 +32,7 @@ from orchestrator.engine.records import (
     PlanReady,
     ReplanDone,
 )
+from orchestrator.engine.takeovers import Takeovers
 from orchestrator.engine.timers import AcceptDeadline, Timers
 from orchestrator.engine.times import batch_deadline, utc
 from orchestrator.engine.writer import EventType, StepWriter
@@ -79,6 +80,7 @@ class LlmWork:
         self.timers = timers
         self.apply = apply
         self.planner: PlannerHooks | None = None
+        self.takeovers: Takeovers | None = None
         self.planning: set[str] = set()  # tasks whose plan the planner is working on
 
     def adopt(self, run: TaskRun) -> None:
@@ -155,6 +157,8 @@ class LlmWork:
             waiter.set_exception(asyncio.CancelledError("the agent attempt has ended"))
             return waiter
         dev = self.fleet.devices[parent.device_id]
+        if self.takeovers is not None and self.takeovers.step(parent, dev, item, waiter, now):
+            return waiter  # its device is taken over, or was handed back since its last step
         commands = [
             Command(
                 call_id=f"c{i + 1}",
@@ -179,6 +183,7 @@ class LlmWork:
             parent=parent.batch_id,
             waiter=waiter,
             child=parent.child,
+            record=parent.record,
         )
         parent.step = step.batch_id
         parent.tools_used += [c.tool for c in commands]

@@ -53,6 +53,7 @@ class Outbox:
             fence=att.fence,
             deadline=utc(att.deadline) if att.deadline else None,
             commands=att.commands,
+            record=att.record,
         )
         att.sent = self.send(att.device_id, frame) or att.sent
 

@@ -48,11 +48,12 @@ Decision = Assign | Enqueue | NeverRunnable
 
 
 def takes_work(dev: DeviceRun) -> bool:
-    return dev.admin is AdminState.ACTIVE and dev.liveness is Liveness.ONLINE
+    return dev.admin is AdminState.ACTIVE and dev.liveness is Liveness.ONLINE and not dev.taken_over
 
 
 def occupied(dev: DeviceRun) -> bool:
-    return dev.current_batch is not None or bool(dev.queue)
+    """Busy or with work waiting; a device a person has taken over counts as busy (its queue waits)."""
+    return dev.current_batch is not None or bool(dev.queue) or dev.taken_over
 
 
 class Queues:
@@ -167,7 +168,7 @@ class Queues:
             if d.admin is not active or d.liveness is not online:
                 continue
             waiting = len(d.queue)
-            busy = d.current_batch is not None or waiting > 0
+            busy = d.current_batch is not None or waiting > 0 or d.taken_over
             failed = d.id in failed_on if failed_on else False
             if not busy and not failed:
                 return d

@@ -61,6 +61,20 @@ class DeviceRun:
     applied_gen: int = 0  # what the device last reported applied (hello, heartbeats)
     control_sent_at: float = -1e18  # engine clock: when its control state was last sent
     cancel_sent: tuple[str, float] | None = None  # (batch, when) a cancel was last sent again
+    # An operator's takeover (part of its controls, see `Controls`).
+    taken_over_by: str | None = None
+    takeover_since: float = 0.0
+    takeover_reason: str = ""
+    takeover_gen: int = 0
+    # The owner's takeover at the device, as its agent reports it (the agent is its one writer):
+    # {"by", "note", "since", "gen"}, or None.
+    owner_takeover: dict[str, Any] | None = None
+    features: frozenset[str] = frozenset()  # what its agent announced in its hello
+
+    @property
+    def taken_over(self) -> bool:
+        """A person has the device (an operator, or its owner at the device): no new work."""
+        return self.taken_over_by is not None or self.owner_takeover is not None
 
     def controls(self) -> Controls:
         return Controls(
@@ -72,12 +86,18 @@ class DeviceRun:
             stopped_at=self.stopped_at_gen,
             cordon_reason=self.cordon_reason,
             breach=self.breach,
+            taken_over_by=self.taken_over_by,
+            takeover_since=self.takeover_since,
+            takeover_reason=self.takeover_reason,
+            takeover_gen=self.takeover_gen,
         )
 
     def take_controls(self, c: Controls) -> None:
         self.admin, self.control_gen, self.stop_reason = c.admin, c.gen, c.stop_reason
         self.resumed_gen, self.budgets_reset_gen, self.stopped_at_gen = c.resumed, c.budgets_reset, c.stopped_at
         self.cordon_reason, self.breach = c.cordon_reason, c.breach
+        self.taken_over_by, self.takeover_since = c.taken_over_by, c.takeover_since
+        self.takeover_reason, self.takeover_gen = c.takeover_reason, c.takeover_gen
 
     def merged_labels(self) -> dict[str, str]:
         """SPEC section 2: enrollment labels win over what the agent reports."""
@@ -92,7 +112,7 @@ class DeviceRun:
             tools=frozenset(self.tools),
             admin=self.admin,
             liveness=self.liveness,
-            busy=self.current_batch is not None,
+            busy=self.current_batch is not None or self.taken_over,
             queue_length=len(self.queue),
         )
 
@@ -133,6 +153,13 @@ class AttemptRun:
     step: str | None = None  # an agent attempt's step batch in flight
     resent_at: float = 0.0  # engine clock: when it was last sent again to a device that lacked it
     waiting_since: float | None = None  # engine clock: its device waits for an approval since then
+    paused_since: float | None = None  # engine clock: its device is taken over by a person since then
+    # An agent attempt's step asked for while its device was taken over: answered at the handback.
+    held: tuple[AgentStep, asyncio.Future[list[dict[str, Any]]]] | None = None
+    # An agent attempt whose device was handed back before it asked for its next step: that step
+    # is answered with this (nothing of it runs), so the model observes before acting again.
+    handback_note: str | None = None
+    record: str = "off"  # its screen recording (`orchestrator.domain.recording`); a step shares its agent's
     child: str | None = None  # the device whose fan-out child of `node_id` this runs
     # An approval of it was denied (or expired), as its device confirmed: however the attempt
     # ends now (the device lost, a timeout), it ends with this code, which is never retried.
@@ -204,6 +231,7 @@ class ControlDevice(Input):
     reason: str = ""
     request_id: str = ""
     expect_gen: int | None = None
+    by: str = ""  # who asks (a takeover's holder)
 
 
 @dataclass

@@ -35,6 +35,7 @@ def device_from_row(row: Device) -> DeviceRun:
     )
     dev.take_controls(controls_of(row))
     dev.applied_gen = int((row.control or {}).get("applied") or 0)
+    dev.owner_takeover = (row.control or {}).get("owner_takeover")
     return dev
 
 
@@ -106,6 +107,12 @@ def verifications(bundle: TaskBundle) -> list[tuple[str, dict[str, Any] | None]]
     return out
 
 
+def features_of(row: Device) -> frozenset[str]:
+    """What its agent announced in its last hello (kept in `info`): only the engine reads it, for
+    what it sends the device (a follower's copy of the fleet, for checks, does not need it)."""
+    return frozenset((row.info or {}).get("features") or ())
+
+
 def attempt_from_row(a: Attempt, fans_out: bool = False) -> AttemptRun:
     """`fans_out`: its node fans out, so the attempt is its child's on the attempt's device."""
     return AttemptRun(
@@ -146,6 +153,7 @@ def load(snap: RuntimeSnapshot, now: float) -> Recovered:
     out = Recovered()
     for row in snap.devices:
         dev = device_from_row(row)
+        dev.features = features_of(row)
         if dev.liveness in (Liveness.ONLINE, Liveness.SUSPECT):
             dev.liveness = Liveness.SUSPECT
             dev.recovering = True

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.config import Settings
-from orchestrator.domain import fanout, templates
+from orchestrator.domain import fanout, recording, templates
 from orchestrator.domain.checks import schema_errors
 from orchestrator.domain.model import TERMINAL_NODE_STATES, CommandSpec, Liveness, NodeKind, NodeState
 from orchestrator.domain.problems import Problem
 from orchestrator.domain.run import AttemptOutcome, NodeTransition, TaskRun, TaskTransition, Transition
-from orchestrator.engine.actions import Action, Lost, Requeue, Revoked, Stopped
+from orchestrator.engine.actions import Action, Lost, Requeue, Revoked, Stopped, Takeover
 from orchestrator.engine.attempts import Attempts, attempt_row, ended_row, unanswered
 from orchestrator.engine.fanouts import FanOuts
 from orchestrator.engine.fleet import Fleet
@@ -40,7 +40,7 @@ from orchestrator.engine.writer import EventType, StepWriter
 from orchestrator.metrics import Metrics
 from orchestrator.store.models import Attempt, Task
 from protocol.errors import ErrorCode
-from protocol.messages import Command
+from protocol.messages import Command, RecordingEnd
 
 log = logging.getLogger("orrery.engine")
 
@@ -78,6 +78,7 @@ class Runs:
         # Set by the engine: approvals hear of expiries and of attempts that end.
         self.on_approval_expiry: Callable[[ApprovalExpiry, float], None] = lambda timer, now: None
         self.on_attempt_end: Callable[[AttemptRun, float], None] = lambda att, now: None
+        self.on_takeover: Callable[[DeviceRun, bool, str, str, float], None] = lambda dev, taken, by, note, now: None
 
     def cancel(self, task_id: str, now: float) -> bool:
         """Cancel a task: its running batches are told to stop, its agent loops end."""
@@ -115,6 +116,8 @@ class Runs:
             elif isinstance(action, Revoked):
                 for key in list(self.queues.ready):
                     self._fail_if_never_runnable(key, now)
+            elif isinstance(action, Takeover):
+                self.on_takeover(action.device, action.taken, action.by, action.note, now)
 
     def _lose_attempts(self, dev: DeviceRun, message: str, now: float) -> None:
         steps_first = sorted(self.attempts.on_device(dev.id), key=lambda a: a.kind is not AttemptKind.STEP)
@@ -124,6 +127,16 @@ class Runs:
             elif self.attempts.get(att.batch_id) is not None:
                 self.end_attempt(att, unanswered(att, dev, ErrorCode.DEVICE_LOST, message), now)
         self.fleet.set_current(dev, None, now)
+
+    def _end_recording(self, att: AttemptRun, outcome: AttemptOutcome) -> None:
+        """Tell its device whether the attempt's screen recording is kept (uploaded as its
+        artifact) or deleted. Best effort: a device that never hears deletes it within the hour."""
+        kept = recording.keep("always" if att.record == "always" else "failures", outcome.succeeded)
+        how = "succeeded" if outcome.succeeded else (outcome.error_code or "failed")
+        frame = RecordingEnd(task_id=att.task_id, node_id=att.node_id, attempt=att.n, keep=kept, outcome=how[:64])
+        dev = self.fleet.devices.get(att.device_id)
+        if dev is not None:
+            self.outbox.frame_after_commit(dev, frame)
 
     def _open_attempt(
         self, dev: DeviceRun, key: NodeKey, commands: list[Command], now: float, kind: AttemptKind
@@ -147,6 +160,7 @@ class Runs:
             kind=kind,
             sent=agent,
             child=child,
+            record=recording.mode(rec.spec, dev.features),
         )
         self.attempts.add(att)
         self.fleet.set_current(dev, att.batch_id, now)
@@ -214,6 +228,8 @@ class Runs:
         self, att: AttemptRun, outcome: AttemptOutcome, now: float, results: list[Any] | None = None
     ) -> None:
         self.on_attempt_end(att, now)  # its approvals not decided yet are asked to be cancelled
+        if att.record != "off" and att.kind in (AttemptKind.TOOL, AttemptKind.AGENT):
+            self._end_recording(att, outcome)
         if att.refused is not None and not outcome.succeeded and outcome.error_code != att.refused:
             # A person refused a command of it: however it ended, it ends refused (never retried).
             why = f"{outcome.error_message} (a command of it was refused: {att.refused})"
@@ -304,8 +320,9 @@ class Runs:
                 self._queue_timeout(timer, now)
             elif isinstance(timer, AttemptDeadline):
                 att = self.attempts.get(timer.batch_id)
-                if att is not None and (att.waiting_since is not None or (att.deadline or now) > now):
-                    pass  # waiting for a person's approval, or its deadline moved on (a later timer)
+                paused = att is not None and (att.waiting_since is not None or att.paused_since is not None)
+                if att is not None and (paused or (att.deadline or now) > now):
+                    pass  # waiting for a person (an approval, a takeover), or its deadline moved on (a later timer)
                 elif att is not None and att.kind is AttemptKind.AGENT:
                     message = (
                         "the agent node did not finish within its timeout_s; "

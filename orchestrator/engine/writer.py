@@ -33,6 +33,7 @@ class EventType(StrEnum):
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_DECIDED = "approval.decided"
     NODE_CHILD = "node.child"  # a fan-out child's state (`device_id`, `device`)
+    NODE_TAKEOVER = "node.takeover"  # its device was taken over by a person, or handed back
 
 
 def refused_data(exc: BaseException) -> bool:

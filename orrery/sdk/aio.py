@@ -160,6 +160,14 @@ class AsyncClient:
         """A device by id, unique id prefix or name."""
         return await self._run(api.device(device_id))
 
+    async def takeover(self, device_id: str, reason: str = "") -> Device:
+        """Take a device over (see `Client.takeover`)."""
+        return await self._run(api.takeover(device_id, reason))
+
+    async def handback(self, device_id: str, note: str = "") -> Device:
+        """Hand a device back with a note (see `Client.handback`)."""
+        return await self._run(api.handback(device_id, note))
+
     async def device_tools(self, device_id: str) -> list[Tool]:
         """The tool catalogue a device reported."""
         return (await self.device(device_id)).tools

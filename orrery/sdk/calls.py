@@ -182,6 +182,14 @@ def device(device_id: str) -> Call[Device]:
     return Call("GET", f"/v1/devices/{_segment(device_id)}", _model(Device))
 
 
+def takeover(device_id: str, reason: str = "") -> Call[Device]:
+    return Call("POST", f"/v1/devices/{_segment(device_id)}/takeover", _model(Device), json={"reason": reason})
+
+
+def handback(device_id: str, note: str = "") -> Call[Device]:
+    return Call("POST", f"/v1/devices/{_segment(device_id)}/handback", _model(Device), json={"note": note})
+
+
 def enroll(name: str, labels: Mapping[str, str] | None = None) -> Call[Enrollment]:
     return Call("POST", "/v1/devices", _model(Enrollment), json={"name": name, "labels": dict(labels or {})})
 

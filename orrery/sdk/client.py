@@ -155,6 +155,15 @@ class Client:
         """The tool catalogue a device reported."""
         return self.device(device_id).tools
 
+    def takeover(self, device_id: str, reason: str = "") -> Device:
+        """Take a device over (operator): its agent nodes pause before their next action, it takes
+        no new work and its agent refuses the model's input tools until `handback`."""
+        return self._run(api.takeover(device_id, reason))
+
+    def handback(self, device_id: str, note: str = "") -> Device:
+        """Hand a device back with a note the model reads (it observes afresh before acting)."""
+        return self._run(api.handback(device_id, note))
+
     def enroll(self, name: str, labels: Mapping[str, str] | None = None) -> Enrollment:
         """Enroll a device (admin): its id and its token, shown this once."""
         return self._run(api.enroll(name, labels))

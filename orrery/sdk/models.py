@@ -211,6 +211,23 @@ class Device(Answer):
     last_seen: datetime | None = None
     connected: bool = False
     cordon_reason: str | None = None
+    takeover: Takeover | None = None
+
+    @property
+    def taken_over(self) -> bool:
+        """A person has the device: its agent nodes wait for the handback."""
+        return self.takeover is not None
+
+
+class Takeover(Answer):
+    """Who has a device taken over: an operator (`source` "operator", handed back through the API)
+    or its owner at the device ("owner")."""
+
+    source: str
+    by: str
+    since: datetime | None = None
+    reason: str = ""
+    taken_over: bool = True
 
 
 class Enrollment(Answer):

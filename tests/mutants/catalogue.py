@@ -505,6 +505,63 @@ MUTANTS: list[Mutant] = [
             "test_an_input_the_store_refuses_is_left_out_and_the_rest_of_its_step_commits",
         ),
     ),
+    # ------------------------------------------------------------------ takeovers
+    Mutant(
+        id="stop-keeps-takeover",
+        rule="An emergency stop ends a takeover with everything else (a stop still ends everything).",
+        file="orchestrator/domain/controls.py",
+        original=(
+            '        after = _with(after, taken_over_by=None, takeover_since=0.0, takeover_reason="")'
+            "  # a stop ends it\n"
+        ),
+        replacement="",
+        caught_by=(
+            "tests/unit/engine/test_takeovers.py::"
+            "test_a_stop_ends_a_takeover_and_a_takeover_of_a_stopped_device_is_refused",
+        ),
+    ),
+    Mutant(
+        id="step-sent-during-owner-takeover",
+        rule="An agent node's step is held while a person has its device, the owner at the device included.",
+        file="orchestrator/engine/takeovers.py",
+        original="        if dev.taken_over:\n",
+        replacement="        if dev.taken_over_by is not None:\n",
+        caught_by=(
+            "tests/unit/engine/test_takeovers.py::"
+            "test_the_owners_takeover_at_the_device_pauses_its_agent_node_like_an_operators",
+        ),
+    ),
+    Mutant(
+        id="takeover-time-counts-to-timeout",
+        rule="The time a person has the device does not count against its agent node's timeout_s.",
+        file="orchestrator/engine/runs.py",
+        original="paused = att is not None and (att.waiting_since is not None or att.paused_since is not None)",
+        replacement="paused = att is not None and att.waiting_since is not None",
+        caught_by=(
+            "tests/unit/engine/test_takeovers.py::test_takeover_time_does_not_count_against_the_agent_nodes_timeout",
+        ),
+    ),
+    Mutant(
+        id="taken-over-device-takes-work",
+        rule="A device a person has taken over is given no new batch until the handback.",
+        file="orchestrator/engine/queues.py",
+        original="and dev.liveness is Liveness.ONLINE and not dev.taken_over",
+        replacement="and dev.liveness is Liveness.ONLINE",
+        caught_by=(
+            "tests/unit/engine/test_takeovers.py::test_a_device_a_person_has_takes_no_new_work_until_the_handback",
+        ),
+    ),
+    Mutant(
+        id="agent-input-during-owner-takeover",
+        rule="The agent refuses the model's input tools while a person has the screen, the owner included.",
+        file="device_agent/takeover.py",
+        original="return self.active and not read_only and",
+        replacement="return self.operator and not read_only and",
+        caught_by=(
+            "tests/unit/device_agent/test_takeover.py::"
+            "test_while_a_person_has_the_device_the_models_input_tools_are_refused_and_reading_is_not",
+        ),
+    ),
 ]
 
 # ------------------------------------------------------------------ rules of designs prototyped in the simulator

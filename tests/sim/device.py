@@ -43,6 +43,8 @@ from protocol.messages import (
     Heartbeat,
     Hello,
     Message,
+    OwnerTakeover,
+    OwnerTakeoverState,
     Result,
     ResultBatch,
     SafetyBreach,
@@ -139,6 +141,9 @@ class SimDevice:
         self.stop_gen = 0  # the generation whose state stopped it
         self.approvals: dict[str, LApproval] = {}
         self.kill_switch = False
+        self.taken_over = False  # an operator's takeover, as this device applied it
+        # The owner's own takeover at the device (this device is its one writer): (taken, gen).
+        self.owner_takeover: OwnerTakeoverState | None = None
         # lost on a crash
         self.life = 0
         self.alive = True
@@ -246,6 +251,7 @@ class SimDevice:
             resume=resume,
             fence_seen=self.max_fence,
             control_gen=self.control_gen,
+            owner_takeover=self.owner_takeover,
         )
         self.world.to_server(conn, conn.agent.send(hello))
         self.later(self.world.settings.heartbeat_interval_s, partial(self._beat, conn), "heartbeat")
@@ -359,6 +365,9 @@ class SimDevice:
         if not state.stopped and not was and state.stopped_at > before:
             self._kill("device_stopped")  # stopped and resumed since it last heard: the stop still ends it
             self.world.seen["stop and resume heard together"] += 1
+        if state.taken_over and not self.taken_over:
+            self.world.taken_over(self, state.gen)
+        self.taken_over = state.taken_over
         self.control_gen, self.stopped = state.gen, state.stopped  # durable before acting on it
         if state.stopped and not was:
             self.stop_gen = state.gen
@@ -369,6 +378,13 @@ class SimDevice:
         if state.budgets_reset > before:
             self.bad_streak, self.tripped = 0, False
         self.heartbeat()
+
+    def owner_takes_over(self, taken: bool) -> None:
+        """The owner takes the device over at the device, or hands it back (its ledger first)."""
+        gen = (self.owner_takeover.gen if self.owner_takeover is not None else 0) + 1
+        self.owner_takeover = OwnerTakeoverState(taken_over=taken, by="owner", note="owner's note", gen=gen)
+        self.log(f"owner {'takes the device over' if taken else 'hands it back'} (generation {gen})")
+        self.send(OwnerTakeover(state=self.owner_takeover))  # reliable: waits in the session while away
 
     # ------------------------------------------------------------------ approvals (the ledger arbitrates)
 

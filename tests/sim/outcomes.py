@@ -126,7 +126,9 @@ def check_verified(
         return
     if state != "succeeded":
         return
-    main = sorted((a for a in attempts if a.kind not in ("verify", "step")), key=lambda a: a.started_at)
+    # By attempt number: start times are stamped by each leader's clock, and one may be behind
+    # another's (a failover can make a later attempt look earlier by its time).
+    main = sorted((a for a in attempts if a.kind not in ("verify", "step")), key=lambda a: (a.n, a.started_at))
     if not main:
         fail(f"{where} succeeded without an attempt")
         return

@@ -97,6 +97,7 @@ def test_the_runs_reach_every_person_and_control_path() -> None:
     operator, the expiry, a cancel), the device's own decision holding against a request that
     came second, emergency stops applied and lifted by a resume, safety budgets tripped, the
     kill switch refusing work, commands outliving a crashed agent and killed by its restart,
+    takeovers by an operator applied by the device and by its owner recorded by the engine,
     schedule ticks making their tasks, results the store refused isolated (their attempt
     ended `input_refused`, memory agreeing with the store), and a leader whose lease session
     ended succeeded at once while its old engine acted on until a commit of its was refused."""
@@ -111,6 +112,8 @@ def test_the_runs_reach_every_person_and_control_path() -> None:
         "approval race: the device's decision held",
         "stop applied",
         "stop lifted",
+        "takeover applied",
+        "owner takeover recorded",
         "safety budget tripped",
         "kill switch refused",
         "orphan",

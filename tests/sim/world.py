@@ -17,6 +17,7 @@ import hashlib
 import heapq
 import itertools
 import logging
+import os
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -532,7 +533,7 @@ class World:
         self.seed = seed
         self.rng = Random(seed)
         self.now = T0
-        self.trace = Trace()
+        self.trace = Trace(int(os.environ.get("SIM_TRACE_KEEP", "200")))
         self.fault_s, self.heal_s = fault_s, heal_s
         self.faults = Faults.pick(self.rng, storm=seed >= STORM_SEEDS)
         self.settings = _settings()
@@ -828,8 +829,12 @@ class World:
         for device_id in sorted(self.devices):
             if self.rng.random() < f.operator:
                 # dev_0 has every tool: revoking it could leave nodes no device can ever run.
-                choices = ("cordon", "drain", "uncordon", "stop", "resume", "resume")
+                choices = ("cordon", "drain", "uncordon", "stop", "resume", "resume", "takeover", "handback")
                 self.control(device_id, self.rng.choice(choices + (("revoke",) if device_id != "dev_0" else ())))
+            if self.rng.random() < f.operator / 3:
+                dev = self.devices[device_id]
+                held = dev.owner_takeover is not None and dev.owner_takeover.taken_over
+                dev.owner_takes_over(not held)
             if self.rng.random() < f.operator / 3:
                 dev = self.devices[device_id]
                 dev.kill_switch = not dev.kill_switch
@@ -941,7 +946,9 @@ class World:
         def ask(asks: int) -> None:
             if answer or asks > 30:
                 return
-            item = ControlDevice(device_id, ControlAction(action), f"{action} by an operator", request_id, expect)
+            item = ControlDevice(
+                device_id, ControlAction(action), f"{action} by an operator", request_id, expect, "operator"
+            )
             self._ask(item, lambda ok, v: answer.append(True) if ok else None)
             self.at(2.0, partial(ask, asks + 1), "ask again")
 
@@ -1213,6 +1220,15 @@ class World:
             )
         self.seen["stop applied"] += 1
 
+    def taken_over(self, device: SimDevice, gen: int) -> None:
+        """The device applies an operator's takeover: the store held it at that generation or
+        later (a copy sent before a handback may arrive after it)."""
+        row = self.store.device(device.id)
+        stored = controls_of(row)
+        if stored.gen < gen or (stored.gen == gen and not stored.taken_over):
+            self.fail(f"{device.id} applied a takeover (generation {gen}) the store never held ({stored})")
+        self.seen["takeover applied"] += 1
+
     def lifted(self, device: SimDevice, state: Any) -> None:
         """Only a resume lifts a stop: the state the device applies must say it was resumed."""
         if state.resumed <= device.stop_gen:
@@ -1277,6 +1293,11 @@ class World:
                 self.control(device_id, "resume")
             elif admin in ("cordoned", "draining"):
                 self.control(device_id, "uncordon")
+            if controls_of(self.store.device(device_id)).taken_over:
+                self.control(device_id, "handback")
+            dev = self.devices[device_id]
+            if dev.owner_takeover is not None and dev.owner_takeover.taken_over:
+                dev.owner_takes_over(False)
         self.at(3.0, self.put_back, "put back")  # a stop asked before the heal may land after it
 
     def done(self) -> bool:
@@ -1313,6 +1334,11 @@ class World:
             after = values.get("admin_state", before)
             if before == "stopped" and after not in ("stopped", "revoked") and key[0] not in self.resuming:
                 self.fail(f"store: {key[0]} went from stopped to {after} without a resume")
+            control = values.get("control") or {}
+            if control.get("owner_takeover"):
+                self.seen["owner takeover recorded"] += 1
+            if after == "stopped" and control.get("taken_over_by"):
+                self.fail(f"store: {key[0]} is stopped but still taken over (a stop ends a takeover)")
         for key, values in changes.updates.get(Approval, {}).items():
             state = values.get("state")
             if state is None:
@@ -1326,6 +1352,12 @@ class World:
                 spec = NodeSpec.model_validate(self.store.table(Node)[(row.task_id, row.node_id)].spec)
                 self.denied.add((row.task_id, row.node_id, row.device_id if spec.for_each is not None else ""))
         for row in changes.inserts.get(Attempt, []):
+            # Who has the device when this commit lands (the engine places work after its inputs).
+            written = changes.updates.get(Device, {}).get((row["device_id"],), {})
+            held = written["control"] if "control" in written else self.store.device(row["device_id"]).control
+            held = held or {}
+            if row["kind"] != "verify" and (held.get("taken_over_by") or held.get("owner_takeover")):
+                self.fail(f"store: {row['batch_id']} opened on {row['device_id']}, which a person has taken over")
             units = {(row["task_id"], row["node_id"], ""), (row["task_id"], row["node_id"], row["device_id"])}
             if units & self.denied and row["kind"] != "verify":
                 self.fail(f"store: {row['task_id']}/{row['node_id']} placed again after a person denied it")

@@ -167,6 +167,7 @@ def build(
     # The device-level stop engages the latch (interrupting input, releasing held buttons and
     # modifiers); only the device-level resume lifts it.
     ctx.stop_latch.on(controller.stop, controller.resume)
+    ctx.takeover.on_change(controller.invalidate)  # a person had the screen: the model observes afresh
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[None]:
