@@ -50,6 +50,7 @@ class ScreenDevice:
         self.refuse_watch = refuse_watch
         self.tools = tools or []  # its catalogue (a `gui.*` tool says it has a screen); batches wait unanswered
         self.batches: list[dict[str, Any]] = []
+        self.controls: list[dict[str, Any]] = []  # `device_control` frames (takeovers among them)
         self.input_answer: tuple[bool, str] | None = (True, "")
         self.views: list[dict[str, Any]] = []
         self.inputs: list[dict[str, Any]] = []
@@ -128,6 +129,8 @@ class ScreenDevice:
                 frame["_t"] = time.monotonic()
                 self.views.append(frame)
                 await self._on_view(frame)
+            elif frame["type"] == "device_control":
+                self.controls.append(frame)
             elif frame["type"] == "command_batch":
                 self.batches.append(frame)
             elif frame["type"] == "view_input":

@@ -27,7 +27,7 @@ from orchestrator.ids import new_id
 from orchestrator.store.models import Device
 from orchestrator.views.hub import ViewOptions
 from orchestrator.views.tickets import TicketCheck, Tickets
-from protocol.messages import ViewInput
+from protocol.messages import FEATURE_VIEW, ViewInput
 
 router = APIRouter(prefix="/v1/devices", tags=["views"], responses={**COMMON, **problems(404)})
 
@@ -139,7 +139,8 @@ async def send_input(
     """Forward a pointer or key input to the device the caller has taken over, and wait (up to
     ten seconds) for the device to apply or refuse it."""
     row = await _watchable(comp, device_id)
-    frame = ViewInput(input_id=new_id("in"), by=principal.key_id, **body.model_dump())
+    by = f"an operator (key {principal.key_id})" if principal.key_id else "an operator"  # as takeovers say it
+    frame = ViewInput(input_id=new_id("in"), by=by, **body.model_dump())
     answer = await comp.views.send_input(row.id, frame, INPUT_WAIT_S)
     if answer is None:
         raise ApiError(
@@ -169,7 +170,9 @@ async def _watchable(comp: Comp, device_id: str) -> Device:
     row = await find_device(comp.store, device_id)
     if not await _online(comp, row.id, row):
         raise ApiError(409, "device_offline", f"device '{row.name}' is not connected; its screen cannot be reached")
-    if not await comp.views.supports(row.id):
+    announced = (row.info or {}).get("features")  # the engine stores the hello's features there
+    stored = isinstance(announced, list) and FEATURE_VIEW in announced
+    if not stored and not await comp.views.supports(row.id):  # else a hello heard here, not stored yet
         raise ApiError(
             409,
             "view_unsupported",

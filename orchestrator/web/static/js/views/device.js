@@ -230,7 +230,7 @@ export function mountDevice(root, deviceId) {
       { class: "stop-banner takeover-banner", id: "device-taken-over", role: "status" },
       h("strong", {}, "Taken over"),
       ` by ${who}`,
-      t.since ? [" ", h("span", { class: "muted" }, `(${timeAgo(t.since)})`)] : null,
+      t.since ? [" ", h("span", { class: "muted", id: "device-takeover-since" }, "(", timeAgo(t.since), ")")] : null,
       t.reason ? [": ", h("span", { id: "device-takeover-reason" }, t.reason)] : null,
       ". Its work is paused until it is handed back.",
     );
