@@ -20,7 +20,18 @@ from fastapi.responses import HTMLResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import __version__, mcp_endpoint, web
-from orchestrator.api import agent_artifacts, approvals, artifacts, devices, errors, health, keys, schedules, tasks
+from orchestrator.api import (
+    agent_artifacts,
+    approvals,
+    artifacts,
+    devices,
+    errors,
+    health,
+    keys,
+    schedules,
+    tasks,
+    views,
+)
 from orchestrator.api.deps import Components
 from orchestrator.api.errors import problem_response
 from orchestrator.artifacts.service import Artifacts
@@ -31,6 +42,7 @@ from orchestrator.cluster.replicas import RedisCluster, redis_client
 from orchestrator.config import Settings
 from orchestrator.domain.model import Role
 from orchestrator.engine.core import Engine
+from orchestrator.engine.records import Route
 from orchestrator.engine.times import utc
 from orchestrator.gateway.hub import Gateway
 from orchestrator.gateway.limits import RateLimiter
@@ -39,6 +51,8 @@ from orchestrator.security import API_KEY_PREFIX, Hasher, load_secret_key, write
 from orchestrator.store.migrate import upgrade_async
 from orchestrator.store.models import ApiKey
 from orchestrator.store.repo import Store, WriteConflict
+from orchestrator.views.hub import ViewHub
+from orchestrator.views.relay import RedisRelay
 from orrery.logs import context as log_context
 
 log = logging.getLogger("orrery")
@@ -64,7 +78,7 @@ def create_app(settings: Settings, migrate: bool = True) -> FastAPI:
         redoc_url=None,
     )
     errors.install(app)
-    for module in (health, tasks, devices, keys, approvals):
+    for module in (health, tasks, devices, views, keys, approvals):
         app.include_router(module.router)
     app.include_router(schedules.router)
     for router in (artifacts.router, artifacts.links, agent_artifacts.router):
@@ -186,7 +200,12 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         cluster = RedisCluster(settings, store, engine, gateway, redis)
     else:
         cluster = LocalCluster(engine, gateway)
-    gateway.bind(cluster)
+    view_hub = ViewHub()
+    view_hub.bind(
+        lambda device_id, frame: cluster.send(device_id, frame, Route(None, 0)),
+        RedisRelay(redis, view_hub.deliver) if redis is not None else None,
+    )
+    gateway.bind(cluster, view_hub)
     engine.links = cluster
     await cluster.start()
     await gateway.start()
@@ -202,6 +221,7 @@ async def start_components(settings: Settings, migrate: bool) -> Components:
         cluster=cluster,
         artifacts=Artifacts.create(settings, store),
         redis=redis,
+        views=view_hub,
     )
 
 
@@ -210,6 +230,7 @@ async def stop_components(comp: Components) -> None:
     if comp.planner is not None:
         await comp.planner.close()
     await comp.gateway.stop()
+    await comp.views.close()
     await comp.cluster.stop()
     await comp.bus.close()
     if comp.redis is not None:
@@ -268,9 +289,10 @@ class RequestId:
 
 # The pages (the dashboard, /docs): scripts and styles from this server only, no inline script and
 # no eval; images from here, data: URLs (Swagger UI's icons) and blob: URLs (an approval's
-# screenshot, fetched with the key); fetch and server-sent events to this server only; never framed.
+# screenshot, fetched with the key); videos from blob: URLs (an attempt's screen recording,
+# fetched with the key); fetch and server-sent events to this server only; never framed.
 PAGE_CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; media-src 'self' blob:; "
     "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )

@@ -138,6 +138,36 @@ _REST = [
     ("upload_incomplete", 409, "an artifact upload was finished before all its bytes arrived"),
     ("upload_failed", 409, "the artifact upload cannot be completed; start it again"),
     (
+        "view_scope",
+        403,
+        "a live view id used under another device, or with another API key than the one that opened it",
+    ),
+    ("view_expired", 410, "a live view id past its `expires_at`; open a new view"),
+    ("device_offline", 409, "the device is not connected: its screen cannot be watched nor driven now"),
+    (
+        "view_unsupported",
+        409,
+        "the device's agent did not announce live views (`view`) in its hello: an older agent, or one without a screen",
+    ),
+    (
+        "device_no_answer",
+        504,
+        "the device did not answer a forwarded input in time: it may or may not have been applied; look before "
+        "sending it again",
+    ),
+    ("input_refused", 409, "the device refused a forwarded input without a code of its own"),
+    (
+        "watch_disallowed",
+        None,
+        "a live view's `ended` event: the device's owner does not allow watching its screen",
+    ),
+    ("no_screen", None, "a live view's `ended` event: the device has no screen to show"),
+    (
+        "lease_expired",
+        None,
+        "a live view's `ended` event: the device stopped streaming because no renewal of its lease reached it",
+    ),
+    (
         "key_revoked",
         None,
         "sent as the last event of a task's event stream (SSE) when the stream's API key is revoked; the stream ends",

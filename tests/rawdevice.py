@@ -23,7 +23,8 @@ class RawDevice:
         self.seq = 0
         self.ack = 0
 
-    async def connect(self, resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def connect(self, resume: dict[str, Any] | None = None, **hello: Any) -> dict[str, Any]:
+        """Connect and say hello (`hello`: more fields of it, e.g. `features`); the welcome."""
         url = self.fleet.server.url.replace("http://", "ws://") + "/v1/agent"
         self.ws = await connect(url, additional_headers={"Authorization": f"Bearer {self.enrolled['token']}"})
         await self.send(
@@ -34,6 +35,7 @@ class RawDevice:
             tools=TOOLS,
             resume=resume,
             info={"platform": "linux"},
+            **hello,
         )
         return await self.recv("welcome")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
@@ -14,6 +14,7 @@ from orchestrator.domain.model import Role
 from orchestrator.gateway.limits import RateLimiter
 from orchestrator.security import DEVICE_TOKEN_PREFIX, Hasher, bearer
 from orchestrator.store.repo import Store
+from orchestrator.views.hub import ViewHub
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -39,6 +40,7 @@ class Components:
     artifacts: Artifacts
     planner: PlannerService | None = None
     redis: Redis | None = None
+    views: ViewHub = field(default_factory=ViewHub)
 
 
 @dataclass(frozen=True)

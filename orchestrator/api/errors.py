@@ -41,6 +41,7 @@ _TITLES = {
     431: "Request header fields too large",
     500: "Internal error",
     503: "Service unavailable",
+    504: "Gateway timeout",
 }
 
 _HTTP_CODES = {

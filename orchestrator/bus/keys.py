@@ -23,3 +23,14 @@ def presence(device_id: str) -> str:
     """string with a TTL, "<replica>|<epoch>": the replica holding the device's newest connection,
     refreshed by its frames; only a connection with an epoch at least as new replaces it."""
     return f"{PREFIX}:presence:device:{device_id}"
+
+
+def view(device_id: str) -> str:
+    """pub/sub: the device's live view frames, view ends and input results, published by the
+    replica holding its socket while a viewer or an input waits on another replica."""
+    return f"{PREFIX}:view:device:{device_id}"
+
+
+def features(device_id: str) -> str:
+    """string: the features the device's agent announced in its last hello ("view,record")."""
+    return f"{PREFIX}:features:device:{device_id}"

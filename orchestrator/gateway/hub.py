@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -51,10 +51,16 @@ from protocol.messages import (
     Hello,
     Message,
     ResultBatch,
+    ViewEnded,
+    ViewFrame,
+    ViewInputResult,
     Welcome,
     is_reliable,
 )
 from protocol.session import AckPolicy, Channel, Role, Session, negotiate_version
+
+if TYPE_CHECKING:
+    from orchestrator.views.hub import ViewHub
 
 log = logging.getLogger("orrery.gateway")
 LINK_REPORT_CHUNK = 500  # links per periodic report (see Gateway._report_links)
@@ -160,10 +166,13 @@ class Gateway:
         self._reporter: asyncio.Task[None] | None = None
         self.server_id = ""  # the store's identity, told to agents (they bind their fences to it)
         self._cluster: Cluster | None = None
+        # Where live view frames go (never to the engine: they are not stored); None: dropped.
+        self.views: ViewHub | None = None
 
-    def bind(self, cluster: Cluster) -> None:
+    def bind(self, cluster: Cluster, views: ViewHub | None = None) -> None:
         """Where this gateway's frames go: the app's wiring calls it once, before `start`."""
         self._cluster = cluster
+        self.views = views
 
     @property
     def cluster(self) -> Cluster:
@@ -366,6 +375,8 @@ class Gateway:
         for frame in resend:
             conn.push(frame)
         self.cluster.device_connected(device_id, epoch)
+        if self.views is not None:
+            self.views.device_hello(device_id, hello.features)
         current = await self._engine(link, DeviceHello(device_id, hello, resumed, epoch, self.cluster.replica_id))
         if current is False:  # a newer connection of this device reached the engine first
             if self.links.get(device_id) is link and link.conn is conn:
@@ -412,6 +423,10 @@ class Gateway:
         elif isinstance(msg, Error):
             # Device-chosen text: quoted and cut, so it cannot forge or flood log lines.
             log.warning("device %s reported %r: %r", device_id, msg.code[:64], msg.message[:500])
+        elif isinstance(msg, ViewFrame | ViewEnded | ViewInputResult):
+            # A live view's frame: to its viewers, not the engine (never stored, never numbered).
+            if self.views is not None:
+                self.views.take(device_id, msg)
         elif isinstance(msg, BatchAccepted):
             # Nothing durable hangs on an acceptance: do not hold the reader for it.
             self.cluster.notify(FrameIn(device_id, msg))
@@ -518,6 +533,8 @@ class Gateway:
             log.warning("device %s is offline (no frame for %.1fs)", link.device_id, silent)
         link.liveness = Liveness.OFFLINE
         self.cluster.device_gone(link.device_id, link.epoch)
+        if self.views is not None:
+            self.views.device_gone(link.device_id)
         self._liveness(link)
 
 

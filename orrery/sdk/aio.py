@@ -15,7 +15,7 @@ import httpx2
 from pydantic import BaseModel
 
 import orrery.sdk.calls as api
-from orrery.sdk.calls import Call, DagLike, Decision
+from orrery.sdk.calls import Call, DagLike, Decision, InputKind
 from orrery.sdk.config import default_api_key, default_server, server_url
 from orrery.sdk.download import PIECE, READ_TIMEOUT_S, TRIES, Download
 from orrery.sdk.models import (
@@ -25,12 +25,16 @@ from orrery.sdk.models import (
     Device,
     Enrollment,
     Event,
+    Frame,
+    InputSent,
+    LiveView,
     Page,
     Task,
     Tool,
     Validation,
+    ViewEnd,
 )
-from orrery.sdk.stream import EventFeed
+from orrery.sdk.stream import EventFeed, view_item
 from orrery.sdk.transport import deadline, headers, past, stream_timeout, timed_out, unreachable
 
 T = TypeVar("T")
@@ -171,6 +175,65 @@ class AsyncClient:
     async def enroll(self, name: str, labels: Mapping[str, str] | None = None) -> Enrollment:
         """Enroll a device (admin): its id and its token, shown this once."""
         return await self._run(api.enroll(name, labels))
+
+    async def open_view(
+        self,
+        device_id: str,
+        *,
+        fps: float | None = None,
+        max_side: int | None = None,
+        quality: int | None = None,
+        marks: bool = False,
+    ) -> LiveView:
+        """Open a live view of the device's screen (viewer role); read it with `view_frames`.
+        `Conflict` `view_unsupported` if its agent cannot stream, `device_offline` if it is away."""
+        return await self._run(api.open_view(device_id, fps, max_side, quality, marks))
+
+    async def view_frames(self, view: LiveView) -> AsyncIterator[Frame | ViewEnd]:
+        """The view's frames as the device sends them (a slow reader skips some), until the view
+        ends: its last item is then a `ViewEnd` saying why. Leaving the loop stops watching."""
+        try:
+            async with self._http.stream("GET", view.frames_url, timeout=stream_timeout(self.timeout, None)) as resp:
+                if resp.status_code >= 400:
+                    raise api.problem(resp.status_code, await resp.aread(), self.api_key is not None)
+                async for sse in httpx2.EventSource(resp):
+                    item = view_item(sse)
+                    if item is not None:
+                        yield item
+                    if isinstance(item, ViewEnd):
+                        return
+        except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
+            raise unreachable(exc, self.server) from None
+
+    async def send_input(
+        self,
+        device_id: str,
+        kind: InputKind,
+        *,
+        x: int | None = None,
+        y: int | None = None,
+        frame_width: int | None = None,
+        frame_height: int | None = None,
+        button: str | None = None,
+        direction: str | None = None,
+        keys: str | None = None,
+        text: str | None = None,
+    ) -> InputSent:
+        """Send a pointer or key input to a device you have taken over (operator role); `x, y`
+        are pixels of a frame of `frame_width` x `frame_height`. The device's refusal is a
+        `Conflict` with its code (`not_taken_over`, `input_disallowed`, ...); a device that did
+        not answer in time is a `ServerError` `device_no_answer` (the input may have been applied)."""
+        fields = dict(
+            x=x,
+            y=y,
+            frame_width=frame_width,
+            frame_height=frame_height,
+            button=button,
+            direction=direction,
+            keys=keys,
+            text=text,
+        )
+        return await self._run(api.send_input(device_id, kind, **fields))
 
     # ---------------------------------------------------------------- approvals
 

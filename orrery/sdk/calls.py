@@ -20,6 +20,8 @@ from orrery.sdk.models import (
     Cancelling,
     Device,
     Enrollment,
+    InputSent,
+    LiveView,
     Page,
     Task,
     Validation,
@@ -190,6 +192,29 @@ def handback(device_id: str, note: str = "") -> Call[Device]:
 
 def enroll(name: str, labels: Mapping[str, str] | None = None) -> Call[Enrollment]:
     return Call("POST", "/v1/devices", _model(Enrollment), json={"name": name, "labels": dict(labels or {})})
+
+
+def open_view(
+    device_id: str,
+    fps: float | None = None,
+    max_side: int | None = None,
+    quality: int | None = None,
+    marks: bool = False,
+) -> Call[LiveView]:
+    body: dict[str, Any] = {"marks": marks}
+    for key, value in (("fps", fps), ("max_side", max_side), ("quality", quality)):
+        if value is not None:
+            body[key] = value
+    return Call("POST", f"/v1/devices/{_segment(device_id)}/views", _model(LiveView), json=body)
+
+
+InputKind = Literal["click", "double_click", "scroll", "key", "type"]
+
+
+def send_input(device_id: str, kind: InputKind, **fields: Any) -> Call[InputSent]:
+    """The body of `POST /v1/devices/{id}/input`: `kind` and the fields given (None: left out)."""
+    body = {"kind": kind, **{k: v for k, v in fields.items() if v is not None}}
+    return Call("POST", f"/v1/devices/{_segment(device_id)}/input", _model(InputSent), json=body)
 
 
 # ---------------------------------------------------------------- approvals

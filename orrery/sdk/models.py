@@ -5,6 +5,7 @@ document the server serves, so a field renamed or removed there fails the suite.
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -278,6 +279,58 @@ class Artifact(Answer):
     created_at: datetime | None = None
     content_url: str | None = None
     content_type: str = "application/octet-stream"
+
+
+# ---------------------------------------------------------------- live views
+
+
+class LiveView(Answer):
+    """A live view of a device's screen, for the API key that opened it: read its frames with
+    `Client.view_frames` before `expires_at`."""
+
+    view_id: str
+    device_id: str
+    expires_at: datetime
+    frames_url: str
+    fps: float = 2.0
+    max_side: int = 1280
+    quality: int = 70
+    marks: bool = False
+
+
+class Frame(Answer):
+    """One frame of a live view: an image (`image`, its bytes; `mime`) of `width` x `height`
+    pixels (the space input `x, y` are in) of a `screen_width` x `screen_height` screen, and the
+    element marks of the device's last GUI observation (boxes in the frame's pixels)."""
+
+    n: int
+    mime: str
+    image_b64: str
+    width: int
+    height: int
+    screen_width: int = 0
+    screen_height: int = 0
+    source: str = ""
+    marks: list[dict[str, Any]] = Field(default_factory=list)
+    at: datetime | None = None
+
+    @property
+    def image(self) -> bytes:
+        return base64.b64decode(self.image_b64)
+
+
+class ViewEnd(Answer):
+    """The end of a live view: why (`watch_disallowed`, `device_offline`, `lease_expired`, ...)."""
+
+    code: str
+    message: str = ""
+
+
+class InputSent(Answer):
+    """An input the device applied (a refusal is a `Conflict` with the device's code)."""
+
+    ok: bool
+    input_id: str
 
 
 # ---------------------------------------------------------------- pages and events

@@ -13,7 +13,7 @@ from httpx2 import ServerSentEvent
 
 from orrery.sdk.calls import events_path
 from orrery.sdk.errors import Unauthorized, Unavailable
-from orrery.sdk.models import Event
+from orrery.sdk.models import Event, Frame, ViewEnd
 
 MAX_DROPS = 8  # reconnections in a row without a new event before giving up
 READ_TIMEOUT_S = 60.0  # the server sends a keep-alive every 15 s: silence this long is a dead link
@@ -76,3 +76,13 @@ def _object(text: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def view_item(sse: ServerSentEvent) -> Frame | ViewEnd | None:
+    """What one event of a live view's stream carries: a frame, the end, or None (other events)."""
+    if sse.event == "frame":
+        return Frame.model_validate(_object(sse.data))
+    if sse.event == "ended":
+        data = _object(sse.data)
+        return ViewEnd(code=str(data.get("code") or "ended"), message=str(data.get("message") or ""))
+    return None

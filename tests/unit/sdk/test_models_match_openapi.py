@@ -36,12 +36,16 @@ SERVER_SCHEMA: dict[type[BaseModel], str | type[BaseModel]] = {
     sdk.Approval: "ApprovalOut",
     sdk.Artifact: "ArtifactOut",
     sdk.Page: "Page",
+    sdk.LiveView: "ViewOut",
+    sdk.InputSent: "ViewInputOut",
     sdk.Tool: ToolSpec,
     sdk.ToolAnnotations: WireToolAnnotations,
 }
 NO_SCHEMA = {
     sdk.Event: "an event of the SSE stream: the OpenAPI document describes the stream in words only",
     sdk.Cancelling: "the cancel route answers a plain object (task_id, state) with no schema",
+    sdk.Frame: "an event of a live view's SSE stream: the OpenAPI document describes it in words only",
+    sdk.ViewEnd: "the last event of a live view's SSE stream: described in words only",
 }
 ANY = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 
@@ -175,6 +179,8 @@ SAMPLE_CALLS: list[calls.Call[Any]] = [
     calls.artifact("t", "out.txt", 2),
     calls.artifact_content("t", "out.txt"),
     calls.Call("GET", calls.events_path("t"), lambda data: data),
+    calls.open_view("d", 5, 640, 60, True),
+    calls.send_input("d", "click", x=1, y=2, frame_width=8, frame_height=6),
 ]
 
 

@@ -3,6 +3,9 @@
 // arguments), the reason, the task/node and device, its times, the screenshot a GUI action was
 // planned on, and, while pending, Approve / Deny with an optional reason (operators and admins
 // only; a local-only approval is decided at the device with `orrery agent approve ID`).
+// An approval of `approval.ask_person` is a model's question to a person: its card shows the
+// question (the approval's reason) and a reply box; "Reply" approves it with the reply as the
+// decision's reason, which is what the model reads.
 // Cards are keyed by approval id and redrawn only when the approval changes, so a reason being
 // typed survives the view's polling.
 
@@ -10,6 +13,8 @@ import { api, authHeaders, failure } from "./api.js";
 import { h, pill, replace } from "./dom.js";
 import { pretty, shortId } from "./format.js";
 import { flash, timeAgo, timeAt } from "./ui.js";
+
+export const ASK_PERSON = "approval.ask_person";
 
 export const APPROVAL_STATES = ["pending", "approved", "denied", "expired", "cancelled"];
 const CHANGED = "orrery:approvals-changed";
@@ -118,7 +123,9 @@ export class ApprovalList {
     if (sig === card.sig) return;
     card.sig = sig;
     const typed = card.reason?.value || "";
+    const asked = a.tool === ASK_PERSON;
     card.el.dataset.state = a.state;
+    card.el.dataset.askPerson = String(asked);
     card.el.dataset.localOnly = String(Boolean(a.local_only));
     replace(
       card.el,
@@ -151,11 +158,17 @@ export class ApprovalList {
               ),
             ],
       ),
-      a.reason ? h("p", { class: "approval-reason" }, h("span", { class: "eyebrow" }, "Why "), a.reason) : null,
-      h("div", { class: "llm-role" }, "arguments"),
-      h("pre", { class: "json approval-args" }, pretty(a.arguments ?? {})),
+      asked
+        ? h("p", { class: "ask-person-question", id: `question-${a.id}` }, h("span", { class: "eyebrow" }, "Question "), question(a))
+        : [
+            a.reason ? h("p", { class: "approval-reason" }, h("span", { class: "eyebrow" }, "Why "), a.reason) : null,
+            h("div", { class: "llm-role" }, "arguments"),
+            h("pre", { class: "json approval-args" }, pretty(a.arguments ?? {})),
+          ],
       a.screenshot_url ? this.screenshot(a) : null,
-      a.decision_reason ? h("p", { class: "approval-decision-reason" }, h("span", { class: "eyebrow" }, "Decision "), a.decision_reason) : null,
+      a.decision_reason
+        ? h("p", { class: "approval-decision-reason" }, h("span", { class: "eyebrow" }, asked ? "Reply " : "Decision "), a.decision_reason)
+        : null,
       card.error ? h("div", { class: "callout error approval-error", role: "alert" }, card.error) : null,
       a.state === "pending" ? this.actions(card, typed) : null,
     );
@@ -225,6 +238,22 @@ export class ApprovalList {
       return h("p", { class: "muted small approval-viewer" }, "An operator or admin decides this (your key is a viewer's).");
     }
     const busy = this.busy.has(a.id);
+    if (a.tool === ASK_PERSON) {
+      card.reason = h("textarea", {
+        class: "input ask-person-reply",
+        maxlength: 2000,
+        placeholder: "Your answer",
+        "aria-label": "Your answer to the question",
+        disabled: busy,
+      });
+      card.reason.value = typed;
+      return h(
+        "div",
+        { class: "approval-actions ask-person-actions" },
+        card.reason,
+        h("button", { class: "button small primary", type: "button", disabled: busy, dataset: { reply: a.id }, onclick: () => this.reply(card) }, "Reply"),
+      );
+    }
     card.reason = h("input", {
       class: "input approval-reason-input",
       type: "text",
@@ -245,6 +274,17 @@ export class ApprovalList {
     );
   }
 
+  /** Answer a person's question: approve it with the reply as the decision's reason. */
+  reply(card) {
+    if (!card.reason?.value.trim()) {
+      card.error = "Write an answer first: the reply is what the model reads.";
+      card.sig = "";
+      this.draw(card);
+      return Promise.resolve();
+    }
+    return this.act(card, "approve");
+  }
+
   async act(card, verb) {
     const a = card.approval;
     const reason = card.reason?.value.trim() || "";
@@ -258,7 +298,8 @@ export class ApprovalList {
         // 202: asked of the device (the one arbiter), which has not confirmed it yet.
         flash(`${verb === "approve" ? "Approval" : "Denial"} asked of ${this.deviceName(a.device_id)}, which has not confirmed it yet (offline?).`, "ok");
       } else {
-        flash(`${a.tool} on ${this.deviceName(a.device_id)} ${out.state}.`, "ok");
+        const done = a.tool === ASK_PERSON ? "answered" : out.state;
+        flash(`${a.tool} on ${this.deviceName(a.device_id)} ${done}.`, "ok");
       }
       this.onDecided(out);
     } catch (err) {
@@ -281,6 +322,11 @@ export class ApprovalList {
       if (this.cards.has(a.id)) this.draw(card);
     }
   }
+}
+
+/** The question a model asks a person: the approval's reason, else its `question` argument. */
+function question(a) {
+  return a.reason || a.arguments?.question || a.arguments?.text || "(the model asked nothing in words)";
 }
 
 function taskLink(a, name) {

@@ -4,7 +4,7 @@
 import { h, icon } from "./dom.js";
 import { ago, clock, duration, iso, sameDay, span, when } from "./format.js";
 
-export const NODE_STATES = ["pending", "ready", "queued", "running", "waiting_approval", "verifying", "succeeded", "failed", "skipped", "cancelled"];
+export const NODE_STATES = ["pending", "ready", "queued", "running", "waiting_approval", "taken_over", "verifying", "succeeded", "failed", "skipped", "cancelled"];
 export const TASK_STATES = ["planning", "running", "succeeded", "failed", "cancelled"];
 export const TERMINAL_TASK = new Set(["succeeded", "failed", "cancelled"]);
 export const TERMINAL_NODE = new Set(["succeeded", "failed", "skipped", "cancelled"]);

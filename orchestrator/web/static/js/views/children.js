@@ -8,7 +8,7 @@ import { h, pill } from "../dom.js";
 import { labelList, pretty } from "../format.js";
 
 const SHOWN = 60;
-const FIRST = { failed: 0, verifying: 1, waiting_approval: 1, running: 2, queued: 3, ready: 3 };
+const FIRST = { failed: 0, verifying: 1, waiting_approval: 1, taken_over: 1, running: 2, queued: 3, ready: 3 };
 const DONE = new Set(["succeeded", "failed", "skipped", "cancelled"]);
 
 /** "labels role=web · canary 1 · at most 2 at once · fail after 3 failures" */

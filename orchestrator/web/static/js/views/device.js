@@ -3,11 +3,14 @@
 // whether a retry is safe, the input schema on demand), its recent attempts (each linked to
 // its task) and its state history. Operators get an emergency Stop (two clicks, with an
 // optional reason) and Resume; a stopped device shows why in a banner. Polls every 3 s; each section is redrawn only when its data
-// changed, so an opened schema stays open.
+// changed, so an opened schema stays open. A "Live view" card shows the device's screen
+// (liveview.js); operators can take the device over (with a reason) and hand it back (with a
+// note), and while it is taken over their clicks and keys on the live image go to the device.
 
 import { api, myRole } from "../api.js";
 import { h, icon, pill, replace, sectionDrawer } from "../dom.js";
 import { duration, labelList, pretty, shortId, span } from "../format.js";
+import { liveView } from "../liveview.js";
 import { DEVICE_ACTIONS as ACTIONS, actionIsMoot, confirmButton, emptyState, flash, loading, timeAgo, timeAt, timeRange } from "../ui.js";
 
 const POLL_MS = 3000;
@@ -46,6 +49,34 @@ export function mountDevice(root, deviceId) {
     "Resume",
   );
 
+  const takeoverReason = h("input", {
+    class: "stop-reason-input",
+    id: "takeover-reason",
+    type: "text",
+    maxlength: "200",
+    placeholder: "Why take it over",
+    "aria-label": "Reason for taking the device over",
+  });
+  const takeoverButton = h(
+    "button",
+    { class: "button small", type: "button", id: "take-over", title: "Pause the device's work and drive its screen yourself", onclick: () => takeover(true) },
+    "Take over",
+  );
+  const handbackNote = h("input", {
+    class: "stop-reason-input",
+    id: "handback-note",
+    type: "text",
+    maxlength: "2000",
+    placeholder: "Note for the model (optional)",
+    "aria-label": "Note when handing the device back",
+  });
+  const handbackButton = h(
+    "button",
+    { class: "button small", type: "button", id: "hand-back", title: "Give the device back to its work", onclick: () => takeover(false) },
+    "Hand back",
+  );
+  const live = liveView(deviceId);
+
   const head = h("div", { class: "device-head" });
   const overview = h("section", { class: "card device-card", id: "device-overview" });
   const tools = h("section", { class: "card device-card", id: "device-tools" });
@@ -55,7 +86,7 @@ export function mountDevice(root, deviceId) {
     "div",
     { class: "page device-page" },
     head,
-    h("div", { class: "device-grid" }, h("div", { class: "device-main" }, overview, tools), h("div", { class: "device-side" }, attempts, history)),
+    h("div", { class: "device-grid" }, h("div", { class: "device-main" }, live.el, overview, tools), h("div", { class: "device-side" }, attempts, history)),
   );
   root.append(h("div", { class: "page" }, loading("Loading device…")));
 
@@ -81,6 +112,7 @@ export function mountDevice(root, deviceId) {
       document.title = `${d.name} · Orrery`;
     }
     drawHead();
+    live.setDriving(Boolean(d.takeover?.taken_over) && d.takeover?.source !== "owner" && role !== "viewer");
     section("overview", overview, d, () => drawOverview(d));
     section("tools", tools, d.tools, () => drawTools(d.tools || []));
     // The device's own id from here on: the route may have used its name or an id prefix.
@@ -123,8 +155,10 @@ export function mountDevice(root, deviceId) {
         h("span", { id: "device-state" }, pill(d.state, "device")),
         h("span", { class: "spacer" }),
         ACTIONS.map((a) => actionButton(d, a)),
+        takeoverControls(d),
         stopControls(d),
       ),
+      takeoverBanner(d),
       d.state === "stopped"
         ? h(
             "div",
@@ -173,6 +207,55 @@ export function mountDevice(root, deviceId) {
       return resumeButton;
     }
     return [stopReason, stopButton];
+  }
+
+  function takeoverControls(d) {
+    if (role === "viewer" || d.state === "revoked") return null;
+    const t = d.takeover;
+    if (t?.taken_over) {
+      if (t.source === "owner") return null; // the owner hands it back at the device
+      handbackButton.disabled = acting;
+      return [handbackNote, handbackButton];
+    }
+    takeoverButton.disabled = acting;
+    return [takeoverReason, takeoverButton];
+  }
+
+  function takeoverBanner(d) {
+    const t = d.takeover;
+    if (!t?.taken_over) return null;
+    const who = t.source === "owner" ? "its owner, at the device" : `${t.by || "an operator"}`;
+    return h(
+      "div",
+      { class: "stop-banner takeover-banner", id: "device-taken-over", role: "status" },
+      h("strong", {}, "Taken over"),
+      ` by ${who}`,
+      t.since ? [" ", h("span", { class: "muted", id: "device-takeover-since" }, "(", timeAgo(t.since), ")")] : null,
+      t.reason ? [": ", h("span", { id: "device-takeover-reason" }, t.reason)] : null,
+      ". Its work is paused until it is handed back.",
+    );
+  }
+
+  async function takeover(take) {
+    const verb = take ? "takeover" : "handback";
+    const body = take ? { reason: takeoverReason.value.trim() } : { note: handbackNote.value.trim() };
+    if (take && !body.reason) {
+      takeoverReason.focus();
+      flash("Say why you take the device over: the reason is recorded and shown.", "error", "A reason is needed");
+      return;
+    }
+    acting = true;
+    drawHead();
+    try {
+      await api(`/v1/devices/${encodeURIComponent(device.id)}/${verb}`, { method: "POST", body });
+      (take ? takeoverReason : handbackNote).value = "";
+      flash(take ? `You have ${device.name} now.` : `${device.name} is handed back.`, "ok");
+    } catch (err) {
+      flash(err.message, "error", `${take ? "Take over" : "Hand back"} ${device.name} refused`);
+    } finally {
+      acting = false;
+      if (!stopped) poll();
+    }
   }
 
   async function setStopped(stop) {
@@ -394,6 +477,7 @@ export function mountDevice(root, deviceId) {
     stopped = true;
     clearTimeout(timer);
     controller.abort();
+    live.stop();
   };
 }
 

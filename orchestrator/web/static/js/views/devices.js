@@ -137,7 +137,18 @@ export function mountDevices(root) {
         h("a", { class: "strong device-name", href: `#/devices/${encodeURIComponent(d.id)}` }, d.name),
         h("div", { class: "mono muted small", title: d.id }, d.id),
       ),
-      h("td", { title: d.cordon_reason || null }, pill(d.state, "device")),
+      h(
+        "td",
+        { title: d.cordon_reason || null },
+        pill(d.state, "device"),
+        d.takeover?.taken_over
+          ? h(
+              "span",
+              { class: "badge badge-warn takeover-badge", title: `taken over by ${d.takeover.by || d.takeover.source || "someone"}${d.takeover.reason ? `: ${d.takeover.reason}` : ""}` },
+              "taken over",
+            )
+          : null,
+      ),
       h(
         "td",
         {},

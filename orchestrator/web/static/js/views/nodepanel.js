@@ -3,12 +3,15 @@
 // output; long JSON is cut with "show more". A second tab loads the task's LLM transcript
 // (GET /v1/tasks/{id}/llm: this node's calls, then planning and DAG edits; none or 404 means none).
 // Once the task has finished, "Re-run from here" runs this node and its descendants again.
-// Above the tabs: the node's approvals (pending first) with Approve / Deny (approvals.js).
+// Above the tabs: the node's approvals (pending first) with Approve / Deny (approvals.js), and
+// (nodescreen.js) the live view of its device while it runs on one with a screen, and the
+// screen recordings its attempts left.
 
 import { api } from "../api.js";
 import { h, icon, pill, replace } from "../dom.js";
 import { duration, labelList, pretty, shortId, span } from "../format.js";
 import { confirmButton, liveDuration, loading, timeAt, timeRange } from "../ui.js";
+import { NodeScreen } from "../nodescreen.js";
 import { childrenSections, fanOutText, verifySection } from "./children.js";
 
 const CUT_LINES = 18;
@@ -32,6 +35,7 @@ export class NodePanel {
     this.allApprovals = [];
     this.approvalBox = h("section", { class: "node-approvals", id: "node-approvals", hidden: true });
     if (approvals) this.approvalBox.append(h("h3", {}, "Approval"), approvals.el);
+    this.screen = new NodeScreen({ taskId });
     this.tab = "details";
     this.expanded = new Set();
     this.signature = "";
@@ -56,6 +60,7 @@ export class NodePanel {
       ),
       this.actions,
       this.approvalBox,
+      this.screen.el,
       h("div", { class: "tabs", role: "tablist" }, this.tabs.details, this.tabs.llm),
       this.body,
     );
@@ -72,6 +77,7 @@ export class NodePanel {
     if (changedNode) this.rerunButton.reset();
     this.refreshActions();
     if (changedNode) this.drawApprovals();
+    this.screen.update(node);
     if (!changedNode && sig === this.signature) return;
     this.signature = sig;
     if (changedNode) {
@@ -102,6 +108,7 @@ export class NodePanel {
     this.node = null;
     this.signature = "";
     this.drawApprovals();
+    this.screen.update(null);
   }
 
   /** The task's approvals; the panel shows the open node's, the pending ones first. */
@@ -121,6 +128,7 @@ export class NodePanel {
 
   destroy() {
     this.approvalList?.destroy();
+    this.screen.destroy();
   }
 
   setTab(tab) {
