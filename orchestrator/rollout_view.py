@@ -11,7 +11,7 @@ from rich.text import Text
 
 SHOWN = 12
 # What to show first: trouble, then what is going on, then what is done or waiting.
-_ORDER = {"failed": 0, "verifying": 1, "waiting_approval": 1, "running": 2, "queued": 3, "ready": 3}
+_ORDER = {"failed": 0, "verifying": 1, "waiting_approval": 1, "taken_over": 1, "running": 2, "queued": 3, "ready": 3}
 
 
 def summary(node: dict[str, Any]) -> str:
@@ -22,7 +22,7 @@ def summary(node: dict[str, Any]) -> str:
     parts = [f"{counts[s]} {s}" for s in ("succeeded", "failed", "skipped", "cancelled") if counts[s]]
     busy = [
         f"{counts[s]} {s}"
-        for s in ("verifying", "waiting_approval", "running", "queued", "ready", "pending")
+        for s in ("verifying", "waiting_approval", "taken_over", "running", "queued", "ready", "pending")
         if counts[s]
     ]
     text = f"{done}/{len(children)} children done" + (": " + ", ".join(parts) if parts else "")
