@@ -244,6 +244,14 @@ class ApprovalBook:
             if e.tool == ASK_PERSON and e.requested is None and not e.local_only:
                 self._request(e, "approved", by or "a person", note, now)
 
+    def questions_on(self, device_id: str) -> set[str]:
+        """The batches on the device whose model asked a person a question nobody answered yet."""
+        return {
+            e.batch_id
+            for approval_id in self._by_device.get(device_id, ())
+            if (e := self.waiting[approval_id]).tool == ASK_PERSON and e.requested is None and not e.local_only
+        }
+
     def waiting_for(self, batch_ids: set[str]) -> bool:
         """Whether an approval of one of these batches still waits for its device's word."""
         return any(self._by_batch.get(b) for b in batch_ids)

@@ -49,6 +49,8 @@ class Questions(Protocol):
 
     def answer_questions(self, device_id: str, by: str, note: str, now: float) -> None: ...
 
+    def questions_on(self, device_id: str) -> set[str]: ...
+
     def waiting_for(self, batch_ids: set[str]) -> bool: ...
 
 
@@ -73,13 +75,16 @@ class Takeovers:
 
     def changed(self, dev: DeviceRun, taken: bool, by: str, note: str, now: float) -> None:
         """The device was taken over (`taken`) or handed back (`note`: the person's words)."""
+        # A model waiting for an answer to its question reads the note as the answer: its next
+        # step is not answered with it again.
+        asking = set() if taken else self.questions.questions_on(dev.id)
         for att in self.attempts.on_device(dev.id):
             if att.kind is not AttemptKind.AGENT:
                 continue
             if taken:
                 self._pause(att, by, now)
             else:
-                self._go_on(att, by, note, now)
+                self._go_on(att, by, note, now, told=att.step in asking and bool(note))
         if not taken and note:
             self.questions.answer_questions(dev.id, by, note[:MAX_NOTE], now)
         log.info("device %s %s by %s", dev.id, "taken over" if taken else "handed back", by or "a person")
@@ -96,7 +101,7 @@ class Takeovers:
             EventType.NODE_TAKEOVER, att.task_id, att.node_id, now, device_id=att.device_id, taken_over=True, by=by
         )
 
-    def _go_on(self, att: AttemptRun, by: str, note: str, now: float) -> None:
+    def _go_on(self, att: AttemptRun, by: str, note: str, now: float, told: bool = False) -> None:
         since = att.paused_since
         for paused in self._clocks(att):
             start, paused.paused_since = paused.paused_since, None
@@ -106,13 +111,13 @@ class Takeovers:
             self.timers.add(paused.deadline, AttemptDeadline(paused.batch_id))
             self.writer.update(Attempt, (paused.batch_id,), deadline=utc(paused.deadline))
         held_for = max(0.0, now - since) if since is not None else 0.0
-        told = handback_message(by, held_for, note)
+        message = handback_message(by, held_for, note)
         if att.held is not None:
             item, waiter = att.held
             att.held = None
-            _answer(waiter, item, told)
-        else:
-            att.handback_note = told
+            _answer(waiter, item, message)
+        elif not told:
+            att.handback_note = message
         run = self.tasks.get(att.task_id)
         if run is not None and run.has(unit := att.key[1]):
             asked = self.questions.waiting_for({att.batch_id} | ({att.step} if att.step else set()))

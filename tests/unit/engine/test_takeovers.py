@@ -249,6 +249,9 @@ async def test_a_models_question_to_a_person_is_answered_by_the_handback_note(h:
     assert row is not None and row.state == "approved"
     await h.step(results(dev, step))
     assert (await asked)[0]["status"] == "success"
+    # The model read the note as its answer: its next step runs, it is not told again.
+    (after,) = await h.step(AgentStep(attempt, [ToolCall("sim.look", {})]))
+    assert not after.done() and h.batches(dev)[-1].commands[0].tool == "sim.look"
 
 
 async def test_a_failed_recorded_attempt_keeps_its_recording_and_a_successful_one_does_not(h: Harness) -> None:
