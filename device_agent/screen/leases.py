@@ -2,8 +2,9 @@
 
 A stream is a lease (protocol `View`): the first copy starts it, each copy renews it, `on: false`
 ends it, and one not renewed within its `lease_s` expires, so a viewer that went away, or a
-replica that died, never leaves a device streaming. A stream gets at most `fps` frames a second:
-its next frame is due a whole interval after the last one was sent, never sooner.
+replica that died, never leaves a device streaming. A stream gets `fps` frames a second on a fixed
+cadence: a frame sent late (its capture took a while) does not push the next ones back, and one
+more than an interval late starts the cadence again from now, so a slow capture never makes a burst.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class Leases:
     def sent(self, stream: Stream, now: float) -> int:
         """A frame of `stream` went out at `now`; its number."""
         stream.sent += 1
-        stream.next_at = now + 1 / stream.fps
+        step = 1 / stream.fps
+        planned = stream.next_at + step
+        stream.next_at = planned if planned > now else now + step
         return stream.sent
 
     def next_wake(self, now: float) -> float | None:

@@ -552,6 +552,16 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        id="view-frames-paced-from-sending",
+        rule="A live view keeps its rate on a fixed cadence: a slow capture does not push later frames back.",
+        file="device_agent/screen/leases.py",
+        original="        stream.next_at = planned if planned > now else now + step\n",
+        replacement="        stream.next_at = now + step\n",
+        caught_by=(
+            "tests/unit/device_agent/screen/test_leases.py::test_a_slow_capture_keeps_the_rate_without_a_burst",
+        ),
+    ),
+    Mutant(
         id="agent-input-during-owner-takeover",
         rule="The agent refuses the model's input tools while a person has the screen, the owner included.",
         file="device_agent/takeover.py",

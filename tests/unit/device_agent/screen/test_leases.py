@@ -49,6 +49,25 @@ def test_a_stream_never_gets_more_than_fps_frames_a_second() -> None:
     assert sent == list(range(1, 41))  # numbered from 1, no gaps
 
 
+def test_a_slow_capture_keeps_the_rate_without_a_burst() -> None:
+    """Each frame goes out 60 ms after it was due (its capture): the stream still gets `fps` frames
+    a second, and after a stall longer than an interval it goes on from now, not in a burst."""
+    leases = Leases()
+    leases.view(view(fps=2, lease_s=60), now=0.0)
+    sent_at = []
+    now = 0.0
+    while now < 10.0:
+        for stream in leases.due(now):
+            now = round(now + 0.06, 2)  # the capture
+            leases.sent(stream, now)
+            sent_at.append(now)
+        now = round(now + 0.01, 2)
+    assert len(sent_at) == 20
+    (stream,) = leases.streams.values()
+    leases.sent(stream, 30.0)  # after a long stall
+    assert stream.next_at == 30.5
+
+
 def test_the_next_wake_is_the_sooner_of_the_next_frame_and_the_lease_end() -> None:
     leases = Leases()
     leases.view(view(fps=2, lease_s=0.3), now=0.0)
