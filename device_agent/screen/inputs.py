@@ -1,6 +1,7 @@
 """A person's input through the live view (protocol `ViewInput`), answered with `ViewInputResult`.
 
-Taken only while someone has the device taken over (`Takeover.active`), the owner allows it
+Taken only while an operator has the device taken over (`Takeover.operator`: an owner's takeover
+at the device takes none from afar), the owner allows it
 (`[agent.view] allow_input`) and no emergency stop holds; at most once per `input_id` (a copy
 sent again, say after a reconnect, gets the first answer and does nothing); mapped from the
 frame's pixels to the screen's; audited like any action, with its kind and who sent it and never
@@ -103,10 +104,15 @@ class Inputs:
         if not self.allowed:
             raise Refusal(InputCode.INPUT_DISALLOWED, "the device's owner does not allow input through the live view")
         takeover = self.takeover()
-        if not takeover.active:
-            raise Refusal(
-                InputCode.NOT_TAKEN_OVER, "take the device over first: input is taken only while a person has it"
+        if not takeover.operator:
+            # The owner's own takeover is theirs at the device: nobody's clicks come from afar then.
+            why = (
+                "the device's owner has it taken over at the device: input through the live view waits for "
+                "their handback"
+                if takeover.owner
+                else "take the device over first: input is taken only while an operator has it"
             )
+            raise Refusal(InputCode.NOT_TAKEN_OVER, why)
         if self.stopped():
             raise Refusal(InputCode.DEVICE_STOPPED, "the device is stopped: resume it before sending input")
         return self._action(msg)

@@ -137,9 +137,14 @@ async def send_input(
     device_id: str, comp: Comp, principal: Operator, body: Annotated[ViewInputIn, Body()]
 ) -> ViewInputOut:
     """Forward a pointer or key input to the device the caller has taken over, and wait (up to
-    ten seconds) for the device to apply or refuse it."""
+    ten seconds) for the device to apply or refuse it. Another operator's takeover: 409
+    `conflict` (only the one who has the device sends it input)."""
     row = await _watchable(comp, device_id)
     by = f"an operator (key {principal.key_id})" if principal.key_id else "an operator"  # as takeovers say it
+    holder = (row.control or {}).get("taken_over_by")
+    if holder and holder != by:
+        # One person at a time: only the operator who took the device over drives it.
+        raise ApiError(409, "conflict", f"device '{row.name}' is taken over by {holder}: only they send it input")
     frame = ViewInput(input_id=new_id("in"), by=by, **body.model_dump())
     answer = await comp.views.send_input(row.id, frame, INPUT_WAIT_S)
     if answer is None:

@@ -164,6 +164,20 @@ async def test_input_is_forwarded_and_the_devices_refusal_code_comes_back(fleet:
         assert (await device.next_input(1))["text"] == "hello"
 
 
+async def test_only_the_operator_who_took_the_device_over_sends_it_input(fleet: Fleet, keys: dict[str, str]) -> None:
+    async with screen(fleet, "desk-held") as device, api(fleet) as admin, api(fleet, keys["operator"]) as other:
+        taken = await admin.post(f"/v1/devices/{device.device_id}/takeover", json={"reason": "mine"})
+        assert taken.status_code == 200, taken.text
+        url = f"/v1/devices/{device.device_id}/input"
+        r = await other.post(url, json={"kind": "key", "keys": "Return"})
+        assert (r.status_code, r.json()["code"]) == (409, "conflict") and "taken over by" in r.json()["detail"]
+        assert device.inputs == [], "refused before anything reached the device"
+        device.input_answer = (True, "")
+        assert (await admin.post(url, json={"kind": "key", "keys": "Return"})).status_code == 200
+        assert (await device.next_input(0))["keys"] == "Return"
+        assert (await admin.post(f"/v1/devices/{device.device_id}/handback", json={"note": ""})).status_code == 200
+
+
 async def test_input_is_validated_and_needs_the_operator_role(fleet: Fleet, keys: dict[str, str]) -> None:
     async with screen(fleet, "desk-checks") as device, api(fleet, keys["operator"]) as client:
         url = f"/v1/devices/{device.device_id}/input"

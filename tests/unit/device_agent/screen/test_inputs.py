@@ -48,6 +48,13 @@ def test_input_is_refused_unless_someone_has_taken_the_device_over() -> None:
     assert screen.received == []
 
 
+def test_while_the_owner_has_the_device_at_the_device_no_input_comes_from_afar() -> None:
+    screen = DrawnScreen()
+    result = asyncio.run(desk(screen, Takeover(owner=True, owner_by="owner")).take(click()))
+    assert (result.ok, result.code) == (False, "not_taken_over") and "owner" in result.message
+    assert screen.received == []
+
+
 def test_the_owner_can_forbid_input_and_a_stopped_device_takes_none() -> None:
     screen = DrawnScreen()
     forbidden = asyncio.run(desk(screen, taken(), allowed=False).take(click()))
