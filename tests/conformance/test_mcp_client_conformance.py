@@ -33,7 +33,11 @@ from tests.support import ROOT
 DOCS = ROOT / "docs" / "how-to" / "third-party-mcp.md"  # its table: scenario, result, reason
 TABLE = "## The MCP conformance suite"
 CLIENT = f"{sys.executable} -m device_agent.conformance"  # the suite appends the server's URL
-SCENARIO_TIMEOUT_MS = 30_000
+# How long the suite waits for the client process to finish a scenario (its default is 30 s). A
+# healthy client finishes in about a second, and a failing one exits at once, so a generous bound
+# costs nothing; 30 s was once not enough for a Python client to start and connect while the rest
+# of the suite loaded both cores ("CLIENT TIMED OUT" after every check of the scenario passed).
+SCENARIO_TIMEOUT_MS = 120_000
 # sse-retry measures the client's reconnect: due 500 ms after the server cuts the stream, 200 ms
 # late at most. On a busy machine (the rest of the suite runs beside this test) a client can be
 # that late once; one that ignores `retry` (the SDK's default is 1 s) or sends no Last-Event-ID
