@@ -48,6 +48,11 @@ class Principal:
     key_id: str
     role: Role
 
+    @property
+    def operator(self) -> str:
+        """How a takeover, and the input sent through it, name this caller."""
+        return f"an operator (key {self.key_id})" if self.key_id else "an operator"
+
 
 def components(request: Request) -> Components:
     comp: Components = request.app.state.components

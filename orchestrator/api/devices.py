@@ -244,7 +244,7 @@ async def takeover(device_id: str, comp: Comp, principal: Operator, body: Device
             "screen, is an older version, or has never connected)",
         )
     reason = (body.reason if body else "").strip()
-    return await _control(comp, device_id, ControlAction.TAKEOVER, reason, by=_who(principal))
+    return await _control(comp, device_id, ControlAction.TAKEOVER, reason, by=principal.operator)
 
 
 @router.post("/{device_id}/handback", response_model=DeviceOut, responses=problems(s409=_STOPPED_409))
@@ -254,7 +254,7 @@ async def handback(device_id: str, comp: Comp, principal: Operator, body: Device
     question it asked a person (`approval.ask_person`) is answered with the note. Handing back a
     device nobody has taken over changes nothing (an owner's takeover is handed back at the device)."""
     note = (body.note if body else "").strip()
-    return await _control(comp, device_id, ControlAction.HANDBACK, note, by=_who(principal))
+    return await _control(comp, device_id, ControlAction.HANDBACK, note, by=principal.operator)
 
 
 @router.delete("/{device_id}", status_code=200)
@@ -270,12 +270,8 @@ async def _usable(comp: Comp, device_id: str) -> Device:
     return row
 
 
-def _who(principal: Principal) -> str:
-    return f"an operator (key {principal.key_id})" if principal.key_id else "an operator"
-
-
 def _by(done: str, principal: Principal) -> str:
-    return f"{done} by an operator (key {principal.key_id})" if principal.key_id else f"{done} by an operator"
+    return f"{done} by {principal.operator}"
 
 
 async def _control(

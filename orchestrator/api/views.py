@@ -140,7 +140,7 @@ async def send_input(
     ten seconds) for the device to apply or refuse it. Another operator's takeover: 409
     `conflict` (only the one who has the device sends it input)."""
     row = await _watchable(comp, device_id)
-    by = f"an operator (key {principal.key_id})" if principal.key_id else "an operator"  # as takeovers say it
+    by = principal.operator  # as the takeover names its holder
     holder = (row.control or {}).get("taken_over_by")
     if holder and holder != by:
         # One person at a time: only the operator who took the device over drives it.
